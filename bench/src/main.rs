@@ -1,0 +1,230 @@
+//! wtune's benchmarks. Prints Markdown tables for BENCHMARKS.md.
+//!
+//! ```text
+//! bash scripts/setup.sh                       # builds the guest components
+//! cargo run --release -p wtune-bench -- all   # or: startup | overhead | step
+//! ```
+//!
+//! - `startup`: instantiate-to-first-result latency of one trial (fresh
+//!   store, WASI context and log files, `setup`, first `train`), p50/p99.
+//! - `overhead`: wall time per trial of 1,000 trials that report once and do
+//!   no work, through the real runner with result files on; once in the
+//!   sandbox, once with plain-Rust trainables to isolate the runner.
+//! - `step`: one training step (epoch + validation) of the digits example,
+//!   natively and as wasm with fuel metering, and their ratio.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use wtune::exec::WasmBackend;
+use wtune::report::{ExperimentFile, TrialFiles};
+use wtune::sandbox::{Limits, Program, Sandbox, SandboxOptions, TrialEnv};
+use wtune::tune::{Fifo, FnBackend, Mode, RunSpec, Runner, Step, StopCriteria, TrialBackend};
+use wtune_guest::Trainable;
+
+fn main() {
+    let what = std::env::args().nth(1).unwrap_or_else(|| "all".into());
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let sandbox = Sandbox::new(SandboxOptions {
+        cache_dir: Some(root.join("target/wtune-bench-cache")),
+        ..Default::default()
+    })
+    .expect("engine");
+    let guest = |name: &str| -> Program {
+        let path = root
+            .join("target/wasm32-wasip2/release")
+            .join(format!("{name}.wasm"));
+        sandbox
+            .load(&path)
+            .unwrap_or_else(|e| panic!("{e} (run `bash scripts/setup.sh` first)"))
+    };
+    println!(
+        "machine: {} cores; wtune {}",
+        cores(),
+        env!("CARGO_PKG_VERSION")
+    );
+    if matches!(what.as_str(), "all" | "startup") {
+        startup(&guest("hostile"));
+    }
+    if matches!(what.as_str(), "all" | "overhead") {
+        overhead(&guest("hostile"));
+    }
+    if matches!(what.as_str(), "all" | "step") {
+        step(&guest("digits_mlp"), &root.join("examples/digits-mlp/data"));
+    }
+}
+
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.3}", d.as_secs_f64() * 1e3)
+}
+
+fn startup(program: &Program) {
+    const TRIALS: usize = 300;
+    let dir = tempfile::tempdir().unwrap();
+    let limits = Limits::default();
+    let mut instantiate = Vec::with_capacity(TRIALS);
+    let mut first_result = Vec::with_capacity(TRIALS);
+    for i in 0..TRIALS {
+        let trial = dir.path().join(format!("t{i}"));
+        std::fs::create_dir_all(trial.join("work")).unwrap();
+        let env = TrialEnv {
+            work_dir: trial.join("work"),
+            log_dir: trial.clone(),
+            data: vec![],
+        };
+        let started = Instant::now();
+        let mut instance = program.instantiate(&env, &limits).unwrap();
+        instantiate.push(started.elapsed());
+        instance.setup(r#"{"attack":"none"}"#).unwrap();
+        instance.train().unwrap();
+        first_result.push(started.elapsed());
+    }
+    instantiate.sort();
+    first_result.sort();
+    println!("\n### Trial start latency ({TRIALS} trials, hostile.wasm `none`)\n");
+    println!("| stage | p50 (ms) | p99 (ms) |\n| --- | --- | --- |");
+    println!(
+        "| instantiate (store, WASI, log files) | {} | {} |",
+        ms(percentile(&instantiate, 0.5)),
+        ms(percentile(&instantiate, 0.99))
+    );
+    println!(
+        "| instantiate + setup + first train | {} | {} |",
+        ms(percentile(&first_result, 0.5)),
+        ms(percentile(&first_result, 0.99))
+    );
+}
+
+fn run_experiment<B: TrialBackend>(backend: B, trials: usize, out: &Path) -> Duration {
+    let spec = RunSpec {
+        name: "overhead".into(),
+        output_dir: out.to_path_buf(),
+        metric: Some("score".into()),
+        mode: Mode::Max,
+        stop: StopCriteria {
+            training_iteration: Some(1),
+            ..Default::default()
+        },
+        max_concurrent: cores(),
+        configs: vec![json!({"attack": "none", "iterations": 1}); trials],
+    };
+    let runner = Runner::new(backend, spec, Box::new(Fifo::default()))
+        .callback(TrialFiles::new())
+        .callback(ExperimentFile::new(Value::Null));
+    let started = Instant::now();
+    let summary = tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(runner.run())
+        .unwrap();
+    let wall = started.elapsed();
+    assert_eq!(summary.count(wtune::tune::TrialStatus::Terminated), trials);
+    wall
+}
+
+fn overhead(program: &Program) {
+    const TRIALS: usize = 1000;
+    const REPEATS: usize = 3;
+    println!(
+        "\n### Runner overhead ({TRIALS} trials that report once and do no work, result files on, {} at a time)\n",
+        cores()
+    );
+    println!(
+        "| backend | wall time per run (s), median of {REPEATS} | per trial (ms) |\n| --- | --- | --- |"
+    );
+    let measure = |name: &str, run: &mut dyn FnMut(&Path) -> Duration| {
+        let mut walls: Vec<Duration> = (0..REPEATS)
+            .map(|_| {
+                let dir = tempfile::tempdir().unwrap();
+                run(&dir.path().join("out"))
+            })
+            .collect();
+        walls.sort();
+        let median = walls[REPEATS / 2];
+        println!(
+            "| {name} | {:.3} (min {:.3}, max {:.3}) | {:.3} |",
+            median.as_secs_f64(),
+            walls[0].as_secs_f64(),
+            walls[REPEATS - 1].as_secs_f64(),
+            median.as_secs_f64() * 1e3 / TRIALS as f64
+        );
+    };
+    measure("wasm sandbox (hostile.wasm `none`)", &mut |out| {
+        run_experiment(
+            WasmBackend::new(program.clone(), Limits::default(), vec![]),
+            TRIALS,
+            out,
+        )
+    });
+    measure("plain Rust (FnBackend): runner + files only", &mut |out| {
+        let backend = FnBackend::new(|_: &Value| {
+            Ok(|_: u64| {
+                Ok(Step {
+                    metrics: vec![("score".into(), 1.0)],
+                    done: true,
+                    fuel: 0,
+                })
+            })
+        });
+        run_experiment(backend, TRIALS, out)
+    });
+}
+
+fn step(program: &Program, data: &Path) {
+    const STEPS: usize = 15;
+    let config = json!({"lr": 0.05, "hidden": 64, "batch_size": 32, "momentum": 0.9});
+
+    let mut native_config: digits_mlp::Config = serde_json::from_value(config.clone()).unwrap();
+    native_config.data_dir = data.display().to_string();
+    let mut native = digits_mlp::DigitsMlp::from_config(&native_config).unwrap();
+    let mut native_times = Vec::new();
+    for _ in 0..STEPS {
+        let started = Instant::now();
+        native.train().unwrap();
+        native_times.push(started.elapsed());
+    }
+
+    let dir = tempfile::tempdir().unwrap();
+    let work = dir.path().join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    let env = TrialEnv {
+        work_dir: work,
+        log_dir: dir.path().to_path_buf(),
+        data: vec![("digits".into(), PathBuf::from(data))],
+    };
+    let mut instance = program.instantiate(&env, &Limits::default()).unwrap();
+    instance.setup(&config.to_string()).unwrap();
+    let mut wasm_times = Vec::new();
+    let mut fuel = Vec::new();
+    for _ in 0..STEPS {
+        let (_, stats) = instance.train().unwrap();
+        wasm_times.push(stats.elapsed);
+        fuel.push(stats.fuel);
+    }
+    native_times.sort();
+    wasm_times.sort();
+    fuel.sort();
+    let (n, w) = (percentile(&native_times, 0.5), percentile(&wasm_times, 0.5));
+    println!(
+        "\n### Digits example training step (one epoch + validation, hidden 64, batch 32; median of {STEPS})\n"
+    );
+    println!("| build | step (ms) | vs native |\n| --- | --- | --- |");
+    println!("| native (same Rust code, release) | {} | 1.00 |", ms(n));
+    println!(
+        "| wasm32-wasip2 in wtune, fuel on ({} fuel/step) | {} | {:.2} |",
+        wtune::sandbox::fuel_text(fuel[STEPS / 2]),
+        ms(w),
+        w.as_secs_f64() / n.as_secs_f64()
+    );
+}

@@ -1,0 +1,599 @@
+//! # hostile: a trainable that misbehaves on purpose
+//!
+//! One component whose behaviour is chosen by its config, used by the host's
+//! test suite to check that every kind of misbehaving guest ends its trial
+//! cleanly (as ERROR with a clear reason, or stopped by a limit) without
+//! hurting the host or other trials.
+//!
+//! ## Config
+//!
+//! ```json
+//! {"attack": "none", "at": 1, "iterations": 5}
+//! ```
+//!
+//! - `attack` (default `"none"`): one of the names below. An unknown name
+//!   makes `setup()` fail with an error that lists the valid ones.
+//! - `at` (default 1): the `train()` call (counting from 1) at which the
+//!   attack fires. Earlier calls behave like `"none"`. Must be at least 1.
+//! - `iterations` (default 5): when the benign path sets `done`. Must be at
+//!   least 1. If `at > iterations` the trial finishes before the attack fires.
+//!
+//! Other keys are ignored, so a search space may add its own parameters.
+//!
+//! Every attack except `loop_setup` fires at the `at`-th `train()` call; the
+//! `score` metric (= iteration) is in every report this crate produces except
+//! `big_report`'s, so experiments can rank by `score`.
+//!
+//! ## Attacks and their intended outcome
+//!
+//! | attack            | what the guest does (at iteration `at`)                        | intended outcome |
+//! |-------------------|----------------------------------------------------------------|------------------|
+//! | `none`            | reports `score` = iteration, `done` at `iterations`            | TERMINATED after `iterations` reports |
+//! | `error`           | returns `Err("deliberate failure at iteration N")`             | ERROR with that message, no trap |
+//! | `panic`           | `panic!("hostile guest panicked on purpose")`                  | trap; ERROR quoting the panic message from stderr |
+//! | `trap`            | executes wasm `unreachable` without panicking                  | trap; ERROR, no panic message |
+//! | `loop_train`      | spins forever in `train()`                                     | never returns: ended by fuel or the wall-clock deadline |
+//! | `loop_setup`      | spins forever in `setup()` (ignores `at`)                      | never returns: ended by fuel or the wall-clock deadline |
+//! | `memory_bomb`     | allocates and touches 16 MiB blocks forever, keeping them all  | stopped by the memory cap (trap) |
+//! | `recursion`       | unbounded non-tail recursion                                   | trap when the wasm call stack hits the host's limit (wasmtime "call stack exhausted") |
+//! | `stdout_flood`    | prints 1 KiB lines to stdout forever (and stderr every 16th)   | capture capped; ended by fuel or the deadline |
+//! | `log_flood`       | sends 64 KiB `info!` lines to the host log forever             | log capped; ended by fuel or the deadline |
+//! | `big_report`      | returns a report with 100 000 metrics `m0`, `m1`, ... (no `score`) | host rejects the report: ERROR |
+//! | `reserved_metric` | returns `score` and a metric named `training_iteration`        | host rejects the report: ERROR |
+//! | `escape`          | tries to read, list, symlink and write outside its sandbox     | ERROR `"all escape attempts denied: ..."`; an `Ok` report (`done`) with `score` and `escaped` > 0 means the sandbox leaked |
+//! | `probe`           | reports `score`, `env_count`, `args_count`, `cwd_entries`, `cwd_write_ok`; writes `./probe.txt` | TERMINATED with that report (`done`) |
+//!
+//! Build with `cargo build --release --target wasm32-wasip2 -p hostile`.
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::fs;
+use std::hint::black_box;
+use std::io;
+use std::path::Path;
+use std::str::FromStr;
+
+use serde::Deserialize;
+use wtune_guest::{Error, Report, Result, Trainable};
+
+/// The misbehaviours this trainable can perform, by config name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Attack {
+    /// Benign: reports `score` = iteration.
+    None,
+    /// Returns an error from `train()`.
+    Error,
+    /// Panics in `train()`.
+    Panic,
+    /// Executes wasm `unreachable` in `train()`.
+    Trap,
+    /// Infinite loop in `train()`.
+    LoopTrain,
+    /// Infinite loop in `setup()`.
+    LoopSetup,
+    /// Allocates memory until the host's cap stops it.
+    MemoryBomb,
+    /// Unbounded recursion until the stack overflows.
+    Recursion,
+    /// Floods stdout (and stderr) forever.
+    StdoutFlood,
+    /// Floods the host log forever.
+    LogFlood,
+    /// Returns a report with 100 000 metrics.
+    BigReport,
+    /// Returns a report with the reserved metric `training_iteration`.
+    ReservedMetric,
+    /// Tries to break out of the filesystem sandbox.
+    Escape,
+    /// Reports what the sandbox looks like from inside.
+    Probe,
+}
+
+impl Attack {
+    /// Every attack, with its config name.
+    pub const ALL: [(&'static str, Attack); 14] = [
+        ("none", Attack::None),
+        ("error", Attack::Error),
+        ("panic", Attack::Panic),
+        ("trap", Attack::Trap),
+        ("loop_train", Attack::LoopTrain),
+        ("loop_setup", Attack::LoopSetup),
+        ("memory_bomb", Attack::MemoryBomb),
+        ("recursion", Attack::Recursion),
+        ("stdout_flood", Attack::StdoutFlood),
+        ("log_flood", Attack::LogFlood),
+        ("big_report", Attack::BigReport),
+        ("reserved_metric", Attack::ReservedMetric),
+        ("escape", Attack::Escape),
+        ("probe", Attack::Probe),
+    ];
+
+    /// The attack's config name.
+    pub fn name(self) -> &'static str {
+        Self::ALL
+            .iter()
+            .find(|(_, attack)| *attack == self)
+            .map(|(name, _)| *name)
+            .unwrap_or("?")
+    }
+}
+
+impl fmt::Display for Attack {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Attack {
+    type Err = Error;
+
+    fn from_str(name: &str) -> Result<Self> {
+        Self::ALL
+            .iter()
+            .find(|(known, _)| *known == name)
+            .map(|(_, attack)| *attack)
+            .ok_or_else(|| {
+                let valid: Vec<&str> = Self::ALL.iter().map(|(known, _)| *known).collect();
+                Error::msg(format!(
+                    "unknown attack `{name}`; valid attacks: {}",
+                    valid.join(", ")
+                ))
+            })
+    }
+}
+
+/// The trial's config (see the crate docs).
+#[derive(Debug, Deserialize)]
+pub struct Config {
+    /// Which attack to perform, by name.
+    #[serde(default = "default_attack")]
+    pub attack: String,
+    /// The `train()` call (from 1) at which the attack fires.
+    #[serde(default = "default_at")]
+    pub at: u64,
+    /// The iteration at which the benign path reports `done`.
+    #[serde(default = "default_iterations")]
+    pub iterations: u64,
+}
+
+fn default_attack() -> String {
+    "none".to_owned()
+}
+
+fn default_at() -> u64 {
+    1
+}
+
+fn default_iterations() -> u64 {
+    5
+}
+
+/// The trainable: counts iterations and misbehaves at the configured one.
+#[derive(Debug)]
+pub struct Hostile {
+    attack: Attack,
+    at: u64,
+    iterations: u64,
+    iteration: u64,
+}
+
+impl Trainable for Hostile {
+    type Config = Config;
+
+    fn setup(config: Config) -> Result<Self> {
+        let attack: Attack = config.attack.parse()?;
+        if config.at == 0 {
+            return Err(Error::msg(
+                "`at` counts train() calls from 1; 0 never fires",
+            ));
+        }
+        if config.iterations == 0 {
+            return Err(Error::msg("`iterations` must be at least 1"));
+        }
+        if attack == Attack::LoopSetup {
+            spin_forever();
+        }
+        Ok(Hostile {
+            attack,
+            at: config.at,
+            iterations: config.iterations,
+            iteration: 0,
+        })
+    }
+
+    fn train(&mut self) -> Result<Report> {
+        self.iteration += 1;
+        let n = self.iteration;
+        if n != self.at {
+            return Ok(benign(n, self.iterations));
+        }
+        match self.attack {
+            Attack::None | Attack::LoopSetup => Ok(benign(n, self.iterations)),
+            Attack::Error => deliberate_error(n),
+            Attack::Panic => deliberate_panic(),
+            Attack::Trap => deliberate_trap(),
+            Attack::LoopTrain => spin_forever(),
+            Attack::MemoryBomb => memory_bomb(),
+            Attack::Recursion => stack_overflow(),
+            Attack::StdoutFlood => stdout_flood(),
+            Attack::LogFlood => log_flood(),
+            Attack::BigReport => Ok(big_report()),
+            Attack::ReservedMetric => Ok(reserved_metric(n)),
+            Attack::Escape => escape(n),
+            Attack::Probe => probe(n),
+        }
+    }
+}
+
+wtune_guest::export!(Hostile);
+
+/// `none`: `score` = iteration, done at the last one.
+fn benign(iteration: u64, iterations: u64) -> Report {
+    Report::new()
+        .metric("score", iteration as f64)
+        .done(iteration >= iterations)
+}
+
+/// `error`: a clean, non-trapping failure.
+fn deliberate_error(iteration: u64) -> Result<Report> {
+    Err(Error::msg(format!(
+        "deliberate failure at iteration {iteration}"
+    )))
+}
+
+/// `panic`: a Rust panic, which becomes a trap after printing to stderr.
+fn deliberate_panic() -> ! {
+    panic!("hostile guest panicked on purpose")
+}
+
+/// `trap`: wasm `unreachable`, with no panic message.
+fn deliberate_trap() -> ! {
+    #[cfg(target_arch = "wasm32")]
+    {
+        core::arch::wasm32::unreachable()
+    }
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        std::process::abort()
+    }
+}
+
+/// `loop_train` / `loop_setup`: spins forever; `black_box` keeps the optimiser
+/// from removing the loop.
+fn spin_forever() -> ! {
+    let mut counter: u64 = 0;
+    loop {
+        counter = black_box(counter.wrapping_add(1));
+    }
+}
+
+/// `memory_bomb`: 16 MiB blocks, every page touched, all kept alive.
+fn memory_bomb() -> ! {
+    const BLOCK: usize = 16 << 20;
+    const PAGE: usize = 4096;
+    let mut held: Vec<Vec<u8>> = Vec::new();
+    loop {
+        let mut block = vec![0u8; BLOCK];
+        for offset in (0..BLOCK).step_by(PAGE) {
+            block[offset] = 1;
+        }
+        held.push(black_box(block));
+        black_box(&held);
+    }
+}
+
+/// `recursion`: recurses until the stack overflows (never returns in
+/// practice).
+fn stack_overflow() -> Result<Report> {
+    let depth = recurse(0);
+    Err(Error::msg(format!("recursion returned ({depth})?!")))
+}
+
+/// The body of `recursion`: uses the result of the recursive call, so it is not a tail
+/// call, and `black_box` keeps it from being folded into a loop. Frames are
+/// small so the host's wasm call-stack limit is what stops it.
+#[allow(
+    unconditional_recursion,
+    reason = "the `recursion` attack overflows the stack on purpose"
+)]
+fn recurse(depth: u64) -> u64 {
+    let below = recurse(black_box(depth.wrapping_add(1)));
+    below.wrapping_add(black_box(depth))
+}
+
+/// `stdout_flood`: 1 KiB lines to stdout forever, every 16th also to stderr.
+fn stdout_flood() -> ! {
+    let line = "o".repeat(1023);
+    let mut count: u64 = 0;
+    loop {
+        println!("{line}");
+        if count.is_multiple_of(16) {
+            eprintln!("{line}");
+        }
+        count = black_box(count.wrapping_add(1));
+    }
+}
+
+/// `log_flood`: 64 KiB messages to the host log forever.
+fn log_flood() -> ! {
+    let message = "l".repeat(64 << 10);
+    loop {
+        wtune_guest::info!("{message}");
+        black_box(&message);
+    }
+}
+
+/// `big_report`: 100 000 metrics `m0` .. `m99999`.
+fn big_report() -> Report {
+    (0..100_000).fold(Report::new(), |report, i| {
+        report.metric(format!("m{i}"), i as f64)
+    })
+}
+
+/// `reserved_metric`: a report that uses a name the host fills in itself.
+fn reserved_metric(iteration: u64) -> Report {
+    Report::new()
+        .metric("score", iteration as f64)
+        .metric("training_iteration", 999.0)
+}
+
+/// The outcome of one escape attempt.
+struct Attempt {
+    what: String,
+    outcome: std::result::Result<(), String>,
+}
+
+impl Attempt {
+    fn run(what: impl Into<String>, attempt: impl FnOnce() -> io::Result<()>) -> Self {
+        Attempt {
+            what: what.into(),
+            outcome: attempt().map_err(|e| short_error(&e)),
+        }
+    }
+}
+
+/// An I/O error without the trailing `(os error N)`.
+fn short_error(err: &io::Error) -> String {
+    let text = err.to_string();
+    match text.find(" (os error") {
+        Some(end) => text[..end].to_owned(),
+        None => text,
+    }
+}
+
+fn read(path: &str) -> io::Result<()> {
+    fs::read(path).map(drop)
+}
+
+fn write(path: &Path) -> io::Result<()> {
+    fs::write(path, b"pwned by the hostile guest\n")
+}
+
+/// `std::os::wasi::fs::symlink_path` is still unstable, so call wasi-libc's
+/// `symlink` (which std already links) directly.
+#[cfg(target_os = "wasi")]
+fn symlink(target: &str, link: &str) -> io::Result<()> {
+    use std::ffi::{CString, c_char, c_int};
+
+    unsafe extern "C" {
+        fn symlink(target: *const c_char, link: *const c_char) -> c_int;
+    }
+
+    let target = CString::new(target)?;
+    let link = CString::new(link)?;
+    // SAFETY: both arguments are valid NUL-terminated strings that outlive
+    // the call; wasi-libc reports failure through errno.
+    match unsafe { symlink(target.as_ptr(), link.as_ptr()) } {
+        0 => Ok(()),
+        _ => Err(io::Error::last_os_error()),
+    }
+}
+
+#[cfg(all(unix, not(target_os = "wasi")))]
+fn symlink(target: &str, link: &str) -> io::Result<()> {
+    std::os::unix::fs::symlink(target, link)
+}
+
+#[cfg(not(any(unix, target_os = "wasi")))]
+fn symlink(_target: &str, _link: &str) -> io::Result<()> {
+    Err(io::Error::new(
+        io::ErrorKind::Unsupported,
+        "symlinks unsupported here",
+    ))
+}
+
+/// Creates `./<link>` pointing at `target`, reads through it, then removes
+/// the link (best effort) so the trial directory is left clean.
+fn read_through_symlink(target: &str, link: &str) -> io::Result<()> {
+    let _ = fs::remove_file(link);
+    let result = symlink(target, link).and_then(|()| read(link));
+    let _ = fs::remove_file(link);
+    result
+}
+
+fn names_in(dir: &str) -> io::Result<BTreeSet<String>> {
+    fs::read_dir(dir)?
+        .map(|entry| entry.map(|e| e.file_name().to_string_lossy().into_owned()))
+        .collect()
+}
+
+/// Lists `/`. wasi-libc resolves absolute paths through the `.` preopen, so
+/// `/` normally shows the trial's own directory (plus the `data` mount point):
+/// that is the sandbox's virtual root, not an escape. Any other name means
+/// the listing reached host files.
+fn list_root() -> io::Result<()> {
+    let root = names_in("/")?;
+    let own = names_in(".")?;
+    let foreign = root
+        .iter()
+        .filter(|name| !own.contains(*name) && *name != "data")
+        .count();
+    if foreign == 0 {
+        return Err(io::Error::other(format!(
+            "shows only the sandbox ({} entries)",
+            root.len()
+        )));
+    }
+    Ok(())
+}
+
+/// `escape`: every way out of the sandbox we could think of. Succeeds (with
+/// metric `escaped`) only if some attempt worked.
+fn escape(iteration: u64) -> Result<Report> {
+    let mut attempts = vec![
+        Attempt::run("read ../params.json", || read("../params.json")),
+        Attempt::run("read ../../etc/passwd", || read("../../etc/passwd")),
+        Attempt::run("read /etc/passwd", || read("/etc/passwd")),
+        Attempt::run("read /proc/self/environ", || read("/proc/self/environ")),
+        Attempt::run("list /", list_root),
+        Attempt::run("symlink to /etc/passwd", || {
+            read_through_symlink("/etc/passwd", "hostile-link-passwd")
+        }),
+        Attempt::run("symlink to ../params.json", || {
+            read_through_symlink("../params.json", "hostile-link-params")
+        }),
+        Attempt::run("write /data/digits/pwned", || {
+            write(Path::new("/data/digits/pwned"))
+        }),
+    ];
+    if let Ok(entries) = fs::read_dir("/data") {
+        for entry in entries.flatten() {
+            let path = entry.path().join("pwned");
+            if path != Path::new("/data/digits/pwned") {
+                let what = format!("write {}", path.display());
+                attempts.push(Attempt::run(what, || write(&path)));
+            }
+        }
+    }
+    attempts.push(Attempt::run("write ../pwned", || {
+        write(Path::new("../pwned"))
+    }));
+
+    let escaped: Vec<&str> = attempts
+        .iter()
+        .filter(|a| a.outcome.is_ok())
+        .map(|a| a.what.as_str())
+        .collect();
+    if escaped.is_empty() {
+        let denied: Vec<String> = attempts
+            .iter()
+            .filter_map(|a| a.outcome.as_ref().err().map(|e| format!("{}: {e}", a.what)))
+            .collect();
+        return Err(Error::msg(format!(
+            "all escape attempts denied: {}",
+            denied.join("; ")
+        )));
+    }
+    for what in &escaped {
+        wtune_guest::error!("sandbox escape succeeded: {what}");
+    }
+    Ok(Report::new()
+        .metric("score", iteration as f64)
+        .metric("escaped", escaped.len() as f64)
+        .done(true))
+}
+
+/// `probe`: what the sandbox looks like from inside.
+fn probe(iteration: u64) -> Result<Report> {
+    let env_count = std::env::vars().count();
+    let args_count = std::env::args().count();
+    let cwd_entries = fs::read_dir(".")
+        .map_err(|e| Error::from(e).context("listing ."))?
+        .count();
+    let cwd_write_ok = match fs::write("probe.txt", "hello").and_then(|()| fs::read("probe.txt")) {
+        Ok(bytes) => bytes == b"hello",
+        Err(e) => {
+            wtune_guest::warn!("probe.txt round trip failed: {e}");
+            false
+        }
+    };
+    Ok(Report::new()
+        .metric("score", iteration as f64)
+        .metric("env_count", env_count as f64)
+        .metric("args_count", args_count as f64)
+        .metric("cwd_entries", cwd_entries as f64)
+        .metric("cwd_write_ok", if cwd_write_ok { 1.0 } else { 0.0 })
+        .done(true))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(json: &str) -> Config {
+        serde_json::from_str(json).unwrap()
+    }
+
+    #[test]
+    fn config_defaults() {
+        let c = config("{}");
+        assert_eq!((c.attack.as_str(), c.at, c.iterations), ("none", 1, 5));
+        let c = config(r#"{"attack": "panic", "at": 3, "iterations": 7, "lr": 0.1}"#);
+        assert_eq!((c.attack.as_str(), c.at, c.iterations), ("panic", 3, 7));
+    }
+
+    fn setup(attack: &str, at: u64, iterations: u64) -> Result<Hostile> {
+        Hostile::setup(Config {
+            attack: attack.to_owned(),
+            at,
+            iterations,
+        })
+    }
+
+    #[test]
+    fn every_attack_round_trips_through_its_name() {
+        for (name, attack) in Attack::ALL {
+            assert_eq!(name.parse::<Attack>().unwrap(), attack);
+            assert_eq!(attack.name(), name);
+        }
+    }
+
+    #[test]
+    fn unknown_attack_lists_the_valid_ones() {
+        let err = setup("rm -rf", 1, 5).unwrap_err().to_string();
+        assert!(err.contains("unknown attack `rm -rf`"), "{err}");
+        for (name, _) in Attack::ALL {
+            assert!(err.contains(name), "{err} lacks {name}");
+        }
+    }
+
+    #[test]
+    fn zero_at_or_iterations_is_rejected() {
+        assert!(setup("none", 0, 5).is_err());
+        assert!(setup("none", 1, 0).is_err());
+    }
+
+    #[test]
+    fn none_counts_up_and_finishes() {
+        let mut t = setup("none", 1, 3).unwrap();
+        for i in 1..=3 {
+            let report = t.train().unwrap();
+            assert_eq!(report.metrics(), &[("score".to_owned(), i as f64)]);
+            assert_eq!(report.is_done(), i == 3);
+        }
+    }
+
+    #[test]
+    fn error_fires_at_the_configured_iteration() {
+        let mut t = setup("error", 3, 5).unwrap();
+        assert!(t.train().is_ok());
+        assert!(t.train().is_ok());
+        let err = t.train().unwrap_err().to_string();
+        assert_eq!(err, "deliberate failure at iteration 3");
+    }
+
+    #[test]
+    fn big_and_reserved_reports() {
+        let report = setup("big_report", 1, 5).unwrap().train().unwrap();
+        assert_eq!(report.metrics().len(), 100_000);
+        assert_eq!(report.metrics()[99_999].0, "m99999");
+
+        let report = setup("reserved_metric", 1, 5).unwrap().train().unwrap();
+        assert!(
+            report
+                .metrics()
+                .iter()
+                .any(|(name, _)| name == "training_iteration")
+        );
+    }
+}

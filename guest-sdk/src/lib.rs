@@ -1,0 +1,185 @@
+//! # wtune-guest: write trainables for wtune
+//!
+//! A trainable is a model that wtune tunes: it is set up with one
+//! configuration, then trained one iteration at a time, reporting metrics after
+//! each. You write it as an ordinary Rust library crate, implement
+//! [`Trainable`], call [`export!`] once, and build it as a WebAssembly
+//! component:
+//!
+//! ```text
+//! rustup target add wasm32-wasip2
+//! cargo build --release --target wasm32-wasip2
+//! wtune run target/wasm32-wasip2/release/my_model.wasm --config experiment.toml
+//! ```
+//!
+//! with `crate-type = ["cdylib"]` in the crate's `[lib]` section.
+//!
+//! ## Example
+//!
+//! ```
+//! use serde::{Deserialize, Serialize};
+//! use wtune_guest::{Report, Result, Trainable};
+//!
+//! /// Hyperparameters, filled in by wtune from the experiment's search space.
+//! #[derive(Deserialize)]
+//! struct Config {
+//!     lr: f64,
+//!     #[serde(default = "default_target")]
+//!     target: f64,
+//! }
+//! fn default_target() -> f64 { 3.0 }
+//!
+//! /// Gradient descent on (x - target)^2. Deriving Serialize/Deserialize and
+//! /// exporting with `checkpoint = serde` gives save()/restore() for free.
+//! #[derive(Serialize, Deserialize)]
+//! struct Quadratic {
+//!     x: f64,
+//!     lr: f64,
+//!     target: f64,
+//! }
+//!
+//! impl Trainable for Quadratic {
+//!     type Config = Config;
+//!
+//!     fn setup(config: Config) -> Result<Self> {
+//!         if !(config.lr > 0.0) {
+//!             return Err(wtune_guest::Error::msg("lr must be positive"));
+//!         }
+//!         wtune_guest::info!("starting with lr = {}", config.lr);
+//!         Ok(Quadratic { x: 0.0, lr: config.lr, target: config.target })
+//!     }
+//!
+//!     fn train(&mut self) -> Result<Report> {
+//!         self.x -= self.lr * 2.0 * (self.x - self.target);
+//!         let loss = (self.x - self.target).powi(2);
+//!         Ok(Report::new().metric("loss", loss).done(loss < 1e-12))
+//!     }
+//! }
+//!
+//! wtune_guest::export!(Quadratic, checkpoint = serde);
+//! # fn main() {}
+//! ```
+//!
+//! ## What the host guarantees
+//! Each trial runs in its own sandbox: its working directory (`.`) is the
+//! trial's own directory, data the experiment grants is mounted read-only under
+//! `/data/<name>`, the environment and arguments are empty, and there is no
+//! network. `println!` and `eprintln!` go to the trial's `stdout.log` and
+//! `stderr.log`. CPU is metered in fuel and memory is capped, so a runaway
+//! trainable ends as ERROR with the reason instead of hurting anyone else.
+
+#![warn(missing_docs)]
+
+// The generated bindings name this crate by its public path so that the export
+// macro works from trainable crates; this alias makes that path resolve here too.
+extern crate self as wtune_guest;
+
+#[doc(hidden)]
+pub mod bindings;
+mod error;
+#[doc(hidden)]
+pub mod glue;
+pub mod log;
+mod report;
+
+pub use error::{Error, Result};
+pub use report::Report;
+
+/// A tunable model. One value of the implementing type lives in each trial's
+/// sandbox, from [`Trainable::setup`] to [`Trainable::cleanup`].
+pub trait Trainable: Sized + 'static {
+    /// The hyperparameters, deserialized from the trial's JSON config. Use
+    /// `#[serde(default)]` for parameters the search space may leave out.
+    type Config: serde::de::DeserializeOwned;
+
+    /// Builds the model for one configuration. An `Err` ends the trial as
+    /// ERROR with its message.
+    fn setup(config: Self::Config) -> Result<Self>;
+
+    /// Runs one training iteration (an epoch, a batch, whatever unit the
+    /// model reports at) and returns its metrics.
+    fn train(&mut self) -> Result<Report>;
+
+    /// Serializes the model's state for a guest-written checkpoint. The
+    /// default says it is not supported; export with `checkpoint = serde`
+    /// instead of writing this when the type derives `Serialize`.
+    fn save(&self) -> Result<Vec<u8>> {
+        Err(Error::unsupported("save"))
+    }
+
+    /// Replaces the model's state with bytes from [`Trainable::save`]. Called
+    /// on an instance already set up with the trial's config.
+    fn restore(&mut self, state: &[u8]) -> Result<()> {
+        let _ = state;
+        Err(Error::unsupported("restore"))
+    }
+
+    /// Re-configures this live instance for a new trial, so the host can skip
+    /// instantiation. Return `Ok(false)` (the default) when the model cannot
+    /// be reused; the host then starts a fresh instance.
+    fn reset(&mut self, config: Self::Config) -> Result<bool> {
+        let _ = config;
+        Ok(false)
+    }
+
+    /// Releases resources before the instance is dropped.
+    fn cleanup(&mut self) {}
+}
+
+/// Exports a [`Trainable`] as this component's implementation of the
+/// `wtune:trainable` world. Call it once, at the crate root.
+///
+/// - `export!(Model)` uses `Model`'s own `save`/`restore`.
+/// - `export!(Model, checkpoint = serde)` saves and restores the whole value
+///   through serde; `Model` must derive `Serialize` and `Deserialize`.
+#[macro_export]
+macro_rules! export {
+    ($ty:ty) => {
+        $crate::export!(@impl $ty,
+            save = $crate::glue::save::<$ty>,
+            restore = $crate::glue::restore::<$ty>);
+    };
+    ($ty:ty, checkpoint = serde) => {
+        $crate::export!(@impl $ty,
+            save = $crate::glue::save_serde::<$ty>,
+            restore = $crate::glue::restore_serde::<$ty>);
+    };
+    (@impl $ty:ty, save = $save:path, restore = $restore:path) => {
+        const _: () = {
+            ::std::thread_local! {
+                static __WTUNE_SLOT: ::std::cell::RefCell<::std::option::Option<$ty>> =
+                    const { ::std::cell::RefCell::new(::std::option::Option::None) };
+            }
+
+            struct __WtuneExport;
+
+            impl $crate::bindings::Guest for __WtuneExport {
+                fn setup(config: ::std::string::String) -> ::std::result::Result<(), ::std::string::String> {
+                    $crate::glue::setup::<$ty>(&__WTUNE_SLOT, config)
+                }
+                fn train() -> ::std::result::Result<$crate::bindings::Report, ::std::string::String> {
+                    $crate::glue::train::<$ty>(&__WTUNE_SLOT)
+                }
+                fn save() -> ::std::result::Result<::std::vec::Vec<u8>, ::std::string::String> {
+                    $save(&__WTUNE_SLOT)
+                }
+                fn restore(state: ::std::vec::Vec<u8>) -> ::std::result::Result<(), ::std::string::String> {
+                    $restore(&__WTUNE_SLOT, state)
+                }
+                fn reset(config: ::std::string::String) -> ::std::result::Result<bool, ::std::string::String> {
+                    $crate::glue::reset::<$ty>(&__WTUNE_SLOT, config)
+                }
+                fn cleanup() {
+                    $crate::glue::cleanup::<$ty>(&__WTUNE_SLOT)
+                }
+            }
+
+            $crate::bindings::__export_trainable!(__WtuneExport with_types_in $crate::bindings);
+        };
+    };
+}
+
+#[doc(hidden)]
+pub mod __private {
+    pub use wit_bindgen;
+}

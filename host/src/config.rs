@@ -1,0 +1,639 @@
+//! The experiment file (`experiment.toml`) and command-line overrides,
+//! turned into a validated [`Plan`]. Every mistake gets a one-line error
+//! naming the key and what is expected.
+//!
+//! Paths inside the file are relative to the file's directory; paths given
+//! on the command line are relative to the current directory.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::sandbox::Limits;
+use crate::tune::{Mode, RunSpec, SearchSpace, StopCriteria};
+
+/// Stop criterion applied when none is given, so `wtune run model.wasm`
+/// ends on its own.
+pub const DEFAULT_ITERATIONS: u64 = 10;
+
+/// A configuration mistake.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(pub String);
+
+fn bad(message: impl Into<String>) -> ConfigError {
+    ConfigError(message.into())
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ExperimentToml {
+    name: Option<String>,
+    metric: Option<String>,
+    mode: Option<String>,
+    num_samples: Option<u64>,
+    seed: Option<u64>,
+    max_concurrent_trials: Option<usize>,
+    output_dir: Option<PathBuf>,
+    scheduler: Option<String>,
+    stop: Option<toml::Table>,
+    limits: Option<LimitsToml>,
+    data: Option<BTreeMap<String, PathBuf>>,
+    param_space: Option<toml::Table>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LimitsToml {
+    fuel_per_call: Option<toml::Value>,
+    fuel_per_trial: Option<toml::Value>,
+    memory: Option<toml::Value>,
+    call_timeout: Option<toml::Value>,
+    stack: Option<toml::Value>,
+    log_size: Option<toml::Value>,
+    table_elements: Option<u64>,
+}
+
+/// Command-line values that override the experiment file.
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    /// `--name`
+    pub name: Option<String>,
+    /// `--num-samples`
+    pub num_samples: Option<u64>,
+    /// `--max-concurrent`
+    pub max_concurrent: Option<usize>,
+    /// `--metric`
+    pub metric: Option<String>,
+    /// `--mode`
+    pub mode: Option<String>,
+    /// `--stop KEY=VALUE`, repeatable.
+    pub stop: Vec<String>,
+    /// `--fuel`: the per-trial fuel budget.
+    pub fuel: Option<String>,
+    /// `--fuel-per-call`
+    pub fuel_per_call: Option<String>,
+    /// `--memory`
+    pub memory: Option<String>,
+    /// `--timeout`: the per-call deadline.
+    pub timeout: Option<String>,
+    /// `--data NAME=DIR` or `--data DIR`, repeatable.
+    pub data: Vec<String>,
+    /// `--output-dir`
+    pub output_dir: Option<PathBuf>,
+    /// `--seed`
+    pub seed: Option<u64>,
+}
+
+/// Everything needed to run an experiment.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// The runner's part.
+    pub spec: RunSpec,
+    /// Per-trial sandbox limits.
+    pub limits: Limits,
+    /// Wasm stack limit for the engine.
+    pub max_wasm_stack: usize,
+    /// Read-only data grants: `(name, absolute host dir)`.
+    pub data: Vec<(String, PathBuf)>,
+    /// The seed the configurations were drawn with.
+    pub seed: u64,
+    /// `num_samples` as used.
+    pub num_samples: u64,
+    /// Notes for the user about defaults that were applied.
+    pub notes: Vec<String>,
+}
+
+/// Reads the experiment file (if any), applies overrides, validates.
+pub fn plan(
+    model: &Path,
+    config: Option<&Path>,
+    overrides: &Overrides,
+) -> Result<Plan, ConfigError> {
+    let (file, base) = match config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| bad(format!("cannot read config {}: {e}", path.display())))?;
+            let file: ExperimentToml = toml::from_str(&text)
+                .map_err(|e| bad(format!("{}: {}", path.display(), one_line(&e.to_string()))))?;
+            let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
+            (file, base)
+        }
+        None => (ExperimentToml::default(), PathBuf::new()),
+    };
+    let mut notes = Vec::new();
+
+    let name = overrides
+        .name
+        .clone()
+        .or(file.name)
+        .or_else(|| model.file_stem().map(|s| s.to_string_lossy().into_owned()))
+        .unwrap_or_else(|| "experiment".into());
+    if name.is_empty() || name.contains(['/', '\\']) || name.chars().any(char::is_control) {
+        return Err(bad(format!(
+            "name {name:?} must be non-empty and contain no slashes"
+        )));
+    }
+
+    if let Some(scheduler) = &file.scheduler
+        && scheduler != "fifo"
+    {
+        return Err(bad(format!(
+            "scheduler {scheduler:?} is not known; available: \"fifo\""
+        )));
+    }
+
+    let metric = overrides.metric.clone().or(file.metric);
+    let mode = match overrides.mode.clone().or(file.mode) {
+        Some(mode) => {
+            let mode: Mode = mode.parse().map_err(bad)?;
+            if metric.is_none() {
+                return Err(bad(
+                    "mode is set but metric is not; set `metric` to the metric to rank by",
+                ));
+            }
+            mode
+        }
+        None => Mode::default(),
+    };
+    if metric.as_deref() == Some("") {
+        return Err(bad("metric must not be empty"));
+    }
+
+    let num_samples = overrides.num_samples.or(file.num_samples).unwrap_or(1);
+    if num_samples == 0 {
+        return Err(bad("num_samples must be at least 1"));
+    }
+    let max_concurrent = overrides
+        .max_concurrent
+        .or(file.max_concurrent_trials)
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    if max_concurrent == 0 {
+        return Err(bad("max_concurrent_trials must be at least 1"));
+    }
+    let seed = match overrides.seed.or(file.seed) {
+        Some(seed) => seed,
+        None => {
+            let seed = rand::random::<u32>() as u64;
+            notes.push(format!(
+                "no seed given; using seed {seed} (pass --seed {seed} to repeat this run)"
+            ));
+            seed
+        }
+    };
+
+    let space = match &file.param_space {
+        Some(table) => SearchSpace::from_json(&to_json(table)).map_err(|e| bad(e.to_string()))?,
+        None => SearchSpace::default(),
+    };
+    let configs = space
+        .generate(num_samples, seed)
+        .map_err(|e| bad(e.to_string()))?;
+
+    let mut stop_table = file
+        .stop
+        .as_ref()
+        .map(to_json)
+        .and_then(|v| v.as_object().cloned())
+        .unwrap_or_default();
+    for item in &overrides.stop {
+        let (key, value) = item.split_once('=').ok_or_else(|| {
+            bad(format!(
+                "--stop {item:?}: expected KEY=VALUE, e.g. --stop training_iteration=20"
+            ))
+        })?;
+        let value: Value = value
+            .trim()
+            .parse::<f64>()
+            .map(Value::from)
+            .map_err(|_| bad(format!("--stop {item:?}: {value:?} is not a number")))?;
+        stop_table.insert(key.trim().to_string(), value);
+    }
+    let mut stop = StopCriteria::from_json(&stop_table).map_err(bad)?;
+    if stop == StopCriteria::default() {
+        stop.training_iteration = Some(DEFAULT_ITERATIONS);
+        notes.push(format!(
+            "no stopping criteria given; each trial stops after {DEFAULT_ITERATIONS} iterations"
+        ));
+    }
+
+    let (limits, max_wasm_stack) = limits(file.limits.unwrap_or_default(), overrides)?;
+
+    let mut data = Vec::new();
+    for (grant, dir) in file.data.unwrap_or_default() {
+        data.push(data_grant(&grant, &base.join(dir))?);
+    }
+    for item in &overrides.data {
+        let (grant, dir) = match item.split_once('=') {
+            Some((grant, dir)) => (grant.to_string(), PathBuf::from(dir)),
+            None => {
+                let dir = PathBuf::from(item);
+                let grant = dir
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .ok_or_else(|| bad(format!("--data {item:?}: give NAME=DIR")))?;
+                (grant, dir)
+            }
+        };
+        data.retain(|(existing, _)| *existing != grant);
+        data.push(data_grant(&grant, &dir)?);
+    }
+
+    let output_dir = match overrides
+        .output_dir
+        .clone()
+        .or_else(|| file.output_dir.map(|d| base.join(d)))
+    {
+        Some(dir) => {
+            if dir
+                .read_dir()
+                .is_ok_and(|mut entries| entries.next().is_some())
+            {
+                return Err(bad(format!(
+                    "output directory {} already exists and is not empty; choose another with --output-dir",
+                    dir.display()
+                )));
+            }
+            dir
+        }
+        None => fresh_output_dir(&name),
+    };
+
+    Ok(Plan {
+        spec: RunSpec {
+            name,
+            output_dir,
+            metric,
+            mode,
+            stop,
+            max_concurrent,
+            configs,
+        },
+        limits,
+        max_wasm_stack,
+        data,
+        seed,
+        num_samples,
+        notes,
+    })
+}
+
+fn limits(file: LimitsToml, overrides: &Overrides) -> Result<(Limits, usize), ConfigError> {
+    let mut limits = Limits::default();
+    let from_cli = |s: &Option<String>| s.as_ref().map(|s| toml::Value::String(s.clone()));
+    if let Some(v) = from_cli(&overrides.fuel_per_call).or(file.fuel_per_call) {
+        limits.fuel_per_call = fuel(&v, "limits.fuel_per_call")?;
+    }
+    if let Some(v) = from_cli(&overrides.fuel).or(file.fuel_per_trial) {
+        limits.fuel_per_trial = fuel(&v, "limits.fuel_per_trial")?;
+    }
+    if let Some(v) = from_cli(&overrides.memory).or(file.memory) {
+        limits.memory_bytes = size(&v, "limits.memory")?;
+    }
+    if let Some(v) = from_cli(&overrides.timeout).or(file.call_timeout) {
+        limits.call_timeout = duration(&v, "limits.call_timeout")?;
+    }
+    if let Some(v) = file.log_size {
+        limits.log_bytes = size(&v, "limits.log_size")?;
+    }
+    if let Some(n) = file.table_elements {
+        limits.table_elements = n;
+    }
+    let stack = match file.stack {
+        Some(v) => size(&v, "limits.stack")?,
+        None => 1 << 20,
+    };
+    if !(64 << 10..=256 << 20).contains(&stack) {
+        return Err(bad("limits.stack must be between 64KiB and 256MiB"));
+    }
+    Ok((limits, stack as usize))
+}
+
+/// `5e9`, `5_000_000_000`, `"5e9"`, or `"unlimited"`.
+fn fuel(value: &toml::Value, key: &str) -> Result<Option<u64>, ConfigError> {
+    let err = || {
+        bad(format!(
+            "{key} must be a positive amount of fuel such as 5e9, or \"unlimited\"; got {value}"
+        ))
+    };
+    let number = match value {
+        toml::Value::Integer(i) => *i as f64,
+        toml::Value::Float(f) => *f,
+        toml::Value::String(s) if matches!(s.trim(), "unlimited" | "none") => return Ok(None),
+        toml::Value::String(s) => s
+            .trim()
+            .replace('_', "")
+            .parse::<f64>()
+            .map_err(|_| err())?,
+        _ => return Err(err()),
+    };
+    if (1.0..1.8e19).contains(&number) {
+        Ok(Some(number as u64))
+    } else {
+        Err(err())
+    }
+}
+
+/// `268435456`, `"256MiB"`, `"1 GiB"`, `"500MB"`.
+fn size(value: &toml::Value, key: &str) -> Result<u64, ConfigError> {
+    let err = || {
+        bad(format!(
+            "{key} must be a size such as \"256MiB\", \"2GiB\" or a number of bytes; got {value}"
+        ))
+    };
+    let bytes = match value {
+        toml::Value::Integer(i) if *i > 0 => *i as u64,
+        toml::Value::String(s) => parse_size(s).ok_or_else(err)?,
+        _ => return Err(err()),
+    };
+    if bytes == 0 {
+        return Err(err());
+    }
+    Ok(bytes)
+}
+
+pub(crate) fn parse_size(text: &str) -> Option<u64> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: f64 = number.parse().ok()?;
+    let scale: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" => 1_000,
+        "kib" => 1 << 10,
+        "m" | "mb" => 1_000_000,
+        "mib" => 1 << 20,
+        "g" | "gb" => 1_000_000_000,
+        "gib" => 1 << 30,
+        _ => return None,
+    };
+    let bytes = number * scale as f64;
+    (1.0..1.8e19).contains(&bytes).then_some(bytes as u64)
+}
+
+/// `30` (seconds), `"30s"`, `"2m"`, `"1h 30m"`, or `"none"`.
+fn duration(value: &toml::Value, key: &str) -> Result<Option<Duration>, ConfigError> {
+    let err = || {
+        bad(format!(
+            "{key} must be a duration such as \"30s\" or \"5m\", a number of seconds, or \"none\"; got {value}"
+        ))
+    };
+    let d = match value {
+        toml::Value::Integer(i) if *i > 0 => Duration::from_secs(*i as u64),
+        toml::Value::Float(f) if f.is_finite() && *f > 0.0 => Duration::from_secs_f64(*f),
+        toml::Value::String(s) if s.trim() == "none" => return Ok(None),
+        toml::Value::String(s) => match s.trim().parse::<f64>() {
+            Ok(secs) if secs.is_finite() && secs > 0.0 => Duration::from_secs_f64(secs),
+            Ok(_) => return Err(err()),
+            Err(_) => humantime::parse_duration(s.trim()).map_err(|_| err())?,
+        },
+        _ => return Err(err()),
+    };
+    if d.is_zero() {
+        return Err(err());
+    }
+    Ok(Some(d))
+}
+
+fn data_grant(name: &str, dir: &Path) -> Result<(String, PathBuf), ConfigError> {
+    let valid = !name.is_empty()
+        && !name.starts_with('.')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+    if !valid {
+        return Err(bad(format!(
+            "data grant name {name:?} must be letters, digits, '_', '-' or '.' (it becomes /data/{name})"
+        )));
+    }
+    let canonical = dir
+        .canonicalize()
+        .map_err(|e| bad(format!("data directory `{name}` ({}): {e}", dir.display())))?;
+    if !canonical.is_dir() {
+        return Err(bad(format!(
+            "data directory `{name}` ({}) is not a directory",
+            dir.display()
+        )));
+    }
+    Ok((name.to_string(), canonical))
+}
+
+/// `wtune_results/<name>_<UTC time>`, with a suffix if that exists already.
+fn fresh_output_dir(name: &str) -> PathBuf {
+    let stamp = humantime::format_rfc3339_seconds(SystemTime::now())
+        .to_string()
+        .replace(':', "-");
+    let base =
+        PathBuf::from("wtune_results").join(format!("{name}_{}", stamp.trim_end_matches('Z')));
+    let mut dir = base.clone();
+    let mut n = 2;
+    while dir.exists() {
+        dir = PathBuf::from(format!("{}-{n}", base.display()));
+        n += 1;
+    }
+    dir
+}
+
+fn to_json(table: &toml::Table) -> Value {
+    serde_json::to_value(table).unwrap_or(Value::Null)
+}
+
+fn one_line(message: &str) -> String {
+    message.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(dir: &Path, text: &str) -> PathBuf {
+        let path = dir.join("experiment.toml");
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    fn plan_of(text: &str) -> Result<Plan, ConfigError> {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("data")).unwrap();
+        let path = write(dir.path(), text);
+        let overrides = Overrides {
+            output_dir: Some(dir.path().join("out")),
+            ..Default::default()
+        };
+        plan(Path::new("model.wasm"), Some(&path), &overrides)
+    }
+
+    #[test]
+    fn full_file_is_read() {
+        let plan = plan_of(
+            r#"
+            name = "x"
+            metric = "acc"
+            mode = "max"
+            num_samples = 3
+            seed = 1
+            max_concurrent_trials = 2
+            [stop]
+            training_iteration = 4
+            [limits]
+            fuel_per_call = 5e9
+            fuel_per_trial = "1e11"
+            memory = "128MiB"
+            call_timeout = "30s"
+            [data]
+            d = "data"
+            [param_space]
+            lr = { grid_search = [0.1, 0.2] }
+            "#,
+        )
+        .unwrap();
+        assert_eq!(plan.spec.configs.len(), 6);
+        assert_eq!(plan.spec.max_concurrent, 2);
+        assert_eq!(plan.limits.fuel_per_call, Some(5_000_000_000));
+        assert_eq!(plan.limits.fuel_per_trial, Some(100_000_000_000));
+        assert_eq!(plan.limits.memory_bytes, 128 << 20);
+        assert_eq!(plan.limits.call_timeout, Some(Duration::from_secs(30)));
+        assert_eq!(plan.data[0].0, "d");
+        assert!(plan.data[0].1.is_absolute());
+        assert!(plan.notes.is_empty());
+    }
+
+    #[test]
+    fn defaults_make_a_bare_run_useful() {
+        let plan = plan(
+            Path::new("dir/model.wasm"),
+            None,
+            &Overrides {
+                seed: Some(3),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(plan.spec.name, "model");
+        assert_eq!(plan.spec.configs.len(), 1);
+        assert_eq!(plan.spec.stop.training_iteration, Some(DEFAULT_ITERATIONS));
+        assert!(plan.spec.output_dir.starts_with("wtune_results"));
+        assert_eq!(plan.notes.len(), 1, "{:?}", plan.notes);
+    }
+
+    #[test]
+    fn every_bad_value_gets_a_message_naming_its_key() {
+        let cases = [
+            ("num_sample = 3", "unknown field `num_sample`"),
+            ("num_samples = 0", "num_samples must be at least 1"),
+            (
+                "max_concurrent_trials = 0",
+                "max_concurrent_trials must be at least 1",
+            ),
+            (
+                "metric = \"a\"\nmode = \"best\"",
+                "mode must be \"min\" or \"max\"",
+            ),
+            ("mode = \"min\"", "mode is set but metric is not"),
+            ("scheduler = \"magic\"", "scheduler \"magic\" is not known"),
+            (
+                "[limits]\nmemory = \"lots\"",
+                "limits.memory must be a size",
+            ),
+            (
+                "[limits]\nfuel_per_call = -5",
+                "limits.fuel_per_call must be a positive amount",
+            ),
+            (
+                "[limits]\ncall_timeout = \"soon\"",
+                "limits.call_timeout must be a duration",
+            ),
+            ("[limits]\nstack = 10", "limits.stack must be between"),
+            ("[limits]\nmemroy = 1", "unknown field `memroy`"),
+            ("[data]\nd = \"missing\"", "data directory `d`"),
+            ("[data]\n\"../x\" = \"data\"", "data grant name \"../x\""),
+            (
+                "[stop]\ntraining_iteration = 0",
+                "stop.training_iteration must be a positive whole number",
+            ),
+            (
+                "[param_space]\nlr = { loguniform = [0, 1] }",
+                "param_space.lr: loguniform",
+            ),
+            ("num_samples = ", "experiment.toml"),
+        ];
+        for (text, expected) in cases {
+            let message = plan_of(text).unwrap_err().to_string();
+            assert!(
+                message.contains(expected),
+                "{text:?} gave {message:?}, expected {expected:?}"
+            );
+            assert!(!message.contains('\n'), "one line: {message:?}");
+        }
+    }
+
+    #[test]
+    fn overrides_win_over_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = write(
+            dir.path(),
+            "num_samples = 5\nmetric = \"a\"\n[stop]\ntraining_iteration = 3\n",
+        );
+        let overrides = Overrides {
+            num_samples: Some(2),
+            metric: Some("b".into()),
+            mode: Some("min".into()),
+            stop: vec!["training_iteration=7".into(), "b=0.5".into()],
+            fuel: Some("2e9".into()),
+            memory: Some("64MiB".into()),
+            timeout: Some("5s".into()),
+            seed: Some(1),
+            output_dir: Some(dir.path().join("out")),
+            ..Default::default()
+        };
+        let plan = plan(Path::new("m.wasm"), Some(&path), &overrides).unwrap();
+        assert_eq!(plan.spec.configs.len(), 2);
+        assert_eq!(plan.spec.metric.as_deref(), Some("b"));
+        assert_eq!(plan.spec.mode, Mode::Min);
+        assert_eq!(plan.spec.stop.training_iteration, Some(7));
+        assert_eq!(plan.spec.stop.thresholds.len(), 1);
+        assert_eq!(plan.limits.fuel_per_trial, Some(2_000_000_000));
+        assert_eq!(plan.limits.memory_bytes, 64 << 20);
+        assert_eq!(plan.limits.call_timeout, Some(Duration::from_secs(5)));
+        let bad_stop = Overrides {
+            stop: vec!["nonsense".into()],
+            seed: Some(1),
+            ..Default::default()
+        };
+        assert!(plan_of_overrides(&bad_stop).contains("expected KEY=VALUE"));
+    }
+
+    fn plan_of_overrides(overrides: &Overrides) -> String {
+        plan(Path::new("m.wasm"), None, overrides)
+            .unwrap_err()
+            .to_string()
+    }
+
+    #[test]
+    fn a_non_empty_output_dir_is_never_reused() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("experiment.json"), "{}").unwrap();
+        let overrides = Overrides {
+            output_dir: Some(dir.path().to_path_buf()),
+            seed: Some(1),
+            ..Default::default()
+        };
+        assert!(plan_of_overrides(&overrides).contains("already exists and is not empty"));
+    }
+
+    #[test]
+    fn sizes_parse_with_units() {
+        assert_eq!(parse_size("256MiB"), Some(256 << 20));
+        assert_eq!(parse_size("1 GiB"), Some(1 << 30));
+        assert_eq!(parse_size("500MB"), Some(500_000_000));
+        assert_eq!(parse_size("1.5KiB"), Some(1536));
+        assert_eq!(parse_size("12"), Some(12));
+        assert_eq!(parse_size("12 parsecs"), None);
+        assert_eq!(parse_size(""), None);
+    }
+}

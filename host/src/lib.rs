@@ -1,0 +1,41 @@
+//! # wtune: hyperparameter tuning with sandboxed WebAssembly trainables
+//!
+//! Trainables are WebAssembly components built against the
+//! `wtune:trainable` WIT world (see the `wtune-guest` crate for writing
+//! them). Each trial runs in its own wasmtime instance with metered fuel,
+//! capped memory, a wall-clock deadline per call and a filesystem limited to
+//! its own directory plus read-only data grants.
+//!
+//! Layers, each usable on its own:
+//! - [`sandbox`]: wasmtime: loading, checking and instantiating components;
+//!   the only module that names wasmtime types.
+//! - [`tune`]: trials, search spaces, stopping, schedulers and the runner
+//!   loop, independent of how trials execute.
+//! - [`exec`]: the backend that runs the runner's trials in the sandbox.
+//! - [`report`]: result files, `experiment.json`, progress and summaries.
+//! - [`config`]: the experiment file and command-line overrides.
+//!
+//! Embedding, in short:
+//! ```no_run
+//! use wtune::{config, exec::WasmBackend, report, sandbox::{Sandbox, SandboxOptions}, tune::{Fifo, Runner}};
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let model = std::path::Path::new("model.wasm");
+//! let plan = config::plan(model, Some("experiment.toml".as_ref()), &Default::default())?;
+//! let sandbox = Sandbox::new(SandboxOptions::default())?;
+//! let program = sandbox.load(model)?;
+//! let backend = WasmBackend::new(program, plan.limits, plan.data);
+//! let summary = Runner::new(backend, plan.spec, Box::new(Fifo::default()))
+//!     .callback(report::TrialFiles::new())
+//!     .run()
+//!     .await?;
+//! println!("{}", report::summary_text(&summary));
+//! # Ok(()) }
+//! ```
+
+pub mod cli;
+pub mod config;
+pub mod exec;
+pub mod persist;
+pub mod report;
+pub mod sandbox;
+pub mod tune;

@@ -1,0 +1,229 @@
+//! Live progress: on a terminal, a trial table redrawn in place; otherwise
+//! (CI logs, pipes) one plain line per finished trial plus a periodic status
+//! line. Written to stderr so stdout carries only the final summary.
+
+use std::io::{IsTerminal, Write};
+use std::time::{Duration, Instant};
+
+use serde_json::{Map, Value};
+
+use super::summary::config_lines;
+use crate::tune::{Callback, ExperimentSummary, RunSpec, Trial, TrialStatus};
+
+/// Most trial rows the terminal table shows; the rest are counted.
+const MAX_ROWS: usize = 20;
+const REDRAW_EVERY: Duration = Duration::from_millis(250);
+const PLAIN_STATUS_EVERY: Duration = Duration::from_secs(10);
+
+/// The progress callback.
+pub struct Progress {
+    terminal: bool,
+    metric: Option<String>,
+    drawn_lines: usize,
+    last_draw: Option<Instant>,
+    started: Instant,
+}
+
+impl Progress {
+    /// Table on a terminal, plain lines otherwise.
+    pub fn new() -> Self {
+        Self::with_terminal(std::io::stderr().is_terminal())
+    }
+
+    /// Forces the terminal or plain style.
+    pub fn with_terminal(terminal: bool) -> Self {
+        Self {
+            terminal,
+            metric: None,
+            drawn_lines: 0,
+            last_draw: None,
+            started: Instant::now(),
+        }
+    }
+
+    fn due(&self, every: Duration) -> bool {
+        self.last_draw.is_none_or(|t| t.elapsed() >= every)
+    }
+
+    fn status_line(&self, trials: &[Trial]) -> String {
+        let count = |s: TrialStatus| trials.iter().filter(|t| t.status == s).count();
+        let mut line = format!(
+            "[{:>6.1}s] {} trials: {} RUNNING, {} PENDING, {} TERMINATED, {} ERROR",
+            self.started.elapsed().as_secs_f64(),
+            trials.len(),
+            count(TrialStatus::Running),
+            count(TrialStatus::Pending),
+            count(TrialStatus::Terminated),
+            count(TrialStatus::Error)
+        );
+        if let Some(metric) = &self.metric {
+            let best = trials
+                .iter()
+                .filter_map(|t| t.metric(metric))
+                .fold(None, |acc: Option<f64>, v| {
+                    Some(acc.map_or(v, |a| a.max(v)))
+                });
+            if let Some(best) = best {
+                line.push_str(&format!(" | max {metric} so far {best:.4}"));
+            }
+        }
+        line
+    }
+
+    fn draw(&mut self, trials: &[Trial], force: bool) {
+        if !force && !self.due(REDRAW_EVERY) {
+            return;
+        }
+        let mut text = String::new();
+        if self.drawn_lines > 0 {
+            text.push_str(&format!("\x1b[{}A\x1b[J", self.drawn_lines));
+        }
+        let table = self.table(trials);
+        self.drawn_lines = table.lines().count();
+        text.push_str(&table);
+        let mut err = std::io::stderr().lock();
+        let _ = err.write_all(text.as_bytes());
+        let _ = err.flush();
+        self.last_draw = Some(Instant::now());
+    }
+
+    fn table(&self, trials: &[Trial]) -> String {
+        let metric = self.metric.as_deref();
+        // Running trials first, then the most recently relevant others.
+        let mut shown: Vec<&Trial> = trials
+            .iter()
+            .filter(|t| t.status == TrialStatus::Running)
+            .collect();
+        shown.extend(trials.iter().filter(|t| t.status != TrialStatus::Running));
+        shown.truncate(MAX_ROWS);
+        shown.sort_by(|a, b| a.trial_id.cmp(&b.trial_id));
+        let mut rows = vec![vec![
+            "trial".to_string(),
+            "status".to_string(),
+            "iter".to_string(),
+            metric.unwrap_or("-").to_string(),
+            "time (s)".to_string(),
+            "fuel".to_string(),
+            "config".to_string(),
+        ]];
+        for t in &shown {
+            let mut config = Vec::new();
+            config_lines("", &t.config, &mut config);
+            let mut config = config.join(", ").replace(" = ", "=");
+            if config.len() > 60 {
+                config.truncate(config.floor_char_boundary(57));
+                config.push_str("...");
+            }
+            rows.push(vec![
+                t.trial_id.clone(),
+                t.status.to_string(),
+                t.iterations.to_string(),
+                metric
+                    .and_then(|m| t.metric(m))
+                    .map_or("-".into(), |v| format!("{v:.4}")),
+                format!("{:.1}", t.time_total_s),
+                crate::sandbox::fuel_text(t.fuel_total),
+                config,
+            ]);
+        }
+        let widths: Vec<usize> = (0..rows[0].len())
+            .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
+            .collect();
+        let mut out = self.status_line(trials);
+        out.push('\n');
+        for row in rows {
+            let cells: Vec<String> = row
+                .iter()
+                .zip(&widths)
+                .map(|(cell, w)| format!("{cell:<w$}"))
+                .collect();
+            out.push_str(cells.join("  ").trim_end());
+            out.push('\n');
+        }
+        if trials.len() > shown.len() {
+            out.push_str(&format!(
+                "... and {} more trials\n",
+                trials.len() - shown.len()
+            ));
+        }
+        out
+    }
+
+    fn plain(&mut self, line: &str) {
+        let mut err = std::io::stderr().lock();
+        let _ = writeln!(err, "{line}");
+    }
+}
+
+impl Default for Progress {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Callback for Progress {
+    fn on_experiment_start(&mut self, spec: &RunSpec, trials: &[Trial]) -> Result<(), String> {
+        self.metric = spec.metric.clone();
+        self.started = Instant::now();
+        let line = format!(
+            "Experiment {}: {} trials, up to {} at a time, results in {}",
+            spec.name,
+            trials.len(),
+            spec.max_concurrent,
+            spec.output_dir.display()
+        );
+        self.plain(&line);
+        Ok(())
+    }
+
+    fn on_result(
+        &mut self,
+        trials: &[Trial],
+        _index: usize,
+        _result: &Map<String, Value>,
+    ) -> Result<(), String> {
+        if self.terminal {
+            self.draw(trials, false);
+        } else if self.due(PLAIN_STATUS_EVERY) {
+            let line = self.status_line(trials);
+            self.plain(&line);
+            self.last_draw = Some(Instant::now());
+        }
+        Ok(())
+    }
+
+    fn on_trial_end(&mut self, trials: &[Trial], index: usize) -> Result<(), String> {
+        if self.terminal {
+            self.draw(trials, false);
+            return Ok(());
+        }
+        let t = &trials[index];
+        let detail = match t.status {
+            TrialStatus::Error => t.error.clone().unwrap_or_default(),
+            _ => {
+                let metric = self
+                    .metric
+                    .as_deref()
+                    .and_then(|m| Some(format!("{m}={:.4}, ", t.metric(m)?)));
+                format!(
+                    "{}{}",
+                    metric.unwrap_or_default(),
+                    t.stop_reason.as_deref().unwrap_or("")
+                )
+            }
+        };
+        let line = format!(
+            "{} {} after {} iterations: {detail}",
+            t.trial_id, t.status, t.iterations
+        );
+        self.plain(&line);
+        Ok(())
+    }
+
+    fn on_experiment_end(&mut self, summary: &ExperimentSummary) -> Result<(), String> {
+        if self.terminal {
+            self.draw(&summary.trials, true);
+        }
+        Ok(())
+    }
+}

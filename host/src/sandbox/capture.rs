@@ -1,0 +1,202 @@
+//! Capped capture of a guest's output streams into per-trial log files.
+//!
+//! A guest that floods stdout must not fill the disk or slow the host: once a
+//! stream reaches its cap, one truncation marker is written and the rest is
+//! dropped while the guest keeps running (its fuel and deadline still bound
+//! it). The last few KiB are also kept in memory so a trap can quote the
+//! guest's panic message.
+
+use std::collections::VecDeque;
+use std::fs::File;
+use std::io::{self, Write};
+use std::path::Path;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
+use wasmtime_wasi::p2::{OutputStream, Pollable, StreamError, StreamResult};
+
+/// How much of the stream's end is kept in memory for error messages.
+const TAIL_BYTES: usize = 4096;
+
+struct Inner {
+    file: File,
+    written: u64,
+    cap: u64,
+    truncated: bool,
+    tail: VecDeque<u8>,
+}
+
+impl Inner {
+    fn write(&mut self, mut bytes: &[u8]) -> io::Result<()> {
+        self.remember(bytes);
+        if self.truncated {
+            return Ok(());
+        }
+        let room = self.cap.saturating_sub(self.written);
+        if bytes.len() as u64 > room {
+            bytes = &bytes[..room as usize];
+            self.truncated = true;
+        }
+        self.file.write_all(bytes)?;
+        self.written += bytes.len() as u64;
+        if self.truncated {
+            writeln!(
+                self.file,
+                "\n[wtune: output truncated at {} bytes; the rest was dropped]",
+                self.cap
+            )?;
+        }
+        Ok(())
+    }
+
+    fn remember(&mut self, bytes: &[u8]) {
+        let keep = &bytes[bytes.len().saturating_sub(TAIL_BYTES)..];
+        let overflow = (self.tail.len() + keep.len()).saturating_sub(TAIL_BYTES);
+        self.tail.drain(..overflow);
+        self.tail.extend(keep);
+    }
+}
+
+/// One captured stream. Clones share the same file and counters, as wasmtime
+/// asks for a fresh stream object per guest handle.
+#[derive(Clone)]
+pub(crate) struct CappedSink {
+    inner: Arc<Mutex<Inner>>,
+}
+
+impl CappedSink {
+    /// Creates (truncating) the log file at `path`, capped at `cap` bytes.
+    pub(crate) fn create(path: &Path, cap: u64) -> io::Result<Self> {
+        let file = File::create(path)?;
+        Ok(Self {
+            inner: Arc::new(Mutex::new(Inner {
+                file,
+                written: 0,
+                cap,
+                truncated: false,
+                tail: VecDeque::with_capacity(TAIL_BYTES),
+            })),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic while holding this lock can only come from a bug in this
+        // module; the data (a file and counters) stays usable regardless.
+        self.inner
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Appends to the stream, respecting the cap.
+    pub(crate) fn write(&self, bytes: &[u8]) -> io::Result<()> {
+        self.lock().write(bytes)
+    }
+
+    /// The last bytes written (up to 4 KiB), decoded lossily.
+    pub(crate) fn tail(&self) -> String {
+        let inner = self.lock();
+        let (a, b) = inner.tail.as_slices();
+        let mut bytes = Vec::with_capacity(a.len() + b.len());
+        bytes.extend_from_slice(a);
+        bytes.extend_from_slice(b);
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+
+    /// Flushes the file to the OS.
+    pub(crate) fn flush(&self) -> io::Result<()> {
+        self.lock().file.flush()
+    }
+}
+
+impl IsTerminal for CappedSink {
+    fn is_terminal(&self) -> bool {
+        false
+    }
+}
+
+impl StdoutStream for CappedSink {
+    fn p2_stream(&self) -> Box<dyn OutputStream> {
+        Box::new(self.clone())
+    }
+
+    fn async_stream(&self) -> Box<dyn tokio::io::AsyncWrite + Send + Sync> {
+        Box::new(self.clone())
+    }
+}
+
+#[wasmtime_wasi::async_trait]
+impl Pollable for CappedSink {
+    async fn ready(&mut self) {}
+}
+
+impl OutputStream for CappedSink {
+    fn write(&mut self, bytes: Bytes) -> StreamResult<()> {
+        CappedSink::write(self, &bytes).map_err(|e| StreamError::LastOperationFailed(e.into()))
+    }
+
+    fn flush(&mut self) -> StreamResult<()> {
+        CappedSink::flush(self).map_err(|e| StreamError::LastOperationFailed(e.into()))
+    }
+
+    fn check_write(&mut self) -> StreamResult<usize> {
+        // Writes never block: beyond the cap they are dropped.
+        Ok(1 << 20)
+    }
+}
+
+impl tokio::io::AsyncWrite for CappedSink {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Poll::Ready(CappedSink::write(&self, buf).map(|()| buf.len()))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(CappedSink::flush(&self))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stops_at_the_cap_with_one_marker_and_keeps_the_tail() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("out.log");
+        let sink = CappedSink::create(&path, 10).unwrap();
+        sink.write(b"12345").unwrap();
+        sink.write(b"67890abc").unwrap();
+        sink.write(b"more").unwrap();
+        sink.flush().unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(
+            text.starts_with("1234567890\n[wtune: output truncated at 10 bytes"),
+            "{text}"
+        );
+        assert_eq!(text.matches("truncated").count(), 1);
+        assert_eq!(sink.tail(), "1234567890abcmore");
+    }
+
+    #[test]
+    fn tail_keeps_only_the_last_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let sink = CappedSink::create(&dir.path().join("x"), 1 << 20).unwrap();
+        for _ in 0..3 {
+            sink.write(&[b'a'; TAIL_BYTES]).unwrap();
+        }
+        sink.write(b"END").unwrap();
+        let tail = sink.tail();
+        assert_eq!(tail.len(), TAIL_BYTES);
+        assert!(tail.ends_with("aEND"));
+    }
+}

@@ -1,0 +1,114 @@
+//! The engine every trial shares: configuration, the epoch ticker behind
+//! wall-clock deadlines, and the linker with the host's imports.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use wasmtime::component::{HasSelf, Linker};
+use wasmtime::{Config, Engine};
+
+use super::bindings;
+use super::cache::ArtifactCache;
+use super::host::TrialHost;
+
+/// How often the engine's epoch advances; deadlines are counted in these.
+pub(crate) const EPOCH_TICK: Duration = Duration::from_millis(10);
+
+/// How a [`Sandbox`] is built.
+#[derive(Debug, Clone)]
+pub struct SandboxOptions {
+    /// Where compiled components are cached; `None` disables the disk cache.
+    pub cache_dir: Option<PathBuf>,
+    /// Maximum wasm call-stack size in bytes for every trial.
+    pub max_wasm_stack: usize,
+}
+
+impl Default for SandboxOptions {
+    fn default() -> Self {
+        Self {
+            cache_dir: ArtifactCache::default_dir(),
+            max_wasm_stack: 1 << 20,
+        }
+    }
+}
+
+/// Owns the wasmtime engine, the linker and the compiled-artifact cache.
+/// Create one per process (or per experiment) and load programs from it.
+pub struct Sandbox {
+    pub(crate) engine: Engine,
+    pub(crate) linker: Linker<TrialHost>,
+    pub(crate) cache: Option<ArtifactCache>,
+    /// Shared with every [`Program`](super::Program): deadlines must keep
+    /// firing for as long as any instance can run, even if the sandbox that
+    /// loaded it is gone.
+    pub(crate) ticker: Arc<EpochTicker>,
+}
+
+impl Sandbox {
+    /// Builds the engine (fuel metering and epoch interruption on) and the
+    /// linker with WASI preview 2 and the `wtune:trainable/host` imports.
+    pub fn new(options: SandboxOptions) -> wasmtime::Result<Self> {
+        let mut config = Config::new();
+        config.wasm_component_model(true);
+        config.consume_fuel(true);
+        config.epoch_interruption(true);
+        config.max_wasm_stack(options.max_wasm_stack);
+        let engine = Engine::new(&config)?;
+
+        let mut linker = Linker::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_sync(&mut linker)?;
+        bindings::Trainable::add_to_linker::<TrialHost, HasSelf<TrialHost>>(&mut linker, |host| {
+            host
+        })?;
+
+        let cache = options
+            .cache_dir
+            .map(|dir| ArtifactCache::new(dir, &engine));
+        let ticker = Arc::new(EpochTicker::start(engine.clone()));
+        Ok(Self {
+            engine,
+            linker,
+            cache,
+            ticker,
+        })
+    }
+}
+
+/// A thread that advances the engine's epoch every [`EPOCH_TICK`], stopped
+/// when the sandbox is dropped.
+pub(crate) struct EpochTicker {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl EpochTicker {
+    fn start(engine: Engine) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("wtune-epoch".into())
+            .spawn(move || {
+                while !flag.load(Ordering::Relaxed) {
+                    std::thread::sleep(EPOCH_TICK);
+                    engine.increment_epoch();
+                }
+            })
+            .expect("spawning the epoch thread");
+        Self {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for EpochTicker {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}

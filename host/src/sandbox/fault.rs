@@ -1,0 +1,183 @@
+//! Why a trial's sandbox failed, in words a user can act on.
+
+use std::fmt;
+use std::time::Duration;
+
+use super::limits::LimitHit;
+
+/// A call the host makes into a trainable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Call {
+    /// Instantiation, including the component's start functions.
+    Instantiate,
+    /// `setup(config)`.
+    Setup,
+    /// `train()`.
+    Train,
+    /// `save()`.
+    Save,
+    /// `restore(state)`.
+    Restore,
+    /// `reset(config)`.
+    Reset,
+    /// `cleanup()`.
+    Cleanup,
+}
+
+impl fmt::Display for Call {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Call::Instantiate => "instantiation",
+            Call::Setup => "setup()",
+            Call::Train => "train()",
+            Call::Save => "save()",
+            Call::Restore => "restore()",
+            Call::Reset => "reset()",
+            Call::Cleanup => "cleanup()",
+        })
+    }
+}
+
+/// Where in the trial a fault happened: the call and, for `train()`, the
+/// iteration it was computing (1-based).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct At {
+    /// The call that failed.
+    pub call: Call,
+    /// The iteration being computed, when the call was `train()`.
+    pub iteration: Option<u64>,
+}
+
+impl fmt::Display for At {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.iteration {
+            Some(i) => write!(f, "{} at iteration {i}", self.call),
+            None => write!(f, "{}", self.call),
+        }
+    }
+}
+
+/// Why a trial's instance failed. The `Display` text is the reason shown for
+/// the trial's ERROR status.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TrialFault {
+    /// The guest returned `err(message)` from a call: a clean failure.
+    GuestError { at: At, message: String },
+    /// The trial's total fuel budget ran out.
+    FuelBudget { at: At, budget: u64 },
+    /// One call burned more than the per-call fuel limit.
+    FuelPerCall { at: At, limit: u64 },
+    /// A call ran past its wall-clock deadline.
+    Timeout { at: At, limit: Duration },
+    /// A memory or table grew past its cap.
+    Limit { at: At, what: String },
+    /// The guest panicked; `message` is its panic message from stderr.
+    Panic { at: At, message: String },
+    /// The guest trapped (unreachable, out-of-bounds access, stack overflow...).
+    Trap { at: At, trap: String },
+    /// The guest returned something the host refuses (too large, reserved
+    /// names, malformed values).
+    BadOutput { at: At, reason: String },
+    /// The host could not prepare the trial's environment (log files,
+    /// directories) or a host-side error surfaced during a call.
+    Host { at: At, message: String },
+    /// The instance trapped earlier and cannot be entered again.
+    Poisoned,
+}
+
+impl TrialFault {
+    pub(crate) fn limit(at: At, hit: LimitHit) -> Self {
+        TrialFault::Limit {
+            at,
+            what: hit.to_string(),
+        }
+    }
+}
+
+impl fmt::Display for TrialFault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TrialFault::GuestError { at, message } => write!(f, "{at} failed: {message}"),
+            TrialFault::FuelBudget { at, budget } => {
+                write!(
+                    f,
+                    "fuel budget {} exhausted during {at}",
+                    fuel_text(*budget)
+                )
+            }
+            TrialFault::FuelPerCall { at, limit } => write!(
+                f,
+                "{at} exceeded the per-call fuel limit of {}",
+                fuel_text(*limit)
+            ),
+            TrialFault::Timeout { at, limit } => {
+                write!(
+                    f,
+                    "{at} exceeded its {} deadline",
+                    humantime::format_duration(*limit)
+                )
+            }
+            TrialFault::Limit { at, what } => write!(f, "{what} during {at}"),
+            TrialFault::Panic { at, message } => write!(f, "{at} panicked: {message}"),
+            TrialFault::Trap { at, trap } => write!(f, "{at} trapped: {trap}"),
+            TrialFault::BadOutput { at, reason } => {
+                write!(f, "{at} returned a bad result: {reason}")
+            }
+            TrialFault::Host { at, message } => write!(f, "host error during {at}: {message}"),
+            TrialFault::Poisoned => {
+                f.write_str("the instance trapped earlier and can no longer be called")
+            }
+        }
+    }
+}
+
+impl std::error::Error for TrialFault {}
+
+/// Fuel amounts as people write them in configs: `5e9`, `2.5e10`, `1000`.
+pub fn fuel_text(fuel: u64) -> String {
+    if fuel < 100_000 {
+        return fuel.to_string();
+    }
+    let exponent = (fuel as f64).log10().floor() as i32;
+    let mantissa = fuel as f64 / 10f64.powi(exponent);
+    let mantissa = format!("{mantissa:.2}");
+    let mantissa = mantissa.trim_end_matches('0').trim_end_matches('.');
+    format!("{mantissa}e{exponent}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fuel_is_written_the_way_configs_write_it() {
+        assert_eq!(fuel_text(5_000_000_000), "5e9");
+        assert_eq!(fuel_text(25_000_000_000), "2.5e10");
+        assert_eq!(fuel_text(1234), "1234");
+        assert_eq!(fuel_text(123_456_789), "1.23e8");
+    }
+
+    #[test]
+    fn messages_name_call_iteration_and_limit() {
+        let at = At {
+            call: Call::Train,
+            iteration: Some(12),
+        };
+        assert_eq!(
+            TrialFault::FuelBudget {
+                at,
+                budget: 5_000_000_000
+            }
+            .to_string(),
+            "fuel budget 5e9 exhausted during train() at iteration 12"
+        );
+        assert_eq!(
+            TrialFault::Timeout {
+                at,
+                limit: Duration::from_secs(30)
+            }
+            .to_string(),
+            "train() at iteration 12 exceeded its 30s deadline"
+        );
+    }
+}

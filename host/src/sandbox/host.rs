@@ -1,0 +1,65 @@
+//! The per-trial host state kept in each store, and the host side of the
+//! `wtune:trainable/host` interface.
+
+use std::time::SystemTime;
+
+use wasmtime::component::ResourceTable;
+use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+
+use super::bindings::wtune::trainable::{host, types};
+use super::capture::CappedSink;
+use super::limits::TrialLimiter;
+
+/// Longest log line kept; longer ones are cut with a marker.
+const MAX_LOG_LINE: usize = 16 << 10;
+
+/// What one trial's store holds besides the guest itself.
+pub(crate) struct TrialHost {
+    pub(crate) wasi: WasiCtx,
+    pub(crate) table: ResourceTable,
+    pub(crate) limiter: TrialLimiter,
+    pub(crate) guest_log: CappedSink,
+    /// Shares its file with the guest's stderr; read for panic messages.
+    pub(crate) stderr: CappedSink,
+    pub(crate) stdout: CappedSink,
+}
+
+impl WasiView for TrialHost {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+impl types::Host for TrialHost {}
+
+impl host::Host for TrialHost {
+    fn log(&mut self, level: types::Level, message: String) {
+        let level = match level {
+            types::Level::Trace => "TRACE",
+            types::Level::Debug => "DEBUG",
+            types::Level::Info => "INFO",
+            types::Level::Warn => "WARN",
+            types::Level::Error => "ERROR",
+        };
+        let mut line = format!(
+            "{} {level:<5} ",
+            humantime::format_rfc3339_millis(SystemTime::now())
+        );
+        if message.len() > MAX_LOG_LINE {
+            let cut = message.floor_char_boundary(MAX_LOG_LINE);
+            line.push_str(&message[..cut]);
+            line.push_str(&format!(" [wtune: line cut at {MAX_LOG_LINE} bytes]"));
+        } else {
+            line.push_str(&message);
+        }
+        line.push('\n');
+        // A log file that cannot be written must not fail the guest's call:
+        // logging is best effort, like a full disk under any logger.
+        if let Err(err) = self.guest_log.write(line.as_bytes()) {
+            tracing::debug!("guest log write failed: {err}");
+        }
+    }
+}

@@ -1,0 +1,373 @@
+//! One trial's live instance and the metered, classified calls into it.
+
+use std::time::{Duration, Instant};
+
+use wasmtime::{Store, Trap};
+
+use super::bindings::{Trainable, TrainablePre};
+use super::engine::EPOCH_TICK;
+use super::fault::{At, Call, TrialFault};
+use super::host::TrialHost;
+use super::limits::Limits;
+
+/// Most metrics one report may carry.
+pub const MAX_METRICS: usize = 1024;
+/// Longest metric name accepted.
+pub const MAX_METRIC_NAME: usize = 256;
+/// Longest guest error message kept; the rest is cut.
+const MAX_GUEST_MESSAGE: usize = 4096;
+
+/// What `train()` reported, after the host's size checks.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GuestReport {
+    /// `(name, value)` pairs, in the guest's order, names unique.
+    pub metrics: Vec<(String, f64)>,
+    /// The guest's `done` flag.
+    pub done: bool,
+}
+
+/// What one call cost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CallStats {
+    /// Fuel burned by the call.
+    pub fuel: u64,
+    /// Wall-clock time of the call.
+    pub elapsed: Duration,
+}
+
+/// A trial's instance: its store and the guest's exports. Calls are metered
+/// with fuel and bounded by the deadline; after a trap the instance refuses
+/// further calls.
+pub struct TrialInstance {
+    store: Store<TrialHost>,
+    guest: Trainable,
+    limits: Limits,
+    fuel_total: u64,
+    iterations: u64,
+    poisoned: bool,
+}
+
+impl TrialInstance {
+    pub(crate) fn start(
+        mut store: Store<TrialHost>,
+        pre: &TrainablePre<TrialHost>,
+        limits: Limits,
+    ) -> Result<Self, TrialFault> {
+        let at = At {
+            call: Call::Instantiate,
+            iteration: None,
+        };
+        let allotted = fuel_allotment(&limits, 0, at)?;
+        arm(&mut store, &limits, allotted, at)?;
+        let result = pre.instantiate(&mut store);
+        let fuel_total = allotted - store.get_fuel().unwrap_or(0);
+        match result {
+            Ok(guest) => Ok(Self {
+                store,
+                guest,
+                limits,
+                fuel_total,
+                iterations: 0,
+                poisoned: false,
+            }),
+            Err(err) => Err(classify(&store, &limits, at, allotted, fuel_total, err)),
+        }
+    }
+
+    /// Fuel burned so far by every call, instantiation included.
+    pub fn fuel_total(&self) -> u64 {
+        self.fuel_total
+    }
+
+    /// Completed `train()` calls.
+    pub fn iterations(&self) -> u64 {
+        self.iterations
+    }
+
+    /// `setup(config)`, with the config as JSON text.
+    pub fn setup(&mut self, config_json: &str) -> Result<CallStats, TrialFault> {
+        let at = At {
+            call: Call::Setup,
+            iteration: None,
+        };
+        self.call(at, |guest, store| guest.call_setup(store, config_json))
+            .map(|((), stats)| stats)
+    }
+
+    /// One `train()` call, with the report checked against the host's limits.
+    pub fn train(&mut self) -> Result<(GuestReport, CallStats), TrialFault> {
+        let at = At {
+            call: Call::Train,
+            iteration: Some(self.iterations + 1),
+        };
+        let (report, stats) = self.call(at, |guest, store| guest.call_train(store))?;
+        self.iterations += 1;
+        let report = check_report(report).map_err(|reason| {
+            self.poisoned = true;
+            TrialFault::BadOutput { at, reason }
+        })?;
+        Ok((report, stats))
+    }
+
+    /// `save()`: the guest's own checkpoint bytes.
+    pub fn save(&mut self) -> Result<(Vec<u8>, CallStats), TrialFault> {
+        let at = At {
+            call: Call::Save,
+            iteration: None,
+        };
+        self.call(at, |guest, store| guest.call_save(store))
+    }
+
+    /// `restore(state)` with bytes from an earlier `save()`.
+    pub fn restore(&mut self, state: &[u8]) -> Result<CallStats, TrialFault> {
+        let at = At {
+            call: Call::Restore,
+            iteration: None,
+        };
+        self.call(at, |guest, store| guest.call_restore(store, state))
+            .map(|((), stats)| stats)
+    }
+
+    /// `reset(config)`: `true` when the guest re-configured itself.
+    pub fn reset(&mut self, config_json: &str) -> Result<(bool, CallStats), TrialFault> {
+        let at = At {
+            call: Call::Reset,
+            iteration: None,
+        };
+        let (reused, stats) = self.call(at, |guest, store| guest.call_reset(store, config_json))?;
+        if reused {
+            self.iterations = 0;
+        }
+        Ok((reused, stats))
+    }
+
+    /// `cleanup()`, then flushes the trial's log files.
+    pub fn cleanup(&mut self) -> Result<CallStats, TrialFault> {
+        let at = At {
+            call: Call::Cleanup,
+            iteration: None,
+        };
+        let result = self
+            .call(at, |guest, store| {
+                guest.call_cleanup(store).map(Ok::<(), String>)
+            })
+            .map(|((), stats)| stats);
+        self.flush_logs();
+        result
+    }
+
+    /// Flushes the captured streams to disk.
+    pub fn flush_logs(&self) {
+        let host = self.store.data();
+        for sink in [&host.stdout, &host.stderr, &host.guest_log] {
+            if let Err(err) = sink.flush() {
+                tracing::debug!("flushing a trial log: {err}");
+            }
+        }
+    }
+
+    fn call<R>(
+        &mut self,
+        at: At,
+        f: impl FnOnce(&Trainable, &mut Store<TrialHost>) -> wasmtime::Result<Result<R, String>>,
+    ) -> Result<(R, CallStats), TrialFault> {
+        if self.poisoned {
+            return Err(TrialFault::Poisoned);
+        }
+        let allotted = fuel_allotment(&self.limits, self.fuel_total, at)?;
+        arm(&mut self.store, &self.limits, allotted, at)?;
+        let started = Instant::now();
+        let outcome = f(&self.guest, &mut self.store);
+        let fuel = allotted - self.store.get_fuel().unwrap_or(0);
+        self.fuel_total += fuel;
+        let stats = CallStats {
+            fuel,
+            elapsed: started.elapsed(),
+        };
+        match outcome {
+            Ok(Ok(value)) => Ok((value, stats)),
+            Ok(Err(message)) => Err(TrialFault::GuestError {
+                at,
+                message: cut(message),
+            }),
+            Err(err) => {
+                self.poisoned = true;
+                Err(classify(
+                    &self.store,
+                    &self.limits,
+                    at,
+                    allotted,
+                    self.fuel_total,
+                    err,
+                ))
+            }
+        }
+    }
+}
+
+/// Fuel for the next call: the per-call limit, or what is left of the
+/// trial's budget when that is smaller.
+fn fuel_allotment(limits: &Limits, used: u64, at: At) -> Result<u64, TrialFault> {
+    let per_call = limits.fuel_per_call.unwrap_or(u64::MAX);
+    match limits.fuel_per_trial {
+        Some(budget) if used >= budget => Err(TrialFault::FuelBudget { at, budget }),
+        Some(budget) => Ok(per_call.min(budget - used)),
+        None => Ok(per_call),
+    }
+}
+
+fn arm(store: &mut Store<TrialHost>, limits: &Limits, fuel: u64, at: At) -> Result<(), TrialFault> {
+    store.set_fuel(fuel).map_err(|e| TrialFault::Host {
+        at,
+        message: format!("setting fuel: {e}"),
+    })?;
+    let ticks = match limits.call_timeout {
+        Some(limit) => (limit.as_nanos() / EPOCH_TICK.as_nanos()).max(1) as u64 + 1,
+        // Effectively never; kept far from u64::MAX so adding the current
+        // epoch cannot overflow.
+        None => 1 << 62,
+    };
+    store.set_epoch_deadline(ticks);
+    Ok(())
+}
+
+/// Names the cause of a failed call: a limit, a deadline, a panic, a trap.
+fn classify(
+    store: &Store<TrialHost>,
+    limits: &Limits,
+    at: At,
+    allotted: u64,
+    fuel_total: u64,
+    err: wasmtime::Error,
+) -> TrialFault {
+    let host = store.data();
+    if let Some(hit) = host.limiter.hit {
+        return TrialFault::limit(at, hit);
+    }
+    match err.downcast_ref::<Trap>() {
+        Some(Trap::OutOfFuel) => match limits.fuel_per_trial {
+            Some(budget) if fuel_total >= budget => TrialFault::FuelBudget { at, budget },
+            _ => TrialFault::FuelPerCall {
+                at,
+                limit: allotted,
+            },
+        },
+        Some(Trap::Interrupt) => TrialFault::Timeout {
+            at,
+            limit: limits.call_timeout.unwrap_or_default(),
+        },
+        Some(Trap::StackOverflow) => TrialFault::Trap {
+            at,
+            trap: "stack overflow (raise the stack limit if the model needs deep recursion)".into(),
+        },
+        Some(trap) => match panic_message(&host.stderr.tail()) {
+            Some(message) => TrialFault::Panic { at, message },
+            None => TrialFault::Trap {
+                at,
+                trap: trap.to_string(),
+            },
+        },
+        None => TrialFault::Host {
+            at,
+            message: cut(format!("{err:#}")),
+        },
+    }
+}
+
+/// Extracts Rust's panic message from the end of the guest's stderr:
+/// `thread '<unnamed>' panicked at src/lib.rs:9:5:\nboom` -> `boom (at src/lib.rs:9:5)`.
+fn panic_message(stderr_tail: &str) -> Option<String> {
+    let start = stderr_tail.rfind("panicked at ")?;
+    let rest = &stderr_tail[start + "panicked at ".len()..];
+    let mut lines = rest.lines();
+    let location = lines.next()?.trim_end_matches(':').trim();
+    let message: Vec<&str> = lines.take_while(|l| !l.starts_with("note: ")).collect();
+    let message = message.join("\n");
+    let message = message.trim();
+    Some(if message.is_empty() {
+        format!("(no message) at {location}")
+    } else {
+        format!("{message} (at {location})")
+    })
+}
+
+fn check_report(
+    report: super::bindings::wtune::trainable::types::Report,
+) -> Result<GuestReport, String> {
+    if report.metrics.len() > MAX_METRICS {
+        return Err(format!(
+            "{} metrics in one report; at most {MAX_METRICS} are accepted",
+            report.metrics.len()
+        ));
+    }
+    let mut seen = std::collections::HashSet::with_capacity(report.metrics.len());
+    let mut metrics = Vec::with_capacity(report.metrics.len());
+    for metric in report.metrics {
+        if metric.name.is_empty() || metric.name.len() > MAX_METRIC_NAME {
+            return Err(format!(
+                "metric names must be 1 to {MAX_METRIC_NAME} bytes long (got one of {} bytes)",
+                metric.name.len()
+            ));
+        }
+        if metric.name.chars().any(char::is_control) {
+            return Err(format!(
+                "metric name {:?} contains control characters",
+                metric.name
+            ));
+        }
+        if !seen.insert(metric.name.clone()) {
+            return Err(format!(
+                "metric `{}` appears twice in one report",
+                metric.name
+            ));
+        }
+        metrics.push((metric.name, metric.value));
+    }
+    Ok(GuestReport {
+        metrics,
+        done: report.done,
+    })
+}
+
+fn cut(mut message: String) -> String {
+    if message.len() > MAX_GUEST_MESSAGE {
+        let end = message.floor_char_boundary(MAX_GUEST_MESSAGE);
+        message.truncate(end);
+        message.push_str(" [...]");
+    }
+    message
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn panic_messages_are_extracted_from_stderr() {
+        let tail = "some output\nthread '<unnamed>' panicked at src/lib.rs:9:5:\nboom\nnote: run with `RUST_BACKTRACE=1`\n";
+        assert_eq!(
+            panic_message(tail).as_deref(),
+            Some("boom (at src/lib.rs:9:5)")
+        );
+        assert_eq!(panic_message("no panic here"), None);
+    }
+
+    #[test]
+    fn budget_caps_the_allotment_and_is_reported_when_spent() {
+        let at = At {
+            call: Call::Train,
+            iteration: Some(3),
+        };
+        let limits = Limits {
+            fuel_per_call: Some(100),
+            fuel_per_trial: Some(250),
+            ..Limits::default()
+        };
+        assert_eq!(fuel_allotment(&limits, 0, at), Ok(100));
+        assert_eq!(fuel_allotment(&limits, 200, at), Ok(50));
+        assert_eq!(
+            fuel_allotment(&limits, 250, at),
+            Err(TrialFault::FuelBudget { at, budget: 250 })
+        );
+    }
+}

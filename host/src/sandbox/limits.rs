@@ -1,0 +1,168 @@
+//! Per-trial resource limits and the store limiter that enforces memory and
+//! table caps with an error that says which limit was hit.
+
+use std::fmt;
+use std::time::Duration;
+
+/// What one trial may consume. Every field has a safe default; `None` means
+/// unlimited where that is allowed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Limits {
+    /// Fuel one call into the guest (`setup`, one `train`, ...) may burn.
+    pub fuel_per_call: Option<u64>,
+    /// Fuel the whole trial may burn, setup included.
+    pub fuel_per_trial: Option<u64>,
+    /// Cap on each linear memory of the instance, in bytes.
+    pub memory_bytes: u64,
+    /// Cap on the elements of each table (function tables mostly).
+    pub table_elements: u64,
+    /// Wall-clock deadline for one call into the guest.
+    pub call_timeout: Option<Duration>,
+    /// Cap on each captured stream (stdout, stderr, guest log), in bytes.
+    pub log_bytes: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            // Roughly 10-30 s of guest work per call on a current core.
+            fuel_per_call: Some(50_000_000_000),
+            fuel_per_trial: None,
+            memory_bytes: 512 << 20,
+            table_elements: 100_000,
+            call_timeout: Some(Duration::from_secs(120)),
+            log_bytes: 10 << 20,
+        }
+    }
+}
+
+/// Why the limiter refused to grow a memory or table; carried inside the
+/// trap so the fault can name the limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LimitHit {
+    Memory { limit: u64, requested: u64 },
+    Table { limit: u64, requested: u64 },
+}
+
+impl fmt::Display for LimitHit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LimitHit::Memory { limit, requested } => write!(
+                f,
+                "memory limit {} exceeded (the guest asked for {})",
+                human_bytes(*limit),
+                human_bytes(*requested)
+            ),
+            LimitHit::Table { limit, requested } => write!(
+                f,
+                "table limit of {limit} elements exceeded (the guest asked for {requested})"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for LimitHit {}
+
+/// The store's [`wasmtime::ResourceLimiter`]. It traps on the growth that
+/// crosses a cap (rather than failing `memory.grow`), so the trial ends with
+/// the limit named instead of a guest allocator's generic abort.
+pub(crate) struct TrialLimiter {
+    memory_bytes: u64,
+    table_elements: u64,
+    /// The first limit hit, kept so the fault can be named even when the
+    /// trap's error chain is wrapped by the guest's call path.
+    pub(crate) hit: Option<LimitHit>,
+}
+
+impl TrialLimiter {
+    pub(crate) fn new(limits: &Limits) -> Self {
+        Self {
+            memory_bytes: limits.memory_bytes,
+            table_elements: limits.table_elements,
+            hit: None,
+        }
+    }
+}
+
+impl wasmtime::ResourceLimiter for TrialLimiter {
+    fn memory_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        if desired as u64 > self.memory_bytes {
+            let hit = LimitHit::Memory {
+                limit: self.memory_bytes,
+                requested: desired as u64,
+            };
+            self.hit.get_or_insert(hit);
+            return Err(wasmtime::Error::new(hit));
+        }
+        Ok(true)
+    }
+
+    fn table_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        if desired as u64 > self.table_elements {
+            let hit = LimitHit::Table {
+                limit: self.table_elements,
+                requested: desired as u64,
+            };
+            self.hit.get_or_insert(hit);
+            return Err(wasmtime::Error::new(hit));
+        }
+        Ok(true)
+    }
+}
+
+/// `268435456` -> `"256 MiB"`, `1536` -> `"1.5 KiB"`: the largest binary unit
+/// that fits, exact when it divides evenly.
+pub fn human_bytes(bytes: u64) -> String {
+    const UNITS: [(&str, u64); 4] = [
+        ("GiB", 1 << 30),
+        ("MiB", 1 << 20),
+        ("KiB", 1 << 10),
+        ("B", 1),
+    ];
+    let (name, size) = UNITS
+        .iter()
+        .copied()
+        .find(|(_, size)| bytes >= *size)
+        .unwrap_or(("B", 1));
+    if bytes.is_multiple_of(size) {
+        format!("{} {name}", bytes / size)
+    } else {
+        format!("{:.1} {name}", bytes as f64 / size as f64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn human_bytes_prefers_exact_units() {
+        assert_eq!(human_bytes(256 << 20), "256 MiB");
+        assert_eq!(human_bytes(1536), "1.5 KiB");
+        assert_eq!(human_bytes(0), "0 B");
+        assert_eq!(human_bytes(3 << 30), "3 GiB");
+        assert_eq!(human_bytes(7), "7 B");
+    }
+
+    #[test]
+    fn limit_messages_name_the_limit() {
+        let hit = LimitHit::Memory {
+            limit: 256 << 20,
+            requested: 300 << 20,
+        };
+        assert_eq!(
+            hit.to_string(),
+            "memory limit 256 MiB exceeded (the guest asked for 300 MiB)"
+        );
+    }
+}

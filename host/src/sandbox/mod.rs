@@ -1,0 +1,31 @@
+//! The sandbox layer: the only part of wtune that touches wasmtime.
+//!
+//! A [`Sandbox`] owns the engine (fuel metering and epoch interruption on),
+//! the linker with WASI and the wtune host imports, and the on-disk cache of
+//! compiled components. [`Sandbox::load`] turns a `.wasm` file into a
+//! [`Program`] (compiled once, checked against the `wtune:trainable` world,
+//! pre-instantiated); [`Program::instantiate`] gives one trial its own
+//! [`TrialInstance`] with its own store, limits and filesystem view.
+//!
+//! Everything a guest can do wrong comes back as a [`TrialFault`] whose
+//! message names the call and the cause; the host is never disturbed.
+
+mod bindings;
+mod cache;
+mod capture;
+mod contract;
+mod engine;
+mod fault;
+mod host;
+mod instance;
+mod limits;
+mod program;
+mod wit_text;
+
+pub use cache::ArtifactCache;
+pub use contract::{ComponentDescription, ContractError, WORLD};
+pub use engine::{Sandbox, SandboxOptions};
+pub use fault::{At, Call, TrialFault, fuel_text};
+pub use instance::{CallStats, GuestReport, TrialInstance};
+pub use limits::{Limits, human_bytes};
+pub use program::{LoadError, Program, TrialEnv};

@@ -1,0 +1,194 @@
+//! Loading a trainable component and instantiating it for one trial.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use wasmtime::Store;
+use wasmtime::component::Component;
+use wasmtime_wasi::{FsPerms, WasiCtxBuilder};
+
+use super::bindings::TrainablePre;
+use super::capture::CappedSink;
+use super::contract::{self, ComponentDescription, ContractError};
+use super::engine::{EpochTicker, Sandbox};
+use super::fault::{At, Call, TrialFault};
+use super::host::TrialHost;
+use super::instance::TrialInstance;
+use super::limits::{Limits, TrialLimiter};
+
+/// Why a component file could not be loaded.
+#[derive(Debug)]
+pub enum LoadError {
+    /// The file could not be read.
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// The file is not a usable trainable.
+    Contract { path: PathBuf, error: ContractError },
+}
+
+impl fmt::Display for LoadError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LoadError::Read { path, source } => {
+                write!(f, "cannot read {}: {source}", path.display())
+            }
+            LoadError::Contract { path, error } => write!(f, "{}: {error}", path.display()),
+        }
+    }
+}
+
+impl std::error::Error for LoadError {}
+
+/// A compiled trainable, checked against the world and ready to instantiate
+/// cheaply, once per trial.
+#[derive(Clone)]
+pub struct Program {
+    pre: TrainablePre<TrialHost>,
+    digest: String,
+    _ticker: Arc<EpochTicker>,
+}
+
+impl Program {
+    /// The blake3 hex digest of the component's bytes.
+    pub fn digest(&self) -> &str {
+        &self.digest
+    }
+}
+
+/// The filesystem a trial's instance runs in.
+#[derive(Debug, Clone)]
+pub struct TrialEnv {
+    /// Host directory the guest sees as `.`, read-write. The guest's only
+    /// writable place.
+    pub work_dir: PathBuf,
+    /// Host directory for the captured `stdout.log`, `stderr.log` and
+    /// `guest.log`. Not visible to the guest, so it cannot tamper with them.
+    pub log_dir: PathBuf,
+    /// Read-only grants: each `(name, host dir)` is mounted at `/data/<name>`.
+    pub data: Vec<(String, PathBuf)>,
+}
+
+impl Sandbox {
+    /// Reads, compiles (or fetches from the cache) and checks a trainable.
+    pub fn load(&self, path: &Path) -> Result<Program, LoadError> {
+        let bytes = std::fs::read(path).map_err(|source| LoadError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        self.load_bytes(&bytes)
+            .map_err(|error| LoadError::Contract {
+                path: path.to_owned(),
+                error,
+            })
+    }
+
+    /// [`Sandbox::load`] for bytes already in memory.
+    pub fn load_bytes(&self, bytes: &[u8]) -> Result<Program, ContractError> {
+        let (component, digest) = self.compile(bytes)?;
+        let pre = self.check(&component)?;
+        Ok(Program {
+            pre,
+            digest,
+            _ticker: self.ticker.clone(),
+        })
+    }
+
+    /// Lists a component's imports and exports and whether it fits the
+    /// world. Fails only when the bytes are not a component at all.
+    pub fn describe(&self, bytes: &[u8]) -> Result<ComponentDescription, ContractError> {
+        let (component, _) = self.compile(bytes)?;
+        let fits = self.check(&component).map(drop);
+        Ok(ComponentDescription::of(&self.engine, &component, fits))
+    }
+
+    fn compile(&self, bytes: &[u8]) -> Result<(Component, String), ContractError> {
+        contract::check_header(bytes)?;
+        let digest = blake3::hash(bytes).to_hex().to_string();
+        let component = match &self.cache {
+            Some(cache) => cache.load_or_compile(&self.engine, &digest, bytes),
+            None => Component::new(&self.engine, bytes),
+        }
+        .map_err(|e| ContractError::Invalid {
+            detail: format!("{e:#}"),
+        })?;
+        Ok((component, digest))
+    }
+
+    fn check(&self, component: &Component) -> Result<TrainablePre<TrialHost>, ContractError> {
+        contract::check_exports(&self.engine, component)?;
+        let instance_pre =
+            self.linker
+                .instantiate_pre(component)
+                .map_err(|e| ContractError::Imports {
+                    detail: format!("{e:#}"),
+                })?;
+        TrainablePre::new(instance_pre).map_err(|e| ContractError::ExportType {
+            detail: format!("{e:#}"),
+        })
+    }
+}
+
+impl Program {
+    /// Creates a fresh instance for one trial: its own store, limits, WASI
+    /// view and log files. Fuel and time spent in the component's start
+    /// functions count against the trial.
+    pub fn instantiate(
+        &self,
+        env: &TrialEnv,
+        limits: &Limits,
+    ) -> Result<TrialInstance, TrialFault> {
+        let at = At {
+            call: Call::Instantiate,
+            iteration: None,
+        };
+        let host_err = |what: &str, e: &dyn fmt::Display| TrialFault::Host {
+            at,
+            message: format!("{what}: {e}"),
+        };
+        let sink = |name: &str| {
+            CappedSink::create(&env.log_dir.join(name), limits.log_bytes).map_err(|e| {
+                host_err(
+                    &format!("creating {}", env.log_dir.join(name).display()),
+                    &e,
+                )
+            })
+        };
+        let (stdout, stderr, guest_log) =
+            (sink("stdout.log")?, sink("stderr.log")?, sink("guest.log")?);
+
+        let mut wasi = WasiCtxBuilder::new();
+        // Nothing is inherited: no environment, no arguments, no stdin, and
+        // every socket address is refused.
+        wasi.stdout(stdout.clone())
+            .stderr(stderr.clone())
+            .allow_tcp(false)
+            .allow_udp(false)
+            .allow_ip_name_lookup(false);
+        wasi.preopened_dir(&env.work_dir, ".", FsPerms::ReadWrite)
+            .map_err(|e| {
+                host_err(
+                    &format!("opening trial directory {}", env.work_dir.display()),
+                    &e,
+                )
+            })?;
+        for (name, dir) in &env.data {
+            wasi.preopened_dir(dir, format!("/data/{name}"), FsPerms::ReadOnly)
+                .map_err(|e| host_err(&format!("opening data directory {}", dir.display()), &e))?;
+        }
+
+        let host = TrialHost {
+            wasi: wasi.build(),
+            table: Default::default(),
+            limiter: TrialLimiter::new(limits),
+            guest_log,
+            stderr,
+            stdout,
+        };
+        let mut store = Store::new(self.pre.engine(), host);
+        store.limiter(|host| &mut host.limiter);
+        TrialInstance::start(store, &self.pre, limits.clone())
+    }
+}

@@ -1,0 +1,22 @@
+//! Tuning logic: trials, search spaces, stopping, scheduling and the runner
+//! loop. Nothing here knows about wasmtime; execution sits behind
+//! [`TrialBackend`], so the runner can be tested and benchmarked with any
+//! backend, including plain Rust functions ([`FnBackend`]).
+
+mod backend;
+mod native;
+mod result;
+mod runner;
+mod scheduler;
+pub mod space;
+mod stop;
+mod trial;
+
+pub use backend::{Step, TrialBackend, TrialFailure, TrialLaunch, TrialSession};
+pub use native::FnBackend;
+pub use result::{AUTO_FIELDS, Mode};
+pub use runner::{Callback, ExperimentSummary, RunError, RunSpec, Runner};
+pub use scheduler::{Decision, Fifo, Scheduler};
+pub use space::{SearchSpace, SpaceError};
+pub use stop::{Bound, StopCriteria, Threshold};
+pub use trial::{Trial, TrialStatus};

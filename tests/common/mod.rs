@@ -1,0 +1,90 @@
+//! Helpers shared by the end-to-end suites.
+#![allow(dead_code, reason = "each suite uses a different subset")]
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+use wtune::exec::WasmBackend;
+use wtune::report::{ExperimentFile, TrialFiles};
+use wtune::sandbox::{Limits, Program, Sandbox, SandboxOptions};
+use wtune::tune::{ExperimentSummary, Fifo, Mode, RunSpec, Runner, StopCriteria};
+
+pub fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace().join("target"))
+}
+
+/// A guest component built by `scripts/setup.sh`.
+pub fn guest(name: &str) -> PathBuf {
+    let path = target_dir()
+        .join("wasm32-wasip2/release")
+        .join(format!("{name}.wasm"));
+    assert!(
+        path.is_file(),
+        "{} is missing: build the guests first with `bash scripts/setup.sh`",
+        path.display()
+    );
+    path
+}
+
+/// A sandbox whose compile cache is shared by all tests (and kept in target/).
+pub fn sandbox() -> Sandbox {
+    Sandbox::new(SandboxOptions {
+        cache_dir: Some(target_dir().join("wtune-test-cache")),
+        ..SandboxOptions::default()
+    })
+    .expect("engine")
+}
+
+pub fn load(name: &str) -> Program {
+    sandbox()
+        .load(&guest(name))
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Runs `configs` on `program` with the given limits, one trial each, and
+/// writes the usual files under `out`.
+pub fn run_trials(
+    program: Program,
+    configs: Vec<Value>,
+    limits: Limits,
+    stop: StopCriteria,
+    data: Vec<(String, PathBuf)>,
+    out: &Path,
+) -> ExperimentSummary {
+    let spec = RunSpec {
+        name: "test".into(),
+        output_dir: out.to_path_buf(),
+        metric: None,
+        mode: Mode::Max,
+        stop,
+        max_concurrent: 4,
+        configs,
+    };
+    let runner = Runner::new(
+        WasmBackend::new(program, limits, data),
+        spec,
+        Box::new(Fifo::default()),
+    )
+    .callback(TrialFiles::new())
+    .callback(ExperimentFile::new(Value::Null));
+    tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(runner.run())
+        .expect("run")
+}
+
+/// The `wtune` binary, with a private compile cache.
+pub fn wtune() -> std::process::Command {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_wtune"));
+    cmd.env("WTUNE_CACHE_DIR", target_dir().join("wtune-test-cache"));
+    cmd
+}

@@ -1,0 +1,187 @@
+//! The digits example end to end through the `wtune` binary, as a user runs
+//! it, and the binary's handling of bad input.
+
+mod common;
+
+use serde_json::Value;
+
+fn read_json(path: &std::path::Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+#[test]
+fn the_example_experiment_tunes_the_digits_mlp() {
+    let out = tempfile::tempdir().unwrap();
+    let results = out.path().join("results");
+    let example = common::workspace().join("examples/digits-mlp");
+    let output = common::wtune()
+        .arg("run")
+        .arg(common::guest("digits_mlp"))
+        .arg("--config")
+        .arg(example.join("experiment.toml"))
+        .args([
+            "--num-samples",
+            "1",
+            "--seed",
+            "7",
+            "--stop",
+            "training_iteration=8",
+        ])
+        .arg("--output-dir")
+        .arg(&results)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("Best trial: trial_"), "{stdout}");
+    assert!(stdout.contains("Best config:\n  batch_size = "), "{stdout}");
+    assert!(stdout.contains("  lr = "), "{stdout}");
+
+    let experiment = read_json(&results.join("experiment.json"));
+    assert_eq!(experiment["status"], "finished");
+    let trials = experiment["trials"].as_array().unwrap();
+    assert_eq!(trials.len(), 2, "one sample of a two-value grid");
+    assert_eq!(experiment["counts"]["terminated"], 2);
+    let best = experiment["best_trial"]["metric_value"].as_f64().unwrap();
+    assert!(best >= 0.9, "validation accuracy {best}");
+    assert_eq!(experiment["run"]["seed"], 7);
+
+    for trial in trials {
+        let dir = results.join(trial["trial_id"].as_str().unwrap());
+        assert_eq!(read_json(&dir.join("params.json")), trial["config"]);
+        let lines: Vec<Value> = std::fs::read_to_string(dir.join("result.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(lines.len(), 8);
+        for (i, line) in lines.iter().enumerate() {
+            assert_eq!(line["training_iteration"], i as u64 + 1);
+            assert!(
+                line["fuel_this_iter"].as_u64().unwrap() > 1_000_000,
+                "fuel is metered"
+            );
+            assert!(line["val_accuracy"].as_f64().is_some());
+            assert!(line["time_total_s"].as_f64().unwrap() > 0.0);
+        }
+        assert!(lines[7]["fuel_total"].as_u64() > lines[0]["fuel_total"].as_u64());
+        let csv = std::fs::read_to_string(dir.join("progress.csv")).unwrap();
+        assert_eq!(csv.lines().count(), 9, "header plus 8 rows");
+        assert!(csv.lines().next().unwrap().contains("config/lr"));
+        let guest_log = std::fs::read_to_string(dir.join("guest.log")).unwrap();
+        assert!(guest_log.contains(" INFO "), "{guest_log}");
+        assert!(dir.join("stdout.log").is_file() && dir.join("stderr.log").is_file());
+        assert!(dir.join("work").is_dir());
+    }
+}
+
+#[test]
+fn bad_input_to_run_is_a_one_line_error_with_status_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = common::guest("hostile");
+    let bad_config = dir.path().join("bad.toml");
+    std::fs::write(&bad_config, "num_samples = \"many\"\n").unwrap();
+    let garbage = dir.path().join("garbage.wasm");
+    std::fs::write(&garbage, "not wasm").unwrap();
+    let out_dir = dir.path().join("out");
+
+    let cases: Vec<(Vec<std::ffi::OsString>, &str)> = vec![
+        (
+            vec![
+                "run".into(),
+                model.clone().into(),
+                "--config".into(),
+                bad_config.into(),
+            ],
+            "bad.toml",
+        ),
+        (
+            vec!["run".into(), garbage.into()],
+            "not a WebAssembly binary",
+        ),
+        (
+            vec!["run".into(), dir.path().join("nope.wasm").into()],
+            "cannot read",
+        ),
+        (
+            vec![
+                "run".into(),
+                model.clone().into(),
+                "--memory".into(),
+                "lots".into(),
+            ],
+            "limits.memory must be a size",
+        ),
+        (
+            vec![
+                "run".into(),
+                model.clone().into(),
+                "--mode".into(),
+                "max".into(),
+            ],
+            "mode is set but metric is not",
+        ),
+        (
+            vec![
+                "run".into(),
+                model.clone().into(),
+                "--data".into(),
+                "d=/definitely/missing".into(),
+            ],
+            "data directory `d`",
+        ),
+        (
+            vec![
+                "run".into(),
+                model.into(),
+                "--stop".into(),
+                "training_iteration".into(),
+            ],
+            "expected KEY=VALUE",
+        ),
+    ];
+    for (args, expected) in cases {
+        let output = common::wtune()
+            .args(&args)
+            .arg("--output-dir")
+            .arg(&out_dir)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(
+            stderr.starts_with("error: ") && stderr.contains(expected),
+            "{args:?}: {stderr}"
+        );
+        assert_eq!(stderr.trim_end().lines().count(), 1, "{args:?}: {stderr}");
+        assert!(!out_dir.exists(), "nothing is written for a refused run");
+    }
+}
+
+#[test]
+fn a_run_where_every_trial_fails_exits_non_zero_and_keeps_the_reasons() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("experiment.toml");
+    std::fs::write(&config, "[param_space]\nattack = \"no_such_attack\"\n").unwrap();
+    let results = dir.path().join("results");
+    let output = common::wtune()
+        .arg("run")
+        .arg(common::guest("hostile"))
+        .arg("--config")
+        .arg(&config)
+        .args(["--seed", "1", "--output-dir"])
+        .arg(&results)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stdout}{stderr}");
+    assert!(
+        stdout.contains("setup() failed:") && stdout.contains("no_such_attack"),
+        "{stdout}"
+    );
+    assert!(stderr.contains("all 1 trials failed"), "{stderr}");
+    let experiment = read_json(&results.join("experiment.json"));
+    assert_eq!(experiment["counts"]["error"], 1);
+}
