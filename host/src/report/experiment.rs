@@ -1,7 +1,14 @@
 //! `experiment.json`: the whole experiment at a glance, rewritten atomically
 //! as trials end (at most once a second) and when the run finishes.
+//!
+//! Mid-run rewrites go to a writer thread: an atomic write ends in fsync,
+//! which can stall for hundreds of milliseconds on a busy disk, and the
+//! runner's loop must not wait for it. The first and last writes are
+//! synchronous so their failures are reported.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::{Value, json};
@@ -21,6 +28,7 @@ pub struct ExperimentFile {
     started: SystemTime,
     last_write: Option<Instant>,
     extra: Value,
+    background: Option<(mpsc::Sender<Vec<u8>>, JoinHandle<()>)>,
 }
 
 impl ExperimentFile {
@@ -35,16 +43,17 @@ impl ExperimentFile {
             started: SystemTime::now(),
             last_write: None,
             extra,
+            background: None,
         }
     }
 
-    fn write(
-        &mut self,
+    fn document(
+        &self,
         status: &str,
         trials: &[Trial],
         best: Option<usize>,
         wall: Option<Duration>,
-    ) -> Result<(), String> {
+    ) -> Vec<u8> {
         let count = |s: TrialStatus| trials.iter().filter(|t| t.status == s).count();
         let best = best.map(|i| {
             let t = &trials[i];
@@ -73,11 +82,33 @@ impl ExperimentFile {
             "best_trial": best,
             "trials": trials,
         });
-        persist::write_json_atomic(&self.path, &doc)
-            .map_err(|e| format!("writing {}: {e}", self.path.display()))?;
-        self.last_write = Some(Instant::now());
-        Ok(())
+        let mut bytes = serde_json::to_vec_pretty(&doc).expect("JSON values always serialize");
+        bytes.push(b'\n');
+        bytes
     }
+}
+
+fn write_file(path: &Path, bytes: &[u8]) -> Result<(), String> {
+    persist::write_atomic(path, bytes).map_err(|e| format!("writing {}: {e}", path.display()))
+}
+
+/// Writes the newest of the snapshots it is sent; older queued ones are
+/// skipped because each replaces the whole file.
+fn writer_thread(path: PathBuf, snapshots: mpsc::Receiver<Vec<u8>>) -> JoinHandle<()> {
+    std::thread::Builder::new()
+        .name("wtune-experiment-json".into())
+        .spawn(move || {
+            while let Ok(mut bytes) = snapshots.recv() {
+                while let Ok(newer) = snapshots.try_recv() {
+                    bytes = newer;
+                }
+                if let Err(message) = write_file(&path, &bytes) {
+                    // The final synchronous write reports a broken disk.
+                    tracing::warn!("{message}");
+                }
+            }
+        })
+        .expect("spawning the experiment.json writer")
 }
 
 impl Callback for ExperimentFile {
@@ -87,7 +118,13 @@ impl Callback for ExperimentFile {
         self.name = spec.name.clone();
         self.metric = spec.metric.clone();
         self.mode = spec.mode;
-        self.write("running", trials, None, None)
+        // Synchronous, so an unwritable output directory stops the run
+        // before any trial starts.
+        write_file(&self.path, &self.document("running", trials, None, None))?;
+        self.last_write = Some(Instant::now());
+        let (sender, receiver) = mpsc::channel();
+        self.background = Some((sender, writer_thread(self.path.clone(), receiver)));
+        Ok(())
     }
 
     fn on_trial_end(&mut self, trials: &[Trial], _index: usize) -> Result<(), String> {
@@ -99,19 +136,27 @@ impl Callback for ExperimentFile {
         {
             return Ok(());
         }
-        if let Err(message) = self.write("running", trials, None, None) {
-            // Not the trial's fault; the final write will report it.
-            tracing::warn!("{message}");
+        let bytes = self.document("running", trials, None, None);
+        if let Some((sender, _)) = &self.background {
+            // Fails only if the writer thread is gone; the final write reports.
+            let _ = sender.send(bytes);
         }
+        self.last_write = Some(Instant::now());
         Ok(())
     }
 
     fn on_experiment_end(&mut self, summary: &ExperimentSummary) -> Result<(), String> {
-        self.write(
+        // Queued snapshots land first so none can overwrite the final one.
+        if let Some((sender, thread)) = self.background.take() {
+            drop(sender);
+            let _ = thread.join();
+        }
+        let bytes = self.document(
             "finished",
             &summary.trials,
             summary.best,
             Some(summary.wall_time),
-        )
+        );
+        write_file(&self.path, &bytes)
     }
 }

@@ -38,7 +38,10 @@ impl TrialFiles {
 fn open(dir: &Path, config: &Value) -> Result<Writers, String> {
     persist::create_dir(dir)?;
     let name = |file: &str| dir.join(file);
-    persist::write_json_atomic(&name("params.json"), config)
+    // Written once into a fresh directory, so no fsync: two fsyncs per trial
+    // would dominate the runner's bookkeeping (see BENCHMARKS.md).
+    let params = serde_json::to_vec_pretty(config).map_err(|e| e.to_string())?;
+    std::fs::write(name("params.json"), params)
         .map_err(|e| format!("writing {}: {e}", name("params.json").display()))?;
     let create = |file: &str| {
         File::create(name(file)).map_err(|e| format!("creating {}: {e}", name(file).display()))
