@@ -60,7 +60,9 @@ impl Writers {
         self.jsonl.flush()?;
 
         let mut flat = Vec::new();
-        flatten("", &Value::Object(result.clone()), &mut flat);
+        for (key, value) in result {
+            flatten(key, value, &mut flat);
+        }
         if self.columns.is_none() {
             let columns: Vec<String> = flat.iter().map(|(k, _)| k.clone()).collect();
             self.csv.write_record(&columns)?;

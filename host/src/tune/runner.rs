@@ -313,9 +313,7 @@ impl<B: TrialBackend> Runner<B> {
             )),
             (Decision::Continue, _) => None,
         };
-        trial.last_result = Some(record);
-        let record = trials[index].last_result.as_ref().expect("just stored");
-        let record = record.clone();
+        trial.last_result = Some(record.clone());
         self.each(|cb, t| cb.on_result(t, index, &record), trials)?;
         Ok(decision)
     }
