@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Map, Value};
 
 use super::summary::config_lines;
-use crate::tune::{Callback, ExperimentSummary, RunSpec, Trial, TrialStatus};
+use crate::tune::{Callback, ExperimentSummary, Mode, RunSpec, Trial, TrialStatus};
 
 /// Most trial rows the terminal table shows; the rest are counted.
 const MAX_ROWS: usize = 20;
@@ -19,6 +19,7 @@ const PLAIN_STATUS_EVERY: Duration = Duration::from_secs(10);
 pub struct Progress {
     terminal: bool,
     metric: Option<String>,
+    mode: Mode,
     drawn_lines: usize,
     last_draw: Option<Instant>,
     started: Instant,
@@ -35,6 +36,7 @@ impl Progress {
         Self {
             terminal,
             metric: None,
+            mode: Mode::Max,
             drawn_lines: 0,
             last_draw: None,
             started: Instant::now(),
@@ -60,11 +62,13 @@ impl Progress {
             let best = trials
                 .iter()
                 .filter_map(|t| t.metric(metric))
-                .fold(None, |acc: Option<f64>, v| {
-                    Some(acc.map_or(v, |a| a.max(v)))
-                });
+                .filter(|v| v.is_finite())
+                .reduce(|a, b| if self.mode.better(b, a) { b } else { a });
             if let Some(best) = best {
-                line.push_str(&format!(" | max {metric} so far {best:.4}"));
+                line.push_str(&format!(
+                    " | best {metric} so far {best:.4} ({})",
+                    self.mode
+                ));
             }
         }
         line
@@ -164,6 +168,7 @@ impl Default for Progress {
 impl Callback for Progress {
     fn on_experiment_start(&mut self, spec: &RunSpec, trials: &[Trial]) -> Result<(), String> {
         self.metric = spec.metric.clone();
+        self.mode = spec.mode;
         self.started = Instant::now();
         let line = format!(
             "Experiment {}: {} trials, up to {} at a time, results in {}",
@@ -225,5 +230,35 @@ impl Callback for Progress {
             self.draw(&summary.trials, true);
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn trial(id: &str, loss: f64) -> Trial {
+        let mut t = Trial::new(id.into(), json!({}), "/nowhere".into());
+        t.status = TrialStatus::Running;
+        t.last_result = json!({"loss": loss}).as_object().cloned();
+        t
+    }
+
+    #[test]
+    fn the_status_line_shows_the_best_value_under_the_experiment_mode() {
+        let trials = [trial("a", 0.5), trial("b", 0.2), trial("c", f64::NAN)];
+        let mut progress = Progress::with_terminal(false);
+        progress.metric = Some("loss".into());
+        progress.mode = Mode::Min;
+        let line = progress.status_line(&trials);
+        assert!(line.contains("3 trials: 3 RUNNING"), "{line}");
+        assert!(line.ends_with("| best loss so far 0.2000 (min)"), "{line}");
+        progress.mode = Mode::Max;
+        assert!(
+            progress
+                .status_line(&trials)
+                .ends_with("| best loss so far 0.5000 (max)")
+        );
     }
 }
