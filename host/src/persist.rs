@@ -22,11 +22,11 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }
 
-/// Serializes `value` as pretty JSON and writes it atomically.
-pub fn write_json_atomic(path: &Path, value: &impl serde::Serialize) -> io::Result<()> {
-    let mut bytes = serde_json::to_vec_pretty(value).map_err(io::Error::other)?;
+/// Pretty JSON text ending in a newline, as wtune writes its JSON files.
+pub fn json_bytes(value: &serde_json::Value) -> Vec<u8> {
+    let mut bytes = serde_json::to_vec_pretty(value).expect("JSON values always serialize");
     bytes.push(b'\n');
-    write_atomic(path, &bytes)
+    bytes
 }
 
 /// Creates `dir` and its parents, with a message naming it on failure.

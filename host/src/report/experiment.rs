@@ -82,9 +82,7 @@ impl ExperimentFile {
             "best_trial": best,
             "trials": trials,
         });
-        let mut bytes = serde_json::to_vec_pretty(&doc).expect("JSON values always serialize");
-        bytes.push(b'\n');
-        bytes
+        persist::json_bytes(&doc)
     }
 }
 

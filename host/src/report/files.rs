@@ -40,8 +40,7 @@ fn open(dir: &Path, config: &Value) -> Result<Writers, String> {
     let name = |file: &str| dir.join(file);
     // Written once into a fresh directory, so no fsync: two fsyncs per trial
     // would dominate the runner's bookkeeping (see BENCHMARKS.md).
-    let params = serde_json::to_vec_pretty(config).map_err(|e| e.to_string())?;
-    std::fs::write(name("params.json"), params)
+    std::fs::write(name("params.json"), persist::json_bytes(config))
         .map_err(|e| format!("writing {}: {e}", name("params.json").display()))?;
     let create = |file: &str| {
         File::create(name(file)).map_err(|e| format!("creating {}: {e}", name(file).display()))
