@@ -7,4 +7,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 rustup target add wasm32-wasip2 >/dev/null
 rustup component add rustfmt clippy >/dev/null
-cargo build --release --locked --target wasm32-wasip2 -p digits-mlp -p hostile
+cargo build --release --locked --target wasm32-wasip2 -p digits-mlp -p hostile -p stateful

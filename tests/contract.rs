@@ -133,7 +133,8 @@ fn inspect_prints_the_contract_or_a_one_line_error() {
     );
     assert!(stdout.contains("train: func() -> result<record { metrics: list<record { name: string, value: f64 }>, done: bool }, string>"), "{stdout}");
     assert!(
-        stdout.contains("contract: fits wtune:trainable/trainable@0.1.0"),
+        stdout.contains("contract: fits wtune:trainable/trainable@0.1.0")
+            && stdout.contains("host snapshots: supported"),
         "{stdout}"
     );
 

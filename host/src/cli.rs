@@ -244,6 +244,10 @@ fn inspect(model: &Path) -> Result<(), Failure> {
     match description.fits {
         Ok(()) => {
             println!("contract: fits {}", crate::sandbox::WORLD);
+            match crate::snapshot::instrument(&bytes) {
+                Ok(_) => println!("host snapshots: supported"),
+                Err(refusal) => println!("host snapshots: no ({})", refusal.reason()),
+            }
             Ok(())
         }
         Err(e) => Err(Failure::user(format!("{}: {e}", model.display()))),

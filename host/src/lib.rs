@@ -38,4 +38,5 @@ pub mod exec;
 pub mod persist;
 pub mod report;
 pub mod sandbox;
+pub mod snapshot;
 pub mod tune;

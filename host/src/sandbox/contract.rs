@@ -119,6 +119,36 @@ pub(crate) fn check_exports(engine: &Engine, component: &Component) -> Result<()
     }
 }
 
+/// Refuses components that use the names wtune's snapshot instrumentation
+/// reserves: a guest must not reach the host's snapshot sink, nor pose as
+/// the accessor.
+pub(crate) fn check_reserved(engine: &Engine, component: &Component) -> Result<(), ContractError> {
+    let ty = component.component_type();
+    if ty
+        .imports(engine)
+        .any(|(name, _)| name == crate::snapshot::SINK_IMPORT)
+    {
+        return Err(ContractError::Imports {
+            detail: format!(
+                "it imports `{}`, a name reserved for wtune's host",
+                crate::snapshot::SINK_IMPORT
+            ),
+        });
+    }
+    if ty
+        .exports(engine)
+        .any(|(name, _)| name == crate::snapshot::ACCESS_EXPORT)
+    {
+        return Err(ContractError::ExportType {
+            detail: format!(
+                "it exports `{}`, a name reserved for wtune's host",
+                crate::snapshot::ACCESS_EXPORT
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// A component's imports and exports, and whether it fits the world.
 #[derive(Debug, Clone)]
 pub struct ComponentDescription {

@@ -63,6 +63,7 @@ impl Sandbox {
         bindings::Trainable::add_to_linker::<TrialHost, HasSelf<TrialHost>>(&mut linker, |host| {
             host
         })?;
+        super::snapshot::add_sink_to_linker(&mut linker)?;
 
         let cache = options
             .cache_dir

@@ -22,6 +22,8 @@ pub enum Call {
     Reset,
     /// `cleanup()`.
     Cleanup,
+    /// A host snapshot or restore of the guest's state.
+    Snapshot,
 }
 
 impl fmt::Display for Call {
@@ -32,6 +34,7 @@ impl fmt::Display for Call {
             Call::Train => "train()",
             Call::Save => "save()",
             Call::Restore => "restore()",
+            Call::Snapshot => "host snapshot",
             Call::Reset => "reset()",
             Call::Cleanup => "cleanup()",
         })

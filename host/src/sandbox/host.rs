@@ -22,6 +22,8 @@ pub(crate) struct TrialHost {
     /// Shares its file with the guest's stderr; read for panic messages.
     pub(crate) stderr: CappedSink,
     pub(crate) stdout: CappedSink,
+    /// Receives memory contents while a host snapshot is taken.
+    pub(crate) sink: Option<super::snapshot::Sink>,
 }
 
 impl WasiView for TrialHost {

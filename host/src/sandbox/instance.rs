@@ -2,6 +2,9 @@
 
 use std::time::{Duration, Instant};
 
+use std::sync::Arc;
+
+use wasmtime::component::Instance;
 use wasmtime::{Store, Trap};
 
 use super::bindings::{Trainable, TrainablePre};
@@ -9,6 +12,8 @@ use super::engine::EPOCH_TICK;
 use super::fault::{At, Call, TrialFault};
 use super::host::TrialHost;
 use super::limits::Limits;
+use super::snapshot::{Access, AccessIndex, SnapshotError};
+use crate::snapshot::{GuestImage, SnapshotRefusal};
 
 /// Most metrics one report may carry.
 pub const MAX_METRICS: usize = 1024;
@@ -40,7 +45,9 @@ pub struct CallStats {
 /// further calls.
 pub struct TrialInstance {
     store: Store<TrialHost>,
+    instance: Instance,
     guest: Trainable,
+    access: Result<Arc<AccessIndex>, SnapshotRefusal>,
     limits: Limits,
     fuel_total: u64,
     iterations: u64,
@@ -51,6 +58,7 @@ impl TrialInstance {
     pub(crate) fn start(
         mut store: Store<TrialHost>,
         pre: &TrainablePre<TrialHost>,
+        access: Result<Arc<AccessIndex>, SnapshotRefusal>,
         limits: Limits,
     ) -> Result<Self, TrialFault> {
         let at = At {
@@ -59,12 +67,17 @@ impl TrialInstance {
         };
         let allotted = fuel_allotment(&limits, 0, at)?;
         arm(&mut store, &limits, allotted, at)?;
-        let result = pre.instantiate(&mut store);
+        let result = pre
+            .instance_pre()
+            .instantiate(&mut store)
+            .and_then(|instance| Ok((instance, Trainable::new(&mut store, &instance)?)));
         let fuel_total = allotted - store.get_fuel().unwrap_or(0);
         match result {
-            Ok(guest) => Ok(Self {
+            Ok((instance, guest)) => Ok(Self {
                 store,
+                instance,
                 guest,
+                access,
                 limits,
                 fuel_total,
                 iterations: 0,
@@ -154,6 +167,67 @@ impl TrialInstance {
             .map(|((), stats)| stats);
         self.flush_logs();
         result
+    }
+
+    /// Takes a host snapshot of the guest's state (memories, globals and the
+    /// handles it holds). Only valid between calls, which `&mut self`
+    /// guarantees; fails on a poisoned instance, on components that cannot
+    /// be snapshotted and on states that could not be restored exactly.
+    pub fn snapshot(&mut self) -> Result<GuestImage, SnapshotError> {
+        if self.poisoned {
+            return Err(SnapshotError::Poisoned);
+        }
+        let index = self.access.clone().map_err(SnapshotError::Unsupported)?;
+        self.arm_for_access()?;
+        Access {
+            store: &mut self.store,
+            instance: self.instance,
+            index: &index,
+        }
+        .take()
+    }
+
+    /// Writes a snapshot into this instance, which must be fresh (no call
+    /// made yet), and takes over the snapshot's iteration and fuel counts.
+    /// On failure the instance is poisoned.
+    pub(crate) fn restore_image(
+        &mut self,
+        image: &GuestImage,
+        iterations: u64,
+        fuel_total: u64,
+    ) -> Result<(), SnapshotError> {
+        let index = self.access.clone().map_err(SnapshotError::Unsupported)?;
+        self.arm_for_access()?;
+        let result = Access {
+            store: &mut self.store,
+            instance: self.instance,
+            index: &index,
+        }
+        .restore(image);
+        match result {
+            Ok(()) => {
+                self.iterations = iterations;
+                self.fuel_total = fuel_total;
+                Ok(())
+            }
+            Err(err) => {
+                self.poisoned = true;
+                Err(err)
+            }
+        }
+    }
+
+    /// Accessor calls run guest code only where a restore re-acquires
+    /// directories (the guest's allocator); they get a per-call allotment
+    /// and deadline that do not count against the trial.
+    fn arm_for_access(&mut self) -> Result<(), SnapshotError> {
+        let at = At {
+            call: Call::Snapshot,
+            iteration: None,
+        };
+        let fuel = self.limits.fuel_per_call.unwrap_or(u64::MAX / 2);
+        arm(&mut self.store, &self.limits, fuel, at)
+            .map_err(|fault| SnapshotError::Failed(fault.to_string()))
     }
 
     /// Flushes the captured streams to disk.

@@ -20,6 +20,7 @@ mod host;
 mod instance;
 mod limits;
 mod program;
+mod snapshot;
 mod wit_text;
 
 pub use cache::ArtifactCache;
@@ -29,3 +30,4 @@ pub use fault::{At, Call, TrialFault, fuel_text};
 pub use instance::{CallStats, GuestReport, TrialInstance};
 pub use limits::{Limits, human_bytes};
 pub use program::{LoadError, Program, TrialEnv};
+pub use snapshot::SnapshotError;

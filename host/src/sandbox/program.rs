@@ -16,6 +16,8 @@ use super::fault::{At, Call, TrialFault};
 use super::host::TrialHost;
 use super::instance::TrialInstance;
 use super::limits::{Limits, TrialLimiter};
+use super::snapshot::{AccessIndex, SnapshotError};
+use crate::snapshot::{self, GuestImage, SnapshotRefusal};
 
 /// Why a component file could not be loaded.
 #[derive(Debug)]
@@ -47,14 +49,23 @@ impl std::error::Error for LoadError {}
 #[derive(Clone)]
 pub struct Program {
     pre: TrainablePre<TrialHost>,
+    /// The accessor of the instrumented component, or why there is none.
+    access: Result<Arc<AccessIndex>, SnapshotRefusal>,
     digest: String,
     _ticker: Arc<EpochTicker>,
 }
 
 impl Program {
-    /// The blake3 hex digest of the component's bytes.
+    /// The blake3 hex digest of the component's bytes (as loaded, before
+    /// wtune's instrumentation).
     pub fn digest(&self) -> &str {
         &self.digest
+    }
+
+    /// Whether the host can snapshot this program's instances, and if not,
+    /// why.
+    pub fn snapshots(&self) -> Result<(), SnapshotRefusal> {
+        self.access.as_ref().map(drop).map_err(Clone::clone)
     }
 }
 
@@ -86,11 +97,29 @@ impl Sandbox {
     }
 
     /// [`Sandbox::load`] for bytes already in memory.
+    /// The component is instrumented for host snapshots first; one that
+    /// cannot be is loaded as it is, and says why through
+    /// [`Program::snapshots`].
     pub fn load_bytes(&self, bytes: &[u8]) -> Result<Program, ContractError> {
-        let (component, digest) = self.compile(bytes)?;
+        contract::check_header(bytes)?;
+        let digest = blake3::hash(bytes).to_hex().to_string();
+        let (component, access) = match snapshot::instrument(bytes) {
+            Ok(instrumented) => {
+                let component = self.compile(&instrumented.bytes)?;
+                let access = AccessIndex::resolve(&component, instrumented.layout)
+                    .map_err(|e| ContractError::Invalid { detail: e })?;
+                (component, Ok(access))
+            }
+            Err(refusal) => {
+                let component = self.compile(bytes)?;
+                contract::check_reserved(&self.engine, &component)?;
+                (component, Err(refusal))
+            }
+        };
         let pre = self.check(&component)?;
         Ok(Program {
             pre,
+            access,
             digest,
             _ticker: self.ticker.clone(),
         })
@@ -99,22 +128,23 @@ impl Sandbox {
     /// Lists a component's imports and exports and whether it fits the
     /// world. Fails only when the bytes are not a component at all.
     pub fn describe(&self, bytes: &[u8]) -> Result<ComponentDescription, ContractError> {
-        let (component, _) = self.compile(bytes)?;
+        contract::check_header(bytes)?;
+        let component = self.compile(bytes)?;
         let fits = self.check(&component).map(drop);
         Ok(ComponentDescription::of(&self.engine, &component, fits))
     }
 
-    fn compile(&self, bytes: &[u8]) -> Result<(Component, String), ContractError> {
-        contract::check_header(bytes)?;
-        let digest = blake3::hash(bytes).to_hex().to_string();
-        let component = match &self.cache {
-            Some(cache) => cache.load_or_compile(&self.engine, &digest, bytes),
+    /// Compiles `bytes`, through the cache when there is one (keyed by the
+    /// bytes actually compiled, so instrumented and plain builds differ).
+    fn compile(&self, bytes: &[u8]) -> Result<Component, ContractError> {
+        let key = blake3::hash(bytes).to_hex().to_string();
+        match &self.cache {
+            Some(cache) => cache.load_or_compile(&self.engine, &key, bytes),
             None => Component::new(&self.engine, bytes),
         }
         .map_err(|e| ContractError::Invalid {
             detail: format!("{e:#}"),
-        })?;
-        Ok((component, digest))
+        })
     }
 
     fn check(&self, component: &Component) -> Result<TrainablePre<TrialHost>, ContractError> {
@@ -186,9 +216,29 @@ impl Program {
             guest_log,
             stderr,
             stdout,
+            sink: None,
         };
         let mut store = Store::new(self.pre.engine(), host);
         store.limiter(|host| &mut host.limiter);
-        TrialInstance::start(store, &self.pre, limits.clone())
+        TrialInstance::start(store, &self.pre, self.access.clone(), limits.clone())
+    }
+
+    /// Creates a fresh instance for one trial (as [`Program::instantiate`])
+    /// and writes a host snapshot into it; the instance continues where the
+    /// snapshot was taken, with its iteration and fuel counts.
+    pub fn restore(
+        &self,
+        env: &TrialEnv,
+        limits: &Limits,
+        image: &GuestImage,
+        iterations: u64,
+        fuel_total: u64,
+    ) -> Result<TrialInstance, SnapshotError> {
+        self.access.clone().map_err(SnapshotError::Unsupported)?;
+        let mut instance = self
+            .instantiate(env, limits)
+            .map_err(|fault| SnapshotError::Failed(fault.to_string()))?;
+        instance.restore_image(image, iterations, fuel_total)?;
+        Ok(instance)
     }
 }

@@ -1,0 +1,563 @@
+//! Taking and restoring host snapshots of a live trial instance through the
+//! accessor that [`crate::snapshot::instrument`] adds to the component.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+
+use wasmtime::component::{Component, ComponentExportIndex, Instance, Linker, TypedFunc, WasmList};
+use wasmtime::{AsContextMut, Store, StoreContextMut};
+
+use crate::snapshot::{
+    ACCESS_EXPORT, GlobalValue, GuestImage, HandleImport, LEDGER_SLOTS, Layout, MemoryImage,
+    SINK_IMPORT, SnapshotRefusal, ledger,
+};
+
+use super::host::TrialHost;
+
+/// Why a snapshot could not be taken or restored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SnapshotError {
+    /// The component cannot be snapshotted at all.
+    Unsupported(SnapshotRefusal),
+    /// This state cannot be captured exactly (e.g. open files across calls).
+    Inexact(String),
+    /// The instance trapped earlier; its state is not trustworthy.
+    Poisoned,
+    /// The image does not fit this component.
+    Mismatch(String),
+    /// The accessor failed (a limit hit while growing memory, say).
+    Failed(String),
+}
+
+impl fmt::Display for SnapshotError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SnapshotError::Unsupported(refusal) => write!(f, "{refusal}"),
+            SnapshotError::Inexact(why) => write!(f, "cannot snapshot this state exactly: {why}"),
+            SnapshotError::Poisoned => {
+                write!(
+                    f,
+                    "the instance trapped earlier; its state cannot be snapshotted"
+                )
+            }
+            SnapshotError::Mismatch(why) => write!(f, "the snapshot does not fit: {why}"),
+            SnapshotError::Failed(why) => write!(f, "snapshot access failed: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for SnapshotError {}
+
+/// Largest span passed to `dump` in one call (the ABI's lengths are `u32`).
+const DUMP_SPAN: u64 = 1 << 30;
+
+/// The accessor's functions, resolved once per program.
+#[derive(Debug)]
+pub(crate) struct AccessIndex {
+    pub(crate) layout: Layout,
+    funcs: BTreeMap<String, ComponentExportIndex>,
+}
+
+impl AccessIndex {
+    /// Resolves every accessor function of an instrumented component.
+    pub(crate) fn resolve(component: &Component, layout: Layout) -> Result<Arc<Self>, String> {
+        let (_, instance) = component
+            .get_export(None, ACCESS_EXPORT)
+            .ok_or_else(|| format!("the instrumented component lacks `{ACCESS_EXPORT}`"))?;
+        let mut names = Vec::new();
+        for k in 0..layout.memories.len() {
+            for op in ["size", "dump", "grow", "zero", "seek", "write"] {
+                names.push(format!("{op}-m{k}"));
+            }
+        }
+        for g in 0..layout.globals.len() {
+            names.push(format!("get-g{g}"));
+            names.push(format!("set-g{g}"));
+        }
+        for kind in &layout.replay.available {
+            names.extend(replay_names(*kind).iter().map(|s| s.to_string()));
+        }
+        let mut funcs = BTreeMap::new();
+        for name in names {
+            let (_, index) = component
+                .get_export(Some(&instance), &name)
+                .ok_or_else(|| format!("the accessor lacks `{name}`"))?;
+            funcs.insert(name, index);
+        }
+        Ok(Arc::new(Self { layout, funcs }))
+    }
+}
+
+fn replay_names(kind: HandleImport) -> &'static [&'static str] {
+    match kind {
+        HandleImport::GetStdout => &["acquire-stdout"],
+        HandleImport::GetStderr => &["acquire-stderr"],
+        HandleImport::GetStdin => &["acquire-stdin"],
+        HandleImport::GetDirectories => &["acquire-preopens", "preopen-handle"],
+        HandleImport::DropOutputStream => &["drop-output-stream"],
+        HandleImport::DropInputStream => &["drop-input-stream"],
+        HandleImport::DropDescriptor => &["drop-descriptor"],
+        HandleImport::SubscribeOutput => &["subscribe-output"],
+        HandleImport::DropPollable => &["drop-pollable"],
+    }
+}
+
+/// Where `chunk` calls put the bytes while a memory is being dumped.
+pub(crate) struct Sink {
+    image: MemoryImage,
+    next: u64,
+}
+
+/// Adds the host side of the accessor's `chunk` import to the linker.
+pub(crate) fn add_sink_to_linker(linker: &mut Linker<TrialHost>) -> wasmtime::Result<()> {
+    linker.instance(SINK_IMPORT)?.func_wrap(
+        "chunk",
+        |mut store: StoreContextMut<'_, TrialHost>, (data,): (WasmList<u8>,)| {
+            let Some(mut sink) = store.data_mut().sink.take() else {
+                wasmtime::bail!("`{SINK_IMPORT}` called outside a host snapshot");
+            };
+            let bytes = data.as_le_slice(&store);
+            sink.image.push_contents(sink.next, bytes);
+            sink.next += bytes.len() as u64;
+            store.data_mut().sink = Some(sink);
+            Ok(())
+        },
+    )?;
+    Ok(())
+}
+
+/// Calls into one live instance's accessor.
+pub(crate) struct Access<'a> {
+    pub(crate) store: &'a mut Store<TrialHost>,
+    pub(crate) instance: Instance,
+    pub(crate) index: &'a AccessIndex,
+}
+
+impl Access<'_> {
+    fn func<P, R>(&mut self, name: &str) -> Result<TypedFunc<P, R>, SnapshotError>
+    where
+        P: wasmtime::component::ComponentNamedList + wasmtime::component::Lower,
+        R: wasmtime::component::ComponentNamedList + wasmtime::component::Lift,
+    {
+        let index = self
+            .index
+            .funcs
+            .get(name)
+            .ok_or_else(|| SnapshotError::Failed(format!("no accessor `{name}`")))?;
+        self.instance
+            .get_typed_func::<P, R>(self.store.as_context_mut(), index)
+            .map_err(|e| SnapshotError::Failed(format!("accessor `{name}`: {e:#}")))
+    }
+
+    fn call<P, R>(&mut self, name: &str, params: P) -> Result<R, SnapshotError>
+    where
+        P: wasmtime::component::ComponentNamedList + wasmtime::component::Lower,
+        R: wasmtime::component::ComponentNamedList + wasmtime::component::Lift,
+    {
+        let func = self.func::<P, R>(name)?;
+        func.call(self.store.as_context_mut(), params)
+            .map_err(|e| SnapshotError::Failed(format!("accessor `{name}`: {e:#}")))
+    }
+
+    /// Reads every memory and global.
+    pub(crate) fn take(&mut self) -> Result<GuestImage, SnapshotError> {
+        let mut image = GuestImage::default();
+        for k in 0..self.index.layout.memories.len() {
+            let (pages,): (u32,) = self.call(&format!("size-m{k}"), ())?;
+            self.store.data_mut().sink = Some(Sink {
+                image: MemoryImage::with_pages(pages),
+                next: 0,
+            });
+            let len = u64::from(pages) * crate::snapshot::PAGE;
+            let mut offset = 0;
+            let result = (|| {
+                while offset < len {
+                    let span = (len - offset).min(DUMP_SPAN);
+                    self.call::<(u32, u32), ()>(
+                        &format!("dump-m{k}"),
+                        (offset as u32, span as u32),
+                    )?;
+                    offset += span;
+                }
+                Ok(())
+            })();
+            let sink = self.store.data_mut().sink.take();
+            result?;
+            let sink = sink.ok_or_else(|| SnapshotError::Failed("the sink vanished".into()))?;
+            image.memories.push(sink.image);
+        }
+        for (g, ty) in self.index.layout.globals.clone().iter().enumerate() {
+            let name = format!("get-g{g}");
+            let value = match ty {
+                wasmparser::ValType::I32 => GlobalValue::I32(self.call::<(), (i32,)>(&name, ())?.0),
+                wasmparser::ValType::I64 => GlobalValue::I64(self.call::<(), (i64,)>(&name, ())?.0),
+                wasmparser::ValType::F32 => {
+                    GlobalValue::F32(self.call::<(), (f32,)>(&name, ())?.0.to_bits())
+                }
+                wasmparser::ValType::F64 => {
+                    GlobalValue::F64(self.call::<(), (f64,)>(&name, ())?.0.to_bits())
+                }
+                other => {
+                    return Err(SnapshotError::Failed(format!("global of type {other}")));
+                }
+            };
+            image.globals.push(value);
+        }
+        self.check_handles(&image)?;
+        Ok(image)
+    }
+
+    /// The handles the guest's ledger says it holds: index -> ledger code.
+    fn ledger_entries(&self, image: &GuestImage) -> Result<BTreeMap<u32, u32>, SnapshotError> {
+        let Some(k) = self.index.layout.replay.ledger_memory else {
+            return Ok(BTreeMap::new());
+        };
+        let memory = image
+            .memories
+            .get(k)
+            .ok_or_else(|| SnapshotError::Mismatch("the handle ledger is missing".into()))?;
+        if memory.read_u32(0) != 0 {
+            return Err(SnapshotError::Inexact(format!(
+                "the guest has held a handle index above {LEDGER_SLOTS}, beyond what the \
+                 handle ledger records"
+            )));
+        }
+        let mut entries = BTreeMap::new();
+        for (offset, bytes) in memory.runs() {
+            for (i, word) in bytes.chunks_exact(4).enumerate() {
+                let code = u32::from_le_bytes(word.try_into().unwrap());
+                let slot = (offset / 4) as u32 + i as u32;
+                if code != ledger::FREE && slot != 0 {
+                    entries.insert(slot, code);
+                }
+            }
+        }
+        Ok(entries)
+    }
+
+    /// Every handle the guest holds must be one the ledger can replay.
+    fn check_handles(&mut self, image: &GuestImage) -> Result<(), SnapshotError> {
+        let recorded = self.ledger_entries(image)?.len();
+        let live = self.store.data_mut().table.iter_mut().count();
+        if live != recorded {
+            return Err(SnapshotError::Inexact(format!(
+                "the guest holds {} WASI handle(s) across calls (open files, directory \
+                 listings, streams or pollables) that a restore could not re-create; close them \
+                 before the call returns, or checkpoint with the guest's own save()",
+                live.saturating_sub(recorded).max(1)
+            )));
+        }
+        Ok(())
+    }
+
+    /// Writes `image` into this fresh instance: handles first (their
+    /// acquisition allocates in guest memory), then memories, then globals.
+    pub(crate) fn restore(&mut self, image: &GuestImage) -> Result<(), SnapshotError> {
+        self.check_fits(image)?;
+        let entries = self.ledger_entries(image)?;
+        self.replay_handles(&entries)?;
+        for (k, memory) in image.memories.iter().enumerate() {
+            self.restore_memory(k, memory)?;
+        }
+        for (g, value) in image.globals.iter().enumerate() {
+            let name = format!("set-g{g}");
+            match *value {
+                GlobalValue::I32(v) => self.call::<(i32,), ()>(&name, (v,))?,
+                GlobalValue::I64(v) => self.call::<(i64,), ()>(&name, (v,))?,
+                GlobalValue::F32(v) => self.call::<(f32,), ()>(&name, (f32::from_bits(v),))?,
+                GlobalValue::F64(v) => self.call::<(f64,), ()>(&name, (f64::from_bits(v),))?,
+            }
+        }
+        let live = self.store.data_mut().table.iter_mut().count();
+        if live != entries.len() {
+            return Err(SnapshotError::Failed(format!(
+                "after restoring, the instance holds {live} handle(s) where the snapshot had {}",
+                entries.len()
+            )));
+        }
+        Ok(())
+    }
+
+    fn check_fits(&self, image: &GuestImage) -> Result<(), SnapshotError> {
+        let layout = &self.index.layout;
+        if image.memories.len() != layout.memories.len() {
+            return Err(SnapshotError::Mismatch(format!(
+                "it holds {} memories, the component has {}",
+                image.memories.len(),
+                layout.memories.len()
+            )));
+        }
+        if image.globals.len() != layout.globals.len() {
+            return Err(SnapshotError::Mismatch(format!(
+                "it holds {} globals, the component has {}",
+                image.globals.len(),
+                layout.globals.len()
+            )));
+        }
+        for (value, ty) in image.globals.iter().zip(&layout.globals) {
+            let fits = matches!(
+                (value, ty),
+                (GlobalValue::I32(_), wasmparser::ValType::I32)
+                    | (GlobalValue::I64(_), wasmparser::ValType::I64)
+                    | (GlobalValue::F32(_), wasmparser::ValType::F32)
+                    | (GlobalValue::F64(_), wasmparser::ValType::F64)
+            );
+            if !fits {
+                return Err(SnapshotError::Mismatch("a global's type differs".into()));
+            }
+        }
+        for memory in &image.memories {
+            memory.validate().map_err(SnapshotError::Mismatch)?;
+        }
+        Ok(())
+    }
+
+    fn restore_memory(&mut self, k: usize, memory: &MemoryImage) -> Result<(), SnapshotError> {
+        let (current,): (u32,) = self.call(&format!("size-m{k}"), ())?;
+        if current > memory.pages {
+            return Err(SnapshotError::Failed(format!(
+                "memory {k} of the fresh instance has {current} pages, more than the \
+                 snapshot's {}",
+                memory.pages
+            )));
+        }
+        if memory.pages > current {
+            let (old,): (i32,) = self.call(&format!("grow-m{k}"), (memory.pages - current,))?;
+            if old < 0 {
+                let limit = self.store.data().limiter.hit;
+                return Err(SnapshotError::Failed(match limit {
+                    Some(hit) => format!("growing memory {k}: {hit}"),
+                    None => format!("memory {k} could not grow to {} pages", memory.pages),
+                }));
+            }
+        }
+        // Pages beyond the fresh size are zero already; below it, whatever
+        // instantiation (and the handle replay) wrote must be cleared.
+        let dirty = u64::from(current) * crate::snapshot::PAGE;
+        let mut at = 0u64;
+        for (offset, bytes) in memory.runs() {
+            if at < dirty && offset > at {
+                self.zero(k, at, offset.min(dirty) - at)?;
+            }
+            self.call::<(u32,), ()>(&format!("seek-m{k}"), (offset as u32,))?;
+            self.call::<(&[u8],), ()>(&format!("write-m{k}"), (bytes,))?;
+            at = offset + bytes.len() as u64;
+        }
+        if at < dirty {
+            self.zero(k, at, dirty - at)?;
+        }
+        Ok(())
+    }
+
+    fn zero(&mut self, k: usize, offset: u64, len: u64) -> Result<(), SnapshotError> {
+        self.call::<(u32, u32), ()>(&format!("zero-m{k}"), (offset as u32, len as u32))
+    }
+
+    /// Re-acquires the handles in `entries` at the same indices. The
+    /// component's handle table hands out the lowest free index last freed
+    /// first (a LIFO free list, starting at 1), so: fill indices with
+    /// fillers, then free each target index right before acquiring its
+    /// resource, then drop the fillers. Every index is checked; a mismatch
+    /// fails the restore instead of leaving a guest with wrong handles.
+    fn replay_handles(&mut self, entries: &BTreeMap<u32, u32>) -> Result<(), SnapshotError> {
+        let Some(&max) = entries.keys().next_back() else {
+            return Ok(());
+        };
+        let available = self.index.layout.replay.available.clone();
+        let has = |k: HandleImport| available.contains(&k);
+        let max_preopen = entries
+            .values()
+            .filter(|&&c| (ledger::PREOPEN..ledger::POLL_OUTPUT).contains(&c))
+            .map(|&c| c - ledger::PREOPEN)
+            .max();
+        // Spares above `max` let a preopen land at a chosen index: the
+        // directories listed before it take the spares.
+        let spares = max_preopen.unwrap_or(0);
+        let mut held: BTreeMap<u32, Filler> = BTreeMap::new();
+        while (held.len() as u32) < max + spares {
+            for (index, filler) in self.acquire_filler(&has)? {
+                if held.insert(index, filler).is_some() {
+                    return Err(SnapshotError::Failed(format!(
+                        "handle {index} was handed out twice while restoring"
+                    )));
+                }
+            }
+        }
+        // Streams before the pollables subscribed to them.
+        let ordered = entries
+            .iter()
+            .filter(|(_, c)| **c < ledger::POLL_OUTPUT)
+            .chain(entries.iter().filter(|(_, c)| **c >= ledger::POLL_OUTPUT));
+        for (&target, &code) in ordered {
+            let filler = held.remove(&target).ok_or_else(|| {
+                SnapshotError::Failed(format!("handle {target} was not reserved while restoring"))
+            })?;
+            self.drop_handle(target, filler)?;
+            let landed = match code {
+                ledger::STDOUT => {
+                    self.acquire_one("acquire-stdout", HandleImport::GetStdout, &has)?
+                }
+                ledger::STDERR => {
+                    self.acquire_one("acquire-stderr", HandleImport::GetStderr, &has)?
+                }
+                ledger::STDIN => self.acquire_one("acquire-stdin", HandleImport::GetStdin, &has)?,
+                code if code >= ledger::POLL_OUTPUT => {
+                    let stream = code - ledger::POLL_OUTPUT;
+                    if !matches!(
+                        entries.get(&stream),
+                        Some(&(ledger::STDOUT | ledger::STDERR))
+                    ) {
+                        return Err(SnapshotError::Mismatch(format!(
+                            "the handle ledger holds a pollable for handle {stream}, which is \
+                             not a restorable stream"
+                        )));
+                    }
+                    if !has(HandleImport::SubscribeOutput) {
+                        return Err(SnapshotError::Mismatch(
+                            "the ledger records a pollable, but the component cannot subscribe"
+                                .into(),
+                        ));
+                    }
+                    self.call::<(u32,), (u32,)>("subscribe-output", (stream,))?
+                        .0
+                }
+                code if code >= ledger::PREOPEN => {
+                    let j = code - ledger::PREOPEN;
+                    // Free `j` spares above `max` so that entries 0..j land there.
+                    let spare_indices: Vec<u32> = held
+                        .range(max + 1..)
+                        .map(|(i, _)| *i)
+                        .take(j as usize)
+                        .collect();
+                    if spare_indices.len() < j as usize {
+                        return Err(SnapshotError::Failed("ran out of spare handles".into()));
+                    }
+                    for index in spare_indices.iter().rev() {
+                        let filler = held.remove(index).unwrap();
+                        self.drop_handle(*index, filler)?;
+                    }
+                    let listed = self.acquire_preopens(&has)?;
+                    if listed.len() <= j as usize {
+                        return Err(SnapshotError::Mismatch(format!(
+                            "the snapshot uses preopened directory #{j}, but this trial has {}",
+                            listed.len()
+                        )));
+                    }
+                    for (i, index) in listed.iter().enumerate() {
+                        if i != j as usize {
+                            held.insert(*index, Filler::Descriptor);
+                        }
+                    }
+                    listed[j as usize]
+                }
+                other => {
+                    return Err(SnapshotError::Mismatch(format!(
+                        "the handle ledger holds an unknown code {other:#x}"
+                    )));
+                }
+            };
+            if landed != target {
+                return Err(SnapshotError::Failed(format!(
+                    "handle {target} was re-acquired as {landed}"
+                )));
+            }
+        }
+        for (index, filler) in held.into_iter().rev() {
+            self.drop_handle(index, filler)?;
+        }
+        Ok(())
+    }
+
+    fn acquire_one(
+        &mut self,
+        name: &str,
+        kind: HandleImport,
+        has: &dyn Fn(HandleImport) -> bool,
+    ) -> Result<u32, SnapshotError> {
+        if !has(kind) {
+            return Err(SnapshotError::Mismatch(format!(
+                "the ledger records a handle from {kind:?}, which the component does not import"
+            )));
+        }
+        Ok(self.call::<(), (u32,)>(name, ())?.0)
+    }
+
+    fn acquire_preopens(
+        &mut self,
+        has: &dyn Fn(HandleImport) -> bool,
+    ) -> Result<Vec<u32>, SnapshotError> {
+        if !has(HandleImport::GetDirectories) {
+            return Err(SnapshotError::Mismatch(
+                "the ledger records a preopened directory, but the component does not list them"
+                    .into(),
+            ));
+        }
+        let (n,): (u32,) = self.call("acquire-preopens", ())?;
+        (0..n)
+            .map(|j| Ok(self.call::<(u32,), (u32,)>("preopen-handle", (j,))?.0))
+            .collect()
+    }
+
+    /// One round of filler acquisition, using whatever the guest imports.
+    fn acquire_filler(
+        &mut self,
+        has: &dyn Fn(HandleImport) -> bool,
+    ) -> Result<Vec<(u32, Filler)>, SnapshotError> {
+        let single = [
+            (
+                HandleImport::GetStdout,
+                "acquire-stdout",
+                HandleImport::DropOutputStream,
+                Filler::Output,
+            ),
+            (
+                HandleImport::GetStderr,
+                "acquire-stderr",
+                HandleImport::DropOutputStream,
+                Filler::Output,
+            ),
+            (
+                HandleImport::GetStdin,
+                "acquire-stdin",
+                HandleImport::DropInputStream,
+                Filler::Input,
+            ),
+        ];
+        for (get, name, drop, filler) in single {
+            if has(get) && has(drop) {
+                return Ok(vec![(self.call::<(), (u32,)>(name, ())?.0, filler)]);
+            }
+        }
+        if has(HandleImport::GetDirectories) && has(HandleImport::DropDescriptor) {
+            let listed = self.acquire_preopens(has)?;
+            if !listed.is_empty() {
+                return Ok(listed
+                    .into_iter()
+                    .map(|i| (i, Filler::Descriptor))
+                    .collect());
+            }
+        }
+        Err(SnapshotError::Failed(
+            "the component imports no function that can re-create its handle table".into(),
+        ))
+    }
+
+    fn drop_handle(&mut self, index: u32, filler: Filler) -> Result<(), SnapshotError> {
+        let name = match filler {
+            Filler::Output => "drop-output-stream",
+            Filler::Input => "drop-input-stream",
+            Filler::Descriptor => "drop-descriptor",
+        };
+        self.call::<(u32,), ()>(name, (index,))
+    }
+}
+
+/// What a temporarily held handle is, so it can be dropped with the right
+/// resource type.
+#[derive(Debug, Clone, Copy)]
+enum Filler {
+    Output,
+    Input,
+    Descriptor,
+}

@@ -1,0 +1,519 @@
+//! The snapshot file: a host snapshot plus what it belongs to, versioned,
+//! compressed and checksummed.
+//!
+//! ```text
+//! "WTSNAP\r\n"              8 bytes magic (the CR/LF catch text-mode mangling)
+//! version      u32 LE      FORMAT_VERSION
+//! flags        u32 LE      bit 0: the trailer is keyed (an HMAC-like MAC)
+//! header_len   u32 LE
+//! header       JSON        SnapshotMeta + memory sizes and runs + globals
+//! payload_len  u64 LE
+//! payload      zstd        the runs' bytes, all memories, in order
+//! trailer      32 bytes    blake3 of everything above, keyed when flag 0 is set
+//! ```
+//!
+//! Zero chunks are not stored at all (see [`super::GuestImage`]), so a large
+//! memory that is mostly untouched heap costs next to nothing on disk.
+
+use std::fmt;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::image::{GlobalValue, GuestImage, MemoryImage};
+
+/// First bytes of every snapshot file.
+pub const MAGIC: &[u8; 8] = b"WTSNAP\r\n";
+/// The version this build writes and reads.
+pub const FORMAT_VERSION: u32 = 1;
+const FLAG_KEYED: u32 = 1;
+const TRAILER: usize = 32;
+/// zstd level: fast enough to keep snapshots off the critical path.
+const ZSTD_LEVEL: i32 = 1;
+/// Largest header accepted (a header lists memory runs, so it can be long).
+const MAX_HEADER: usize = 256 << 20;
+
+/// What a snapshot belongs to.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SnapshotMeta {
+    /// blake3 hex digest of the component (as loaded, before instrumentation).
+    pub component: String,
+    /// The trial's id.
+    pub trial_id: String,
+    /// The trial's config.
+    pub config: Value,
+    /// `train()` calls completed when the snapshot was taken.
+    pub iteration: u64,
+    /// Fuel the trial had burned.
+    pub fuel_total: u64,
+}
+
+/// A secret key for authenticated snapshots (keyed blake3, used as a MAC).
+#[derive(Clone)]
+pub struct SnapshotKey([u8; 32]);
+
+impl SnapshotKey {
+    /// Derives a key from secret material of any length (a passphrase, a
+    /// key file's bytes).
+    pub fn derive(secret: &[u8]) -> Self {
+        Self(blake3::derive_key("wtune snapshot key v1", secret))
+    }
+}
+
+impl fmt::Debug for SnapshotKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("SnapshotKey(..)")
+    }
+}
+
+/// Why a snapshot file was rejected.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FormatError {
+    /// The bytes do not start with [`MAGIC`].
+    NotASnapshot,
+    /// Written by another format version.
+    Version(u32),
+    /// Shorter than its own lengths say.
+    Truncated,
+    /// The checksum does not match: the file is corrupted or was modified.
+    Checksum,
+    /// The MAC does not match: modified, or a different key.
+    Authentication,
+    /// The file has no MAC but this reader requires one.
+    Unauthenticated,
+    /// The file has a MAC but no key was given.
+    KeyRequired,
+    /// The snapshot belongs to another component.
+    Foreign { expected: String, found: String },
+    /// Structurally wrong content behind a valid checksum.
+    Malformed(String),
+}
+
+impl fmt::Display for FormatError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FormatError::NotASnapshot => f.write_str("not a wtune snapshot file"),
+            FormatError::Version(v) => write!(
+                f,
+                "snapshot format version {v} is not supported (this build reads version \
+                 {FORMAT_VERSION})"
+            ),
+            FormatError::Truncated => f.write_str("the snapshot file is truncated"),
+            FormatError::Checksum => f.write_str(
+                "the snapshot's checksum does not match: the file is corrupted or was modified",
+            ),
+            FormatError::Authentication => f.write_str(
+                "the snapshot's MAC does not match: it was modified, or written with another key",
+            ),
+            FormatError::Unauthenticated => f.write_str(
+                "the snapshot carries no MAC, but a snapshot key is configured; refusing it",
+            ),
+            FormatError::KeyRequired => f.write_str(
+                "the snapshot is authenticated with a key; configure the snapshot key to read it",
+            ),
+            FormatError::Foreign { expected, found } => write!(
+                f,
+                "the snapshot belongs to another component (its digest {}, this one {})",
+                short(found),
+                short(expected)
+            ),
+            FormatError::Malformed(why) => write!(f, "the snapshot is malformed: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for FormatError {}
+
+fn short(digest: &str) -> &str {
+    &digest[..digest.len().min(12)]
+}
+
+#[derive(Serialize, Deserialize)]
+struct Header {
+    #[serde(flatten)]
+    meta: SnapshotMeta,
+    memories: Vec<MemoryHeader>,
+    globals: Vec<GlobalValueJson>,
+    /// Uncompressed payload length.
+    data_len: u64,
+}
+
+#[derive(Serialize, Deserialize)]
+struct MemoryHeader {
+    pages: u32,
+    runs: Vec<(u64, u64)>,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum GlobalValueJson {
+    I32(i32),
+    I64(i64),
+    F32(u32),
+    F64(u64),
+}
+
+/// Encodes a snapshot file's bytes.
+pub fn encode(meta: &SnapshotMeta, image: &GuestImage, key: Option<&SnapshotKey>) -> Vec<u8> {
+    let header = Header {
+        meta: meta.clone(),
+        memories: image
+            .memories
+            .iter()
+            .map(|m| MemoryHeader {
+                pages: m.pages,
+                runs: m.runs.clone(),
+            })
+            .collect(),
+        globals: image
+            .globals
+            .iter()
+            .map(|g| match *g {
+                GlobalValue::I32(v) => GlobalValueJson::I32(v),
+                GlobalValue::I64(v) => GlobalValueJson::I64(v),
+                GlobalValue::F32(v) => GlobalValueJson::F32(v),
+                GlobalValue::F64(v) => GlobalValueJson::F64(v),
+            })
+            .collect(),
+        data_len: image.stored_bytes(),
+    };
+    let header = serde_json::to_vec(&header).expect("snapshot headers always serialize");
+    let mut compressor = zstd::bulk::Compressor::new(ZSTD_LEVEL).expect("zstd level is valid");
+    let mut payload = Vec::new();
+    for memory in &image.memories {
+        // One frame per memory keeps peak memory at one memory's data.
+        let frame = compressor
+            .compress(&memory.data)
+            .expect("compressing into a growable buffer cannot fail");
+        payload.extend_from_slice(&(frame.len() as u64).to_le_bytes());
+        payload.extend_from_slice(&frame);
+    }
+
+    let mut out = Vec::with_capacity(24 + header.len() + payload.len() + TRAILER);
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    let flags = if key.is_some() { FLAG_KEYED } else { 0 };
+    out.extend_from_slice(&flags.to_le_bytes());
+    out.extend_from_slice(&(header.len() as u32).to_le_bytes());
+    out.extend_from_slice(&header);
+    out.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+    out.extend_from_slice(&payload);
+    let trailer = match key {
+        Some(key) => blake3::keyed_hash(&key.0, &out),
+        None => blake3::hash(&out),
+    };
+    out.extend_from_slice(trailer.as_bytes());
+    out
+}
+
+/// Decodes and verifies a snapshot file. `component` is the digest of the
+/// component it must belong to; `key`, when given, makes a MAC mandatory.
+pub fn decode(
+    bytes: &[u8],
+    component: &str,
+    key: Option<&SnapshotKey>,
+) -> Result<(SnapshotMeta, GuestImage), FormatError> {
+    if bytes.len() < MAGIC.len() || &bytes[..MAGIC.len()] != MAGIC {
+        return Err(FormatError::NotASnapshot);
+    }
+    let mut cursor = Cursor {
+        bytes,
+        at: MAGIC.len(),
+    };
+    let version = cursor.u32()?;
+    if version != FORMAT_VERSION {
+        return Err(FormatError::Version(version));
+    }
+    let flags = cursor.u32()?;
+    if bytes.len() < cursor.at + TRAILER {
+        return Err(FormatError::Truncated);
+    }
+    // Verify before parsing anything else: every later check then runs on
+    // bytes the writer produced.
+    let (body, trailer) = bytes.split_at(bytes.len() - TRAILER);
+    let keyed = flags & FLAG_KEYED != 0;
+    match (keyed, key) {
+        (true, None) => return Err(FormatError::KeyRequired),
+        (false, Some(_)) => {
+            if blake3::hash(body).as_bytes() != trailer {
+                return Err(FormatError::Checksum);
+            }
+            return Err(FormatError::Unauthenticated);
+        }
+        (true, Some(key)) => {
+            if blake3::keyed_hash(&key.0, body)
+                != blake3::Hash::from_bytes(trailer.try_into().unwrap())
+            {
+                return Err(FormatError::Authentication);
+            }
+        }
+        (false, None) => {
+            if blake3::hash(body) != blake3::Hash::from_bytes(trailer.try_into().unwrap()) {
+                return Err(check_truncation(body, cursor.at).unwrap_or(FormatError::Checksum));
+            }
+        }
+    }
+    if flags & !FLAG_KEYED != 0 {
+        return Err(FormatError::Malformed(format!("unknown flags {flags:#x}")));
+    }
+    let cursor = &mut Cursor {
+        bytes: body,
+        at: cursor.at,
+    };
+    let header_len = cursor.u32()? as usize;
+    if header_len > MAX_HEADER {
+        return Err(FormatError::Malformed("header too large".into()));
+    }
+    let header: Header = serde_json::from_slice(cursor.take(header_len)?)
+        .map_err(|e| FormatError::Malformed(format!("header: {e}")))?;
+    if header.meta.component != component {
+        return Err(FormatError::Foreign {
+            expected: component.into(),
+            found: header.meta.component,
+        });
+    }
+    let payload_len = cursor.u64()? as usize;
+    let mut payload = Cursor {
+        bytes: cursor.take(payload_len)?,
+        at: 0,
+    };
+    if cursor.at != body.len() {
+        return Err(FormatError::Malformed(
+            "trailing bytes after the payload".into(),
+        ));
+    }
+
+    let mut image = GuestImage::default();
+    for memory in header.memories {
+        let expected: u64 = memory.runs.iter().map(|&(_, len)| len).sum();
+        let frame_len = payload.u64()? as usize;
+        let frame = payload.take(frame_len)?;
+        let capacity = usize::try_from(expected)
+            .ok()
+            .filter(|&c| c as u64 <= u64::from(memory.pages) * super::PAGE)
+            .ok_or_else(|| FormatError::Malformed("memory runs exceed the memory".into()))?;
+        let data = zstd::bulk::decompress(frame, capacity)
+            .map_err(|e| FormatError::Malformed(format!("memory data: {e}")))?;
+        let image_memory = MemoryImage {
+            pages: memory.pages,
+            runs: memory.runs,
+            data,
+        };
+        image_memory.validate().map_err(FormatError::Malformed)?;
+        image.memories.push(image_memory);
+    }
+    if payload.at != payload.bytes.len() {
+        return Err(FormatError::Malformed("unused memory data".into()));
+    }
+    image.globals = header
+        .globals
+        .into_iter()
+        .map(|g| match g {
+            GlobalValueJson::I32(v) => GlobalValue::I32(v),
+            GlobalValueJson::I64(v) => GlobalValue::I64(v),
+            GlobalValueJson::F32(v) => GlobalValue::F32(v),
+            GlobalValueJson::F64(v) => GlobalValue::F64(v),
+        })
+        .collect();
+    if image.stored_bytes() != header.data_len {
+        return Err(FormatError::Malformed(
+            "memory data length differs from the header".into(),
+        ));
+    }
+    Ok((header.meta, image))
+}
+
+/// A body whose own lengths run past its end was cut short, which says more
+/// than "checksum mismatch".
+fn check_truncation(body: &[u8], at: usize) -> Option<FormatError> {
+    let cursor = &mut Cursor { bytes: body, at };
+    let header_len = cursor.u32().ok()? as usize;
+    if cursor.take(header_len).is_err() {
+        return Some(FormatError::Truncated);
+    }
+    let payload_len = cursor.u64().ok()? as usize;
+    if cursor.take(payload_len).is_err() {
+        return Some(FormatError::Truncated);
+    }
+    None
+}
+
+struct Cursor<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Cursor<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], FormatError> {
+        let end = self.at.checked_add(n).ok_or(FormatError::Truncated)?;
+        let slice = self.bytes.get(self.at..end).ok_or(FormatError::Truncated)?;
+        self.at = end;
+        Ok(slice)
+    }
+
+    fn u32(&mut self) -> Result<u32, FormatError> {
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().unwrap()))
+    }
+
+    fn u64(&mut self) -> Result<u64, FormatError> {
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().unwrap()))
+    }
+}
+
+/// Writes a snapshot file atomically (temporary file, fsync, rename).
+pub fn write(
+    path: &Path,
+    meta: &SnapshotMeta,
+    image: &GuestImage,
+    key: Option<&SnapshotKey>,
+) -> std::io::Result<u64> {
+    let bytes = encode(meta, image, key);
+    crate::persist::write_atomic(path, &bytes)?;
+    Ok(bytes.len() as u64)
+}
+
+/// Why a snapshot file could not be read.
+#[derive(Debug)]
+pub enum ReadError {
+    /// The file could not be read.
+    Io(std::io::Error),
+    /// Its content was rejected.
+    Format(FormatError),
+}
+
+impl fmt::Display for ReadError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ReadError::Io(e) => write!(f, "{e}"),
+            ReadError::Format(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for ReadError {}
+
+/// Reads and verifies a snapshot file.
+pub fn read(
+    path: &Path,
+    component: &str,
+    key: Option<&SnapshotKey>,
+) -> Result<(SnapshotMeta, GuestImage), ReadError> {
+    let bytes = std::fs::read(path).map_err(ReadError::Io)?;
+    decode(&bytes, component, key).map_err(ReadError::Format)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> (SnapshotMeta, GuestImage) {
+        let mut memory = MemoryImage::with_pages(4);
+        let mut bytes = vec![0u8; 4 * super::super::PAGE as usize];
+        bytes[100..200].fill(7);
+        bytes[70_000..70_010].fill(9);
+        memory.push_contents(0, &bytes);
+        let image = GuestImage {
+            memories: vec![memory, MemoryImage::with_pages(1)],
+            globals: vec![
+                GlobalValue::I32(-5),
+                GlobalValue::F64(f64::NAN.to_bits() | 3),
+            ],
+        };
+        let meta = SnapshotMeta {
+            component: "ab".repeat(32),
+            trial_id: "trial_0001".into(),
+            config: serde_json::json!({"lr": 0.1}),
+            iteration: 7,
+            fuel_total: 12345,
+        };
+        (meta, image)
+    }
+
+    #[test]
+    fn round_trips_exactly_and_stays_small() {
+        let (meta, image) = sample();
+        let bytes = encode(&meta, &image, None);
+        assert!(bytes.len() < 2048, "{} bytes", bytes.len());
+        assert_eq!(
+            decode(&bytes, &meta.component, None).unwrap(),
+            (meta, image)
+        );
+    }
+
+    #[test]
+    fn every_damaged_byte_is_detected() {
+        let (meta, image) = sample();
+        let bytes = encode(&meta, &image, None);
+        for i in (0..bytes.len()).step_by(7) {
+            let mut damaged = bytes.clone();
+            damaged[i] ^= 0x20;
+            assert!(decode(&damaged, &meta.component, None).is_err(), "byte {i}");
+        }
+    }
+
+    #[test]
+    fn truncation_foreign_and_version_are_named() {
+        let (meta, image) = sample();
+        let bytes = encode(&meta, &image, None);
+        assert_eq!(
+            decode(&bytes[..bytes.len() / 2], &meta.component, None),
+            Err(FormatError::Truncated)
+        );
+        assert_eq!(
+            decode(b"PK\x03\x04 zip", &meta.component, None),
+            Err(FormatError::NotASnapshot)
+        );
+        let err = decode(&bytes, &"cd".repeat(32), None).unwrap_err();
+        assert!(matches!(err, FormatError::Foreign { .. }), "{err}");
+        let mut future = bytes.clone();
+        future[8] = 2;
+        assert_eq!(
+            decode(&future, &meta.component, None),
+            Err(FormatError::Version(2))
+        );
+    }
+
+    #[test]
+    fn keys_authenticate_and_are_enforced_both_ways() {
+        let (meta, image) = sample();
+        let key = SnapshotKey::derive(b"correct horse");
+        let other = SnapshotKey::derive(b"battery staple");
+        let signed = encode(&meta, &image, Some(&key));
+        assert!(decode(&signed, &meta.component, Some(&key)).is_ok());
+        assert_eq!(
+            decode(&signed, &meta.component, Some(&other)),
+            Err(FormatError::Authentication)
+        );
+        assert_eq!(
+            decode(&signed, &meta.component, None),
+            Err(FormatError::KeyRequired)
+        );
+        let plain = encode(&meta, &image, None);
+        assert_eq!(
+            decode(&plain, &meta.component, Some(&key)),
+            Err(FormatError::Unauthenticated)
+        );
+        // An attacker who edits a keyed file and recomputes a plain checksum
+        // still needs the key.
+        let mut forged = signed.clone();
+        let len = forged.len();
+        forged[12] = 0; // clear the keyed flag
+        let digest = blake3::hash(&forged[..len - 32]);
+        forged[len - 32..].copy_from_slice(digest.as_bytes());
+        assert_eq!(
+            decode(&forged, &meta.component, Some(&key)),
+            Err(FormatError::Unauthenticated)
+        );
+    }
+
+    #[test]
+    fn writes_atomically() {
+        let (meta, image) = sample();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("checkpoint.wtsnap");
+        write(&path, &meta, &image, None).unwrap();
+        assert_eq!(read(&path, &meta.component, None).unwrap(), (meta, image));
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+}

@@ -1,0 +1,63 @@
+//! Host-taken snapshots of a trainable's state, with no help from the guest.
+//!
+//! A component's state between calls is its core instances' linear memories
+//! and mutable globals, plus the WASI handles it holds. At load time
+//! [`instrument`] rewrites the component so that the host can read and write
+//! that state through a hidden accessor instance (and so that handle
+//! acquisitions are recorded in a ledger inside the guest's own state); the
+//! sandbox then turns a live instance into a [`GuestImage`] and a
+//! [`GuestImage`] back into a live instance. Components whose state cannot
+//! be captured exactly are refused with a [`SnapshotRefusal`] naming the
+//! cause; they still run, and can checkpoint through their own `save()`.
+//!
+//! Nothing here names wasmtime types: the rewrite works on bytes, and the
+//! image is plain data.
+
+mod component;
+mod format;
+mod image;
+mod module;
+
+pub use component::{
+    ACCESS_EXPORT, Instrumented, Layout, MemoryInfo, Replay, SINK_IMPORT, instrument,
+};
+pub use format::{
+    FORMAT_VERSION, FormatError, MAGIC, ReadError, SnapshotKey, SnapshotMeta, decode, encode, read,
+    write,
+};
+pub use image::{CHUNK, GlobalValue, GuestImage, MemoryImage, PAGE};
+pub use module::{HandleImport, LEDGER_SLOTS, ledger};
+
+use std::fmt;
+
+/// Why a component (or one of its states) cannot be snapshotted by the host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnapshotRefusal {
+    reason: String,
+}
+
+impl SnapshotRefusal {
+    /// A refusal with a reason that completes "cannot snapshot: the component ...".
+    pub fn new(reason: impl Into<String>) -> Self {
+        Self {
+            reason: reason.into(),
+        }
+    }
+
+    /// The reason, as given.
+    pub fn reason(&self) -> &str {
+        &self.reason
+    }
+}
+
+impl fmt::Display for SnapshotRefusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "host snapshots are not possible: the component {}",
+            self.reason
+        )
+    }
+}
+
+impl std::error::Error for SnapshotRefusal {}
