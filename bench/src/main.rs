@@ -12,6 +12,10 @@
 //!   sandbox, once with plain-Rust trainables to isolate the runner.
 //! - `step`: one training step (epoch + validation) of the digits example,
 //!   natively and as wasm with fuel metering, and their ratio.
+//! - `snapshot`: host snapshot and restore of 1, 64 and 512 MiB memories
+//!   filled with random data (the worst case), and of a 64 MiB memory that
+//!   is mostly untouched heap: in-memory GB/s each way, file size and the
+//!   time to encode (zstd + checksum) and write it.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -64,6 +68,84 @@ fn main() {
     }
     if matches!(what.as_str(), "all" | "step") {
         step(&guest("digits_mlp"), &root.join("examples/digits-mlp/data"));
+    }
+    if matches!(what.as_str(), "all" | "snapshot") {
+        snapshot(&guest("stateful"));
+    }
+}
+
+fn gbps(bytes: u64, d: Duration) -> String {
+    format!("{:.2}", bytes as f64 / d.as_secs_f64() / 1e9)
+}
+
+fn snapshot(program: &Program) {
+    const ROUNDS: usize = 5;
+    let limits = Limits {
+        memory_bytes: 1 << 30,
+        fuel_per_call: None,
+        call_timeout: None,
+        ..Limits::default()
+    };
+    let cases = [
+        ("1 MiB random", json!({"buffer_kib": 1 << 10})),
+        ("64 MiB random", json!({"buffer_kib": 64 << 10})),
+        ("512 MiB random", json!({"buffer_kib": 512 << 10})),
+        (
+            "64 MiB, mostly untouched heap",
+            json!({"buffer_kib": 64, "reserve_mib": 64}),
+        ),
+    ];
+    println!("\n### Host snapshots (stateful.wasm, best of {ROUNDS})\n");
+    println!(
+        "| memory | size | snapshot (GB/s) | restore (GB/s) | encode + write (ms) | file |\n| --- | --- | --- | --- | --- | --- |"
+    );
+    for (name, config) in cases {
+        let dir = scratch();
+        std::fs::create_dir_all(dir.path().join("work")).unwrap();
+        let env = TrialEnv {
+            work_dir: dir.path().join("work"),
+            log_dir: dir.path().to_path_buf(),
+            data: vec![],
+        };
+        let mut instance = program.instantiate(&env, &limits).unwrap();
+        instance.setup(&config.to_string()).unwrap();
+        let (mut take, mut restore, mut write) = (Duration::MAX, Duration::MAX, Duration::MAX);
+        let mut image = None;
+        let mut file = 0;
+        for _ in 0..ROUNDS {
+            let started = Instant::now();
+            let taken = instance.snapshot().unwrap();
+            take = take.min(started.elapsed());
+
+            let meta = wtune::snapshot::SnapshotMeta {
+                component: program.digest().into(),
+                trial_id: "bench".into(),
+                config: config.clone(),
+                iteration: 0,
+                fuel_total: 0,
+            };
+            let started = Instant::now();
+            file =
+                wtune::snapshot::write(&dir.path().join("s.wtsnap"), &meta, &taken, None).unwrap();
+            write = write.min(started.elapsed());
+
+            // Restoring includes creating the fresh instance it lands in.
+            let started = Instant::now();
+            let restored = program.restore(&env, &limits, &taken, 0, 0).unwrap();
+            restore = restore.min(started.elapsed());
+            drop(restored);
+            image = Some(taken);
+        }
+        let image = image.unwrap();
+        let size = image.memory_bytes();
+        println!(
+            "| {name} | {} | {} | {} | {} | {} |",
+            wtune::sandbox::human_bytes(size),
+            gbps(size, take),
+            gbps(size, restore),
+            ms(write),
+            wtune::sandbox::human_bytes(file)
+        );
     }
 }
 

@@ -17,6 +17,7 @@
 //!   call reads it back (preopened directories stay open in libc);
 //! - `hold_file`: keeps `held.txt` open across calls, a state no host
 //!   snapshot can restore exactly (it must be refused);
+//! - `reserve_mib`: keep that many MiB of zeroed heap that is never touched;
 //! - `trap_at`: trap in that call (from 1) unless `recovered.txt` exists in the
 //!   trial's directory; the trap writes it first, so a retry succeeds.
 //!   `0` never traps.
@@ -55,6 +56,9 @@ pub struct Config {
     /// Trap once in this call.
     #[serde(default)]
     pub trap_at: u64,
+    /// MiB of zeroed heap reserved and never touched (a mostly idle heap).
+    #[serde(default)]
+    pub reserve_mib: usize,
 }
 
 fn default_buffer() -> usize {
@@ -72,6 +76,8 @@ pub struct Stateful {
     counter: u64,
     rng: u64,
     buffer: Vec<u64>,
+    #[serde(skip)]
+    reserve: Vec<u8>,
     #[serde(skip)]
     held: Option<File>,
 }
@@ -118,11 +124,13 @@ impl Trainable for Stateful {
             None
         };
         wtune_guest::info!("stateful trainable set up with seed {}", config.seed);
+        let reserve = vec![0; config.reserve_mib << 20];
         Ok(Stateful {
             config,
             counter: 0,
             rng,
             buffer,
+            reserve,
             held,
         })
     }
@@ -146,6 +154,9 @@ impl Trainable for Stateful {
         let mut report = Report::new()
             .metric("digest", self.digest() as f64)
             .metric("counter", self.counter as f64);
+        if !self.reserve.is_empty() {
+            report = report.metric("reserved_bytes", self.reserve.len() as f64);
+        }
         if self.config.read_data {
             let text = std::fs::read_to_string("seed.txt")?;
             report = report.metric("data_bytes", text.len() as f64);

@@ -49,8 +49,9 @@ impl fmt::Display for SnapshotError {
 
 impl std::error::Error for SnapshotError {}
 
-/// Largest span passed to `dump` in one call (the ABI's lengths are `u32`).
-const DUMP_SPAN: u64 = 1 << 30;
+/// Largest span passed to `dump` in one call: below wasmtime's per-hostcall
+/// transfer budget (128 MiB by default), which stays in force for guests.
+const DUMP_SPAN: u64 = 64 << 20;
 
 /// The accessor's functions, resolved once per program.
 #[derive(Debug)]
@@ -165,11 +166,15 @@ impl Access<'_> {
         let mut image = GuestImage::default();
         for k in 0..self.index.layout.memories.len() {
             let (pages,): (u32,) = self.call(&format!("size-m{k}"), ())?;
+            let len = u64::from(pages) * crate::snapshot::PAGE;
+            let mut memory = MemoryImage::with_pages(pages);
+            // Room for a dense memory up front: untouched capacity costs no
+            // RAM, and growing by doubling would copy the data again.
+            memory.data.reserve_exact(len as usize);
             self.store.data_mut().sink = Some(Sink {
-                image: MemoryImage::with_pages(pages),
+                image: memory,
                 next: 0,
             });
-            let len = u64::from(pages) * crate::snapshot::PAGE;
             let mut offset = 0;
             let result = (|| {
                 while offset < len {
