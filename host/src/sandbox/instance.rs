@@ -177,14 +177,7 @@ impl TrialInstance {
         if self.poisoned {
             return Err(SnapshotError::Poisoned);
         }
-        let index = self.access.clone().map_err(SnapshotError::Unsupported)?;
-        self.arm_for_access()?;
-        Access {
-            store: &mut self.store,
-            instance: self.instance,
-            index: &index,
-        }
-        .take()
+        self.with_access(|access| access.take())
     }
 
     /// Writes a snapshot into this instance, which must be fresh (no call
@@ -196,15 +189,7 @@ impl TrialInstance {
         iterations: u64,
         fuel_total: u64,
     ) -> Result<(), SnapshotError> {
-        let index = self.access.clone().map_err(SnapshotError::Unsupported)?;
-        self.arm_for_access()?;
-        let result = Access {
-            store: &mut self.store,
-            instance: self.instance,
-            index: &index,
-        }
-        .restore(image);
-        match result {
+        match self.with_access(|access| access.restore(image)) {
             Ok(()) => {
                 self.iterations = iterations;
                 self.fuel_total = fuel_total;
@@ -217,17 +202,27 @@ impl TrialInstance {
         }
     }
 
-    /// Accessor calls run guest code only where a restore re-acquires
-    /// directories (the guest's allocator); they get a per-call allotment
-    /// and deadline that do not count against the trial.
-    fn arm_for_access(&mut self) -> Result<(), SnapshotError> {
+    /// Runs `f` against the accessor. Accessor calls run guest code only
+    /// where a restore re-acquires directories (the guest's allocator); they
+    /// get a per-call allotment and deadline that do not count against the
+    /// trial.
+    fn with_access<R>(
+        &mut self,
+        f: impl FnOnce(&mut Access<'_>) -> Result<R, SnapshotError>,
+    ) -> Result<R, SnapshotError> {
+        let index = self.access.clone().map_err(SnapshotError::Unsupported)?;
         let at = At {
             call: Call::Snapshot,
             iteration: None,
         };
         let fuel = self.limits.fuel_per_call.unwrap_or(u64::MAX / 2);
         arm(&mut self.store, &self.limits, fuel, at)
-            .map_err(|fault| SnapshotError::Failed(fault.to_string()))
+            .map_err(|fault| SnapshotError::Failed(fault.to_string()))?;
+        f(&mut Access {
+            store: &mut self.store,
+            instance: self.instance,
+            index: &index,
+        })
     }
 
     /// Flushes the captured streams to disk.

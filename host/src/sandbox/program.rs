@@ -234,7 +234,7 @@ impl Program {
         iterations: u64,
         fuel_total: u64,
     ) -> Result<TrialInstance, SnapshotError> {
-        self.access.clone().map_err(SnapshotError::Unsupported)?;
+        self.snapshots().map_err(SnapshotError::Unsupported)?;
         let mut instance = self
             .instantiate(env, limits)
             .map_err(|fault| SnapshotError::Failed(fault.to_string()))?;

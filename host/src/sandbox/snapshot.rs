@@ -9,8 +9,9 @@ use wasmtime::component::{Component, ComponentExportIndex, Instance, Linker, Typ
 use wasmtime::{AsContextMut, Store, StoreContextMut};
 
 use crate::snapshot::{
-    ACCESS_EXPORT, GlobalValue, GuestImage, HandleImport, LEDGER_SLOTS, Layout, MemoryImage,
-    SINK_IMPORT, SnapshotRefusal, ledger,
+    ACCESS_EXPORT, GlobalValue, GuestImage, HandleImport, LEDGER_OVERFLOW, LEDGER_SLOTS, Layout,
+    MemoryImage, PREOPEN_HANDLE, SINK_IMPORT, SnapshotRefusal, global_accessor, handle_accessor,
+    ledger, memory_accessor,
 };
 
 use super::host::TrialHost;
@@ -69,15 +70,18 @@ impl AccessIndex {
         let mut names = Vec::new();
         for k in 0..layout.memories.len() {
             for op in ["size", "dump", "grow", "zero", "seek", "write"] {
-                names.push(format!("{op}-m{k}"));
+                names.push(memory_accessor(op, k));
             }
         }
         for g in 0..layout.globals.len() {
-            names.push(format!("get-g{g}"));
-            names.push(format!("set-g{g}"));
+            names.push(global_accessor("get", g));
+            names.push(global_accessor("set", g));
         }
         for kind in &layout.replay.available {
-            names.extend(replay_names(*kind).iter().map(|s| s.to_string()));
+            names.push(handle_accessor(*kind).to_string());
+            if *kind == HandleImport::GetDirectories {
+                names.push(PREOPEN_HANDLE.to_string());
+            }
         }
         let mut funcs = BTreeMap::new();
         for name in names {
@@ -87,20 +91,6 @@ impl AccessIndex {
             funcs.insert(name, index);
         }
         Ok(Arc::new(Self { layout, funcs }))
-    }
-}
-
-fn replay_names(kind: HandleImport) -> &'static [&'static str] {
-    match kind {
-        HandleImport::GetStdout => &["acquire-stdout"],
-        HandleImport::GetStderr => &["acquire-stderr"],
-        HandleImport::GetStdin => &["acquire-stdin"],
-        HandleImport::GetDirectories => &["acquire-preopens", "preopen-handle"],
-        HandleImport::DropOutputStream => &["drop-output-stream"],
-        HandleImport::DropInputStream => &["drop-input-stream"],
-        HandleImport::DropDescriptor => &["drop-descriptor"],
-        HandleImport::SubscribeOutput => &["subscribe-output"],
-        HandleImport::DropPollable => &["drop-pollable"],
     }
 }
 
@@ -163,9 +153,10 @@ impl Access<'_> {
 
     /// Reads every memory and global.
     pub(crate) fn take(&mut self) -> Result<GuestImage, SnapshotError> {
+        let index = self.index;
         let mut image = GuestImage::default();
-        for k in 0..self.index.layout.memories.len() {
-            let (pages,): (u32,) = self.call(&format!("size-m{k}"), ())?;
+        for k in 0..index.layout.memories.len() {
+            let (pages,): (u32,) = self.call(&memory_accessor("size", k), ())?;
             let len = u64::from(pages) * crate::snapshot::PAGE;
             let mut memory = MemoryImage::with_pages(pages);
             // Room for a dense memory up front: untouched capacity costs no
@@ -180,7 +171,7 @@ impl Access<'_> {
                 while offset < len {
                     let span = (len - offset).min(DUMP_SPAN);
                     self.call::<(u32, u32), ()>(
-                        &format!("dump-m{k}"),
+                        &memory_accessor("dump", k),
                         (offset as u32, span as u32),
                     )?;
                     offset += span;
@@ -192,8 +183,8 @@ impl Access<'_> {
             let sink = sink.ok_or_else(|| SnapshotError::Failed("the sink vanished".into()))?;
             image.memories.push(sink.image);
         }
-        for (g, ty) in self.index.layout.globals.clone().iter().enumerate() {
-            let name = format!("get-g{g}");
+        for (g, ty) in index.layout.globals.iter().enumerate() {
+            let name = global_accessor("get", g);
             let value = match ty {
                 wasmparser::ValType::I32 => GlobalValue::I32(self.call::<(), (i32,)>(&name, ())?.0),
                 wasmparser::ValType::I64 => GlobalValue::I64(self.call::<(), (i64,)>(&name, ())?.0),
@@ -222,7 +213,7 @@ impl Access<'_> {
             .memories
             .get(k)
             .ok_or_else(|| SnapshotError::Mismatch("the handle ledger is missing".into()))?;
-        if memory.read_u32(0) != 0 {
+        if memory.read_u32(LEDGER_OVERFLOW.into()) != 0 {
             return Err(SnapshotError::Inexact(format!(
                 "the guest has held a handle index above {LEDGER_SLOTS}, beyond what the \
                  handle ledger records"
@@ -244,7 +235,7 @@ impl Access<'_> {
     /// Every handle the guest holds must be one the ledger can replay.
     fn check_handles(&mut self, image: &GuestImage) -> Result<(), SnapshotError> {
         let recorded = self.ledger_entries(image)?.len();
-        let live = self.store.data_mut().table.iter_mut().count();
+        let live = self.live_handles();
         if live != recorded {
             return Err(SnapshotError::Inexact(format!(
                 "the guest holds {} WASI handle(s) across calls (open files, directory \
@@ -266,7 +257,7 @@ impl Access<'_> {
             self.restore_memory(k, memory)?;
         }
         for (g, value) in image.globals.iter().enumerate() {
-            let name = format!("set-g{g}");
+            let name = global_accessor("set", g);
             match *value {
                 GlobalValue::I32(v) => self.call::<(i32,), ()>(&name, (v,))?,
                 GlobalValue::I64(v) => self.call::<(i64,), ()>(&name, (v,))?,
@@ -274,7 +265,7 @@ impl Access<'_> {
                 GlobalValue::F64(v) => self.call::<(f64,), ()>(&name, (f64::from_bits(v),))?,
             }
         }
-        let live = self.store.data_mut().table.iter_mut().count();
+        let live = self.live_handles();
         if live != entries.len() {
             return Err(SnapshotError::Failed(format!(
                 "after restoring, the instance holds {live} handle(s) where the snapshot had {}",
@@ -282,6 +273,12 @@ impl Access<'_> {
             )));
         }
         Ok(())
+    }
+
+    /// Resources the host's WASI table holds for this instance: one per
+    /// handle the guest holds.
+    fn live_handles(&mut self) -> usize {
+        self.store.data_mut().table.iter_mut().count()
     }
 
     fn check_fits(&self, image: &GuestImage) -> Result<(), SnapshotError> {
@@ -319,7 +316,7 @@ impl Access<'_> {
     }
 
     fn restore_memory(&mut self, k: usize, memory: &MemoryImage) -> Result<(), SnapshotError> {
-        let (current,): (u32,) = self.call(&format!("size-m{k}"), ())?;
+        let (current,): (u32,) = self.call(&memory_accessor("size", k), ())?;
         if current > memory.pages {
             return Err(SnapshotError::Failed(format!(
                 "memory {k} of the fresh instance has {current} pages, more than the \
@@ -328,7 +325,8 @@ impl Access<'_> {
             )));
         }
         if memory.pages > current {
-            let (old,): (i32,) = self.call(&format!("grow-m{k}"), (memory.pages - current,))?;
+            let (old,): (i32,) =
+                self.call(&memory_accessor("grow", k), (memory.pages - current,))?;
             if old < 0 {
                 let limit = self.store.data().limiter.hit;
                 return Err(SnapshotError::Failed(match limit {
@@ -345,8 +343,8 @@ impl Access<'_> {
             if at < dirty && offset > at {
                 self.zero(k, at, offset.min(dirty) - at)?;
             }
-            self.call::<(u32,), ()>(&format!("seek-m{k}"), (offset as u32,))?;
-            self.call::<(&[u8],), ()>(&format!("write-m{k}"), (bytes,))?;
+            self.call::<(u32,), ()>(&memory_accessor("seek", k), (offset as u32,))?;
+            self.call::<(&[u8],), ()>(&memory_accessor("write", k), (bytes,))?;
             at = offset + bytes.len() as u64;
         }
         if at < dirty {
@@ -356,7 +354,7 @@ impl Access<'_> {
     }
 
     fn zero(&mut self, k: usize, offset: u64, len: u64) -> Result<(), SnapshotError> {
-        self.call::<(u32, u32), ()>(&format!("zero-m{k}"), (offset as u32, len as u32))
+        self.call::<(u32, u32), ()>(&memory_accessor("zero", k), (offset as u32, len as u32))
     }
 
     /// Re-acquires the handles in `entries` at the same indices. The
@@ -400,13 +398,9 @@ impl Access<'_> {
             })?;
             self.drop_handle(target, filler)?;
             let landed = match code {
-                ledger::STDOUT => {
-                    self.acquire_one("acquire-stdout", HandleImport::GetStdout, &has)?
-                }
-                ledger::STDERR => {
-                    self.acquire_one("acquire-stderr", HandleImport::GetStderr, &has)?
-                }
-                ledger::STDIN => self.acquire_one("acquire-stdin", HandleImport::GetStdin, &has)?,
+                ledger::STDOUT => self.acquire_one(HandleImport::GetStdout, &has)?,
+                ledger::STDERR => self.acquire_one(HandleImport::GetStderr, &has)?,
+                ledger::STDIN => self.acquire_one(HandleImport::GetStdin, &has)?,
                 code if code >= ledger::POLL_OUTPUT => {
                     let stream = code - ledger::POLL_OUTPUT;
                     if !matches!(
@@ -424,8 +418,8 @@ impl Access<'_> {
                                 .into(),
                         ));
                     }
-                    self.call::<(u32,), (u32,)>("subscribe-output", (stream,))?
-                        .0
+                    let subscribe = handle_accessor(HandleImport::SubscribeOutput);
+                    self.call::<(u32,), (u32,)>(subscribe, (stream,))?.0
                 }
                 code if code >= ledger::PREOPEN => {
                     let j = code - ledger::PREOPEN;
@@ -476,7 +470,6 @@ impl Access<'_> {
 
     fn acquire_one(
         &mut self,
-        name: &str,
         kind: HandleImport,
         has: &dyn Fn(HandleImport) -> bool,
     ) -> Result<u32, SnapshotError> {
@@ -485,7 +478,7 @@ impl Access<'_> {
                 "the ledger records a handle from {kind:?}, which the component does not import"
             )));
         }
-        Ok(self.call::<(), (u32,)>(name, ())?.0)
+        Ok(self.call::<(), (u32,)>(handle_accessor(kind), ())?.0)
     }
 
     fn acquire_preopens(
@@ -498,9 +491,9 @@ impl Access<'_> {
                     .into(),
             ));
         }
-        let (n,): (u32,) = self.call("acquire-preopens", ())?;
+        let (n,): (u32,) = self.call(handle_accessor(HandleImport::GetDirectories), ())?;
         (0..n)
-            .map(|j| Ok(self.call::<(u32,), (u32,)>("preopen-handle", (j,))?.0))
+            .map(|j| Ok(self.call::<(u32,), (u32,)>(PREOPEN_HANDLE, (j,))?.0))
             .collect()
     }
 
@@ -510,31 +503,16 @@ impl Access<'_> {
         has: &dyn Fn(HandleImport) -> bool,
     ) -> Result<Vec<(u32, Filler)>, SnapshotError> {
         let single = [
-            (
-                HandleImport::GetStdout,
-                "acquire-stdout",
-                HandleImport::DropOutputStream,
-                Filler::Output,
-            ),
-            (
-                HandleImport::GetStderr,
-                "acquire-stderr",
-                HandleImport::DropOutputStream,
-                Filler::Output,
-            ),
-            (
-                HandleImport::GetStdin,
-                "acquire-stdin",
-                HandleImport::DropInputStream,
-                Filler::Input,
-            ),
+            (HandleImport::GetStdout, Filler::Output),
+            (HandleImport::GetStderr, Filler::Output),
+            (HandleImport::GetStdin, Filler::Input),
         ];
-        for (get, name, drop, filler) in single {
-            if has(get) && has(drop) {
-                return Ok(vec![(self.call::<(), (u32,)>(name, ())?.0, filler)]);
+        for (get, filler) in single {
+            if has(get) && has(filler.drop()) {
+                return Ok(vec![(self.acquire_one(get, has)?, filler)]);
             }
         }
-        if has(HandleImport::GetDirectories) && has(HandleImport::DropDescriptor) {
+        if has(HandleImport::GetDirectories) && has(Filler::Descriptor.drop()) {
             let listed = self.acquire_preopens(has)?;
             if !listed.is_empty() {
                 return Ok(listed
@@ -549,12 +527,7 @@ impl Access<'_> {
     }
 
     fn drop_handle(&mut self, index: u32, filler: Filler) -> Result<(), SnapshotError> {
-        let name = match filler {
-            Filler::Output => "drop-output-stream",
-            Filler::Input => "drop-input-stream",
-            Filler::Descriptor => "drop-descriptor",
-        };
-        self.call::<(u32,), ()>(name, (index,))
+        self.call::<(u32,), ()>(handle_accessor(filler.drop()), (index,))
     }
 }
 
@@ -565,4 +538,15 @@ enum Filler {
     Output,
     Input,
     Descriptor,
+}
+
+impl Filler {
+    /// The import that releases this kind of handle.
+    fn drop(self) -> HandleImport {
+        match self {
+            Filler::Output => HandleImport::DropOutputStream,
+            Filler::Input => HandleImport::DropInputStream,
+            Filler::Descriptor => HandleImport::DropDescriptor,
+        }
+    }
 }

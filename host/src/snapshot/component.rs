@@ -472,14 +472,7 @@ impl Accessor {
         if let Some(owner) = ledger_owner {
             let ledger = modules[owner.module as usize].ledger.as_ref().unwrap();
             for (kind, name) in &ledger.imports {
-                let sig = match kind {
-                    HandleImport::GetStdout | HandleImport::GetStderr | HandleImport::GetStdin => {
-                        Sig::NoneToU32
-                    }
-                    HandleImport::SubscribeOutput => Sig::U32ToU32,
-                    _ => Sig::U32,
-                };
-                let ty = acc.core_type(sig);
+                let ty = acc.core_type(handle_sig(*kind));
                 acc.imports.import(
                     &name.module,
                     &name.name,
@@ -497,10 +490,7 @@ impl Accessor {
                         "reads preopened directories from a core module that exports no `cabi_realloc`",
                     ));
                 }
-                let ty = acc.core_type_raw(
-                    vec![wasm_encoder::ValType::I32; 4],
-                    vec![wasm_encoder::ValType::I32],
-                );
+                let ty = acc.realloc_type();
                 acc.imports.import(
                     &instance_arg(owner.instance),
                     "cabi_realloc",
@@ -802,6 +792,15 @@ impl Accessor {
         index
     }
 
+    /// `realloc(old_ptr, old_size, align, new_size) -> ptr`, the canonical
+    /// ABI's allocator signature.
+    fn realloc_type(&mut self) -> u32 {
+        self.core_type_raw(
+            vec![wasm_encoder::ValType::I32; 4],
+            vec![wasm_encoder::ValType::I32],
+        )
+    }
+
     /// Adds a defined function; returns its index.
     fn function(
         &mut self,
@@ -870,19 +869,23 @@ impl Accessor {
     fn memory_functions(&mut self, k: u32) {
         use wasm_encoder::Instruction as I;
         let seek = self.own_global();
-        self.export(format!("size-m{k}"), Sig::NoneToU32, &[I::MemorySize(k)]);
         self.export(
-            format!("dump-m{k}"),
+            memory_accessor("size", k),
+            Sig::NoneToU32,
+            &[I::MemorySize(k)],
+        );
+        self.export(
+            memory_accessor("dump", k),
             Sig::U32U32,
             &[I::LocalGet(0), I::LocalGet(1), I::Call(k)],
         );
         self.export(
-            format!("grow-m{k}"),
+            memory_accessor("grow", k),
             Sig::U32ToS32,
             &[I::LocalGet(0), I::MemoryGrow(k)],
         );
         self.export(
-            format!("zero-m{k}"),
+            memory_accessor("zero", k),
             Sig::U32U32,
             &[
                 I::LocalGet(0),
@@ -892,16 +895,13 @@ impl Accessor {
             ],
         );
         self.export(
-            format!("seek-m{k}"),
+            memory_accessor("seek", k),
             Sig::U32,
             &[I::LocalGet(0), I::GlobalSet(seek)],
         );
         // realloc(old_ptr, old_size, align, new_size) -> the seek offset,
         // after checking that the bytes fit.
-        let realloc_ty = self.core_type_raw(
-            vec![wasm_encoder::ValType::I32; 4],
-            vec![wasm_encoder::ValType::I32],
-        );
+        let realloc_ty = self.realloc_type();
         let realloc = self.function_typed(
             realloc_ty,
             &[],
@@ -924,7 +924,7 @@ impl Accessor {
         );
         self.plain_exports.push((realloc_name(k as usize), realloc));
         self.export_with(
-            format!("write-m{k}"),
+            memory_accessor("write", k),
             Sig::Bytes,
             &[],
             &[],
@@ -945,9 +945,13 @@ impl Accessor {
                 )));
             }
         };
-        self.export(format!("get-g{g}"), Sig::Get(prim), &[I::GlobalGet(g)]);
         self.export(
-            format!("set-g{g}"),
+            global_accessor("get", g),
+            Sig::Get(prim),
+            &[I::GlobalGet(g)],
+        );
+        self.export(
+            global_accessor("set", g),
             Sig::Set(prim),
             &[I::LocalGet(0), I::GlobalSet(g)],
         );
@@ -963,40 +967,6 @@ impl Accessor {
         use wasm_encoder::Instruction as I;
         for (kind, func) in funcs {
             match kind {
-                HandleImport::GetStdout => {
-                    self.export("acquire-stdout".into(), Sig::NoneToU32, &[I::Call(*func)])
-                }
-                HandleImport::GetStderr => {
-                    self.export("acquire-stderr".into(), Sig::NoneToU32, &[I::Call(*func)])
-                }
-                HandleImport::GetStdin => {
-                    self.export("acquire-stdin".into(), Sig::NoneToU32, &[I::Call(*func)])
-                }
-                HandleImport::DropOutputStream => self.export(
-                    "drop-output-stream".into(),
-                    Sig::U32,
-                    &[I::LocalGet(0), I::Call(*func)],
-                ),
-                HandleImport::DropInputStream => self.export(
-                    "drop-input-stream".into(),
-                    Sig::U32,
-                    &[I::LocalGet(0), I::Call(*func)],
-                ),
-                HandleImport::DropDescriptor => self.export(
-                    "drop-descriptor".into(),
-                    Sig::U32,
-                    &[I::LocalGet(0), I::Call(*func)],
-                ),
-                HandleImport::SubscribeOutput => self.export(
-                    "subscribe-output".into(),
-                    Sig::U32ToU32,
-                    &[I::LocalGet(0), I::Call(*func)],
-                ),
-                HandleImport::DropPollable => self.export(
-                    "drop-pollable".into(),
-                    Sig::U32,
-                    &[I::LocalGet(0), I::Call(*func)],
-                ),
                 HandleImport::GetDirectories => {
                     let (Some(realloc), Some(m)) = (realloc, abi_memory) else {
                         continue;
@@ -1012,7 +982,7 @@ impl Accessor {
                     // restores run before the guest's memory is written back,
                     // so whatever this allocates is overwritten afterwards.
                     self.export_with(
-                        "acquire-preopens".into(),
+                        handle_accessor(HandleImport::GetDirectories).into(),
                         Sig::NoneToU32,
                         &[wasm_encoder::ValType::I32],
                         &[
@@ -1032,7 +1002,7 @@ impl Accessor {
                         None,
                     );
                     self.export(
-                        "preopen-handle".into(),
+                        PREOPEN_HANDLE.into(),
                         Sig::U32ToU32,
                         &[
                             I::GlobalGet(list),
@@ -1043,6 +1013,16 @@ impl Accessor {
                             I::I32Load(arg(0)),
                         ],
                     );
+                }
+                // The rest forward their parameter (if any) to the import.
+                _ => {
+                    let sig = handle_sig(*kind);
+                    let body: &[I] = if sig.core().0.is_empty() {
+                        &[I::Call(*func)]
+                    } else {
+                        &[I::LocalGet(0), I::Call(*func)]
+                    };
+                    self.export(handle_accessor(*kind).into(), sig, body);
                 }
             }
         }
@@ -1064,6 +1044,48 @@ impl Accessor {
         m.section(&exports);
         m.section(&self.code);
         m.finish()
+    }
+}
+
+/// Name of the accessor function `op` (`size`, `dump`, `grow`, `zero`,
+/// `seek`, `write`) for memory `k`.
+pub fn memory_accessor(op: &str, k: impl std::fmt::Display) -> String {
+    format!("{op}-m{k}")
+}
+
+/// Name of the accessor function `op` (`get`, `set`) for global `g`.
+pub fn global_accessor(op: &str, g: impl std::fmt::Display) -> String {
+    format!("{op}-g{g}")
+}
+
+/// Name of the accessor function that calls `kind` directly (for
+/// `GetDirectories`, the one that lists them; see [`PREOPEN_HANDLE`]).
+pub fn handle_accessor(kind: HandleImport) -> &'static str {
+    match kind {
+        HandleImport::GetStdout => "acquire-stdout",
+        HandleImport::GetStderr => "acquire-stderr",
+        HandleImport::GetStdin => "acquire-stdin",
+        HandleImport::GetDirectories => "acquire-preopens",
+        HandleImport::DropOutputStream => "drop-output-stream",
+        HandleImport::DropInputStream => "drop-input-stream",
+        HandleImport::DropDescriptor => "drop-descriptor",
+        HandleImport::SubscribeOutput => "subscribe-output",
+        HandleImport::DropPollable => "drop-pollable",
+    }
+}
+
+/// Name of the accessor function returning the `j`-th handle of the last
+/// `acquire-preopens` call.
+pub const PREOPEN_HANDLE: &str = "preopen-handle";
+
+/// The core (and accessor) signature of a recognised import, from the one
+/// the module rewrite checks imports against.
+fn handle_sig(kind: HandleImport) -> Sig {
+    match kind.signature() {
+        ([], [ValType::I32]) => Sig::NoneToU32,
+        ([ValType::I32], [ValType::I32]) => Sig::U32ToU32,
+        ([ValType::I32], []) => Sig::U32,
+        other => unreachable!("no accessor signature for {other:?}"),
     }
 }
 

@@ -19,14 +19,15 @@ mod image;
 mod module;
 
 pub use component::{
-    ACCESS_EXPORT, Instrumented, Layout, MemoryInfo, Replay, SINK_IMPORT, instrument,
+    ACCESS_EXPORT, Instrumented, Layout, MemoryInfo, PREOPEN_HANDLE, Replay, SINK_IMPORT,
+    global_accessor, handle_accessor, instrument, memory_accessor,
 };
 pub use format::{
     FORMAT_VERSION, FormatError, MAGIC, ReadError, SnapshotKey, SnapshotMeta, decode, encode, read,
     write,
 };
 pub use image::{CHUNK, GlobalValue, GuestImage, MemoryImage, PAGE};
-pub use module::{HandleImport, LEDGER_SLOTS, ledger};
+pub use module::{HandleImport, LEDGER_OVERFLOW, LEDGER_SLOTS, ledger};
 
 use std::fmt;
 

@@ -38,7 +38,7 @@ pub(crate) const LEDGER_EXPORT: &str = "__wtune_handles";
 /// gets a clear refusal at snapshot time.
 pub const LEDGER_SLOTS: u32 = 16 * 1024 - 1;
 /// Ledger byte offset of the overflow flag (slot 0 is never a valid handle).
-pub(crate) const LEDGER_OVERFLOW: u32 = 0;
+pub const LEDGER_OVERFLOW: u32 = 0;
 
 /// Ledger codes: what kind of resource a handle index holds.
 pub mod ledger {
@@ -83,19 +83,6 @@ pub enum HandleImport {
 }
 
 impl HandleImport {
-    /// Every kind, in a fixed order.
-    pub const ALL: [HandleImport; 9] = [
-        HandleImport::GetStdout,
-        HandleImport::GetStderr,
-        HandleImport::GetStdin,
-        HandleImport::GetDirectories,
-        HandleImport::DropOutputStream,
-        HandleImport::DropInputStream,
-        HandleImport::DropDescriptor,
-        HandleImport::SubscribeOutput,
-        HandleImport::DropPollable,
-    ];
-
     fn recognise(module: &str, name: &str) -> Option<Self> {
         let (interface, version) = module.split_once('@')?;
         if !version.starts_with("0.2.") {
@@ -116,7 +103,7 @@ impl HandleImport {
     }
 
     /// The core signature the canonical ABI gives this import.
-    fn signature(self) -> (&'static [ValType], &'static [ValType]) {
+    pub(crate) fn signature(self) -> (&'static [ValType], &'static [ValType]) {
         match self {
             HandleImport::GetStdout | HandleImport::GetStderr | HandleImport::GetStdin => {
                 (&[], &[ValType::I32])
@@ -223,7 +210,7 @@ struct Scan {
     mutable_globals: Vec<(u32, ValType)>,
     /// Recognised imports: function index, type index, name.
     handle_imports: std::collections::BTreeMap<HandleImport, (u32, u32, ImportName)>,
-    types: Vec<Option<(Vec<ValType>, Vec<ValType>)>>,
+    types: Vec<(Vec<ValType>, Vec<ValType>)>,
 }
 
 fn refuse_operator(op: &Operator) -> Option<&'static str> {
@@ -263,7 +250,7 @@ fn scan(module: &[u8]) -> Result<Scan, SnapshotRefusal> {
                         ))
                     })?;
                     scan.types
-                        .push(Some((ty.params().to_vec(), ty.results().to_vec())));
+                        .push((ty.params().to_vec(), ty.results().to_vec()));
                 }
             }
             Payload::ImportSection(reader) => {
@@ -276,8 +263,8 @@ fn scan(module: &[u8]) -> Result<Scan, SnapshotRefusal> {
                             if let Some(kind) = HandleImport::recognise(import.module, import.name)
                             {
                                 let expected = kind.signature();
-                                let actual = scan.types.get(ty as usize).cloned().flatten();
-                                if actual.as_ref().map(|(p, r)| (p.as_slice(), r.as_slice()))
+                                let actual = scan.types.get(ty as usize);
+                                if actual.map(|(p, r)| (p.as_slice(), r.as_slice()))
                                     != Some(expected)
                                 {
                                     return Err(SnapshotRefusal::new(format!(
