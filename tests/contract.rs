@@ -95,6 +95,31 @@ fn imports_the_host_does_not_offer_are_named() {
 }
 
 #[test]
+fn names_reserved_for_host_snapshots_are_refused() {
+    // A guest must not reach the host's snapshot sink, nor pose as the
+    // accessor the host calls.
+    let bytes = wat::parse_str(format!(
+        r#"(component
+            (import "wtune:snapshot/sink" (instance (export "chunk" (func))))
+            {SIX_WRONG_EXPORTS})"#
+    ))
+    .unwrap();
+    let err = load_error(&bytes);
+    assert!(matches!(err, ContractError::Imports { .. }), "{err}");
+    assert!(err.to_string().contains("reserved"), "{err}");
+
+    let bytes = wat::parse_str(format!(
+        r#"(component
+            {SIX_WRONG_EXPORTS}
+            (instance $a (export "f" (func $f)))
+            (export "wtune:snapshot/access" (instance $a)))"#
+    ))
+    .unwrap();
+    let err = load_error(&bytes);
+    assert!(err.to_string().contains("reserved"), "{err}");
+}
+
+#[test]
 fn the_sdk_guests_fit_the_contract() {
     for guest in ["hostile", "digits_mlp"] {
         let bytes = std::fs::read(common::guest(guest)).unwrap();
