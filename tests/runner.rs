@@ -26,6 +26,9 @@ fn spec(
         stop,
         max_concurrent,
         configs,
+        checkpoint: Default::default(),
+        failure: Default::default(),
+        restore_from: None,
     }
 }
 

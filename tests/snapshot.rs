@@ -8,7 +8,9 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
 use wtune::sandbox::{GuestReport, Limits, Program, SnapshotError, TrialEnv, TrialInstance};
-use wtune::snapshot::{self, FormatError, GuestImage, ReadError, SnapshotMeta, instrument};
+use wtune::snapshot::{
+    self, FormatError, GuestImage, Payload, ReadError, SnapshotMeta, instrument,
+};
 
 fn env(dir: &Path, data: Vec<(String, PathBuf)>) -> TrialEnv {
     let work_dir = dir.join("work");
@@ -184,9 +186,15 @@ fn a_snapshot_file_resumes_the_trial_and_rejects_other_components() {
         config: config.clone(),
         iteration: original.iterations(),
         fuel_total: original.fuel_total(),
+        time_total_s: 0.0,
+        result: Value::Null,
     };
     let path = dir.path().join("checkpoint.wtsnap");
+    let image = Payload::Memory(image);
     let written = snapshot::write(&path, &meta, &image, None).unwrap();
+    let Payload::Memory(image) = image else {
+        unreachable!()
+    };
     // 4 MiB of live, random heap compresses little; the rest of a memory of
     // that size is never stored.
     assert!(written < image.memory_bytes(), "{written}");
@@ -194,6 +202,9 @@ fn a_snapshot_file_resumes_the_trial_and_rejects_other_components() {
 
     let (read_meta, read_image) = snapshot::read(&path, program.digest(), None).unwrap();
     assert_eq!(read_meta, meta);
+    let Payload::Memory(read_image) = read_image else {
+        panic!("a memory snapshot was written")
+    };
     let mut resumed = program
         .restore(
             &env,

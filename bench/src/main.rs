@@ -123,10 +123,16 @@ fn snapshot(program: &Program) {
                 config: config.clone(),
                 iteration: 0,
                 fuel_total: 0,
+                time_total_s: 0.0,
+                result: Value::Null,
             };
+            let taken = wtune::snapshot::Payload::Memory(taken);
             let started = Instant::now();
             file =
                 wtune::snapshot::write(&dir.path().join("s.wtsnap"), &meta, &taken, None).unwrap();
+            let wtune::snapshot::Payload::Memory(taken) = taken else {
+                unreachable!("written as a memory snapshot")
+            };
             write = write.min(started.elapsed());
 
             // Restoring includes creating the fresh instance it lands in.
@@ -210,6 +216,9 @@ fn run_experiment<B: TrialBackend>(backend: B, trials: usize, out: &Path, files:
         },
         max_concurrent: cores(),
         configs: vec![json!({"attack": "none", "iterations": 1}); trials],
+        checkpoint: Default::default(),
+        failure: Default::default(),
+        restore_from: None,
     };
     let mut runner = Runner::new(backend, spec, Box::new(Fifo::default()));
     if files {

@@ -4,13 +4,16 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
-use serde_json::json;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
 
 use crate::config::{self, Overrides};
-use crate::exec::WasmBackend;
-use crate::report::{ExperimentFile, Progress, TrialFiles, summary_text};
-use crate::sandbox::{Sandbox, SandboxOptions, fuel_text, human_bytes};
-use crate::tune::{Fifo, Runner, TrialStatus};
+use crate::exec::{CheckpointMode, WasmBackend};
+use crate::report::{ExperimentFile, Progress, StateFile, TrialFiles, state, summary_text};
+use crate::sandbox::{Limits, Program, Sandbox, SandboxOptions, fuel_text, human_bytes};
+use crate::snapshot::{Payload, SnapshotKey};
+use crate::tune::resume::{self, ErroredTrials};
+use crate::tune::{Fifo, RunError, RunSpec, Runner, Scheduler, Trial, TrialStatus};
 
 /// Tune hyperparameters of WebAssembly trainables, each trial in its own sandbox.
 #[derive(Debug, Parser)]
@@ -24,6 +27,8 @@ pub struct Cli {
 enum Command {
     /// Run an experiment: sample configurations, train each in a sandbox, report the best.
     Run(Box<RunArgs>),
+    /// Continue an interrupted experiment from its output directory.
+    Resume(ResumeArgs),
     /// Show a component's imports and exports and whether it fits the wtune contract.
     Inspect {
         /// The component (.wasm) to inspect.
@@ -77,12 +82,68 @@ struct RunArgs {
     /// Seed for sampling configurations (default: random, printed).
     #[arg(long)]
     seed: Option<u64>,
+    /// How checkpoints are taken: snapshot (host memory snapshots) or guest (save/restore).
+    #[arg(long, value_name = "MODE")]
+    checkpoint: Option<String>,
+    /// Checkpoint every N iterations.
+    #[arg(long, value_name = "N")]
+    checkpoint_freq: Option<u64>,
+    /// Checkpoint each trial when it finishes.
+    #[arg(long)]
+    checkpoint_at_end: bool,
+    /// Failures each trial recovers from (from its newest checkpoint); -1 = forever.
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    max_failures: Option<i64>,
+    /// Start every trial from this checkpoint file.
+    #[arg(long, value_name = "FILE")]
+    restore_from: Option<PathBuf>,
+    #[command(flatten)]
+    cache: CacheArgs,
+}
+
+#[derive(Debug, Args)]
+struct CacheArgs {
     /// Directory for compiled components (default: $WTUNE_CACHE_DIR or ~/.cache/wtune).
     #[arg(long, value_name = "DIR")]
     cache_dir: Option<PathBuf>,
     /// Compile without reading or writing the on-disk cache.
     #[arg(long)]
     no_cache: bool,
+}
+
+#[derive(Debug, Args)]
+struct ResumeArgs {
+    /// The interrupted experiment's output directory.
+    dir: PathBuf,
+    /// Also continue trials that ended in ERROR, from their newest checkpoint.
+    #[arg(long, conflicts_with = "restart_errored")]
+    retry_errored: bool,
+    /// Also run trials that ended in ERROR again, from scratch.
+    #[arg(long)]
+    restart_errored: bool,
+    /// Use experiment_state.prev.json, the state before the newest (when the newest is damaged).
+    #[arg(long)]
+    previous_state: bool,
+    /// The component, when it moved since the experiment started (it must be the same file).
+    #[arg(long, value_name = "FILE")]
+    model: Option<PathBuf>,
+    #[command(flatten)]
+    cache: CacheArgs,
+}
+
+/// What `experiment_state.json` keeps for `wtune resume`: the validated
+/// plan as it was run.
+#[derive(Debug, Serialize, Deserialize)]
+struct Setup {
+    model: PathBuf,
+    model_blake3: String,
+    spec: RunSpec,
+    limits: Limits,
+    max_wasm_stack: usize,
+    data: Vec<(String, PathBuf)>,
+    checkpoint: CheckpointMode,
+    snapshot_key_file: Option<PathBuf>,
+    run_info: Value,
 }
 
 /// A failure of the command, with the exit status it maps to.
@@ -113,6 +174,7 @@ pub fn main() -> ExitCode {
     init_tracing();
     let outcome = match cli.command {
         Command::Run(args) => run(*args),
+        Command::Resume(args) => resume_experiment(args),
         Command::Inspect { model } => inspect(&model),
     };
     match outcome {
@@ -133,18 +195,14 @@ fn init_tracing() {
         .try_init();
 }
 
-fn sandbox(
-    cache_dir: Option<PathBuf>,
-    no_cache: bool,
-    max_wasm_stack: usize,
-) -> Result<Sandbox, Failure> {
+fn sandbox(cache: CacheArgs, max_wasm_stack: usize) -> Result<Sandbox, Failure> {
     let mut options = SandboxOptions {
         max_wasm_stack,
         ..SandboxOptions::default()
     };
-    if no_cache {
+    if cache.no_cache {
         options.cache_dir = None;
-    } else if let Some(dir) = cache_dir {
+    } else if let Some(dir) = cache.cache_dir {
         options.cache_dir = Some(dir);
     }
     Sandbox::new(options)
@@ -166,21 +224,51 @@ fn run(args: RunArgs) -> Result<(), Failure> {
         data: args.data,
         output_dir: args.output_dir,
         seed: args.seed,
+        checkpoint: args.checkpoint,
+        checkpoint_freq: args.checkpoint_freq,
+        checkpoint_at_end: args.checkpoint_at_end,
+        max_failures: args.max_failures,
+        restore_from: args.restore_from,
     };
-    let plan =
+    let mut plan =
         config::plan(&args.model, args.config.as_deref(), &overrides).map_err(Failure::user)?;
-    let sandbox = sandbox(args.cache_dir, args.no_cache, plan.max_wasm_stack)?;
+    let sandbox = sandbox(args.cache, plan.max_wasm_stack)?;
     let program = sandbox.load(&args.model).map_err(Failure::user)?;
     for note in &plan.notes {
         eprintln!("note: {note}");
     }
+    let key = snapshot_key(plan.snapshot_key_file.as_deref())?;
+    let mut backend =
+        WasmBackend::new(program.clone(), plan.limits.clone(), plan.data.clone()).snapshot_key(key);
+    if let Some(mode) = plan.checkpoint_mode {
+        backend = backend.checkpoint_mode(mode).map_err(Failure::user)?;
+    }
+    if let Some(path) = &plan.spec.restore_from {
+        let (meta, payload) = backend.read_checkpoint(path).map_err(Failure::user)?;
+        if let Payload::Memory(_) = payload {
+            // A host snapshot holds its trial's configuration in memory.
+            if !plan.empty_space {
+                return Err(Failure::user(format!(
+                    "restore_from: {} is a host snapshot, which continues with its own \
+                     configuration; remove param_space, or start from a guest checkpoint \
+                     (checkpoint = \"guest\") to try new configurations",
+                    path.display()
+                )));
+            }
+            for config in &mut plan.spec.configs {
+                *config = meta.config.clone();
+            }
+        }
+    }
 
     let limits = &plan.limits;
+    let model = std::path::absolute(&args.model).unwrap_or_else(|_| args.model.clone());
     let run_info = json!({
-        "model": args.model.display().to_string(),
+        "model": model.display().to_string(),
         "model_blake3": program.digest(),
         "seed": plan.seed,
         "num_samples": plan.num_samples,
+        "checkpoint": backend.mode(),
         "limits": {
             "fuel_per_call": limits.fuel_per_call,
             "fuel_per_trial": limits.fuel_per_trial,
@@ -203,16 +291,60 @@ fn run(args: RunArgs) -> Result<(), Failure> {
             .map_or("none".into(), |d| humantime::format_duration(d).to_string()),
     );
 
-    let backend = WasmBackend::new(program, plan.limits.clone(), plan.data.clone());
-    let runner = Runner::new(backend, plan.spec, Box::new(Fifo::default()))
+    let trials = Runner::<WasmBackend>::fresh_trials(&plan.spec);
+    let mut spec = plan.spec;
+    spec.configs = Vec::new();
+    let setup = Setup {
+        model,
+        model_blake3: program.digest().to_string(),
+        spec: spec.clone(),
+        limits: plan.limits,
+        max_wasm_stack: plan.max_wasm_stack,
+        data: plan.data,
+        checkpoint: backend.mode(),
+        snapshot_key_file: plan
+            .snapshot_key_file
+            .map(|p| std::path::absolute(&p).unwrap_or(p)),
+        run_info,
+    };
+    execute(backend, spec, trials, Box::new(Fifo::default()), &setup)
+}
+
+/// Runs trials to the end and reports, for `run` and `resume` alike.
+fn execute(
+    backend: WasmBackend,
+    spec: RunSpec,
+    trials: Vec<Trial>,
+    scheduler: Box<dyn Scheduler>,
+    setup: &Setup,
+) -> Result<(), Failure> {
+    let setup_json = serde_json::to_value(setup).expect("the setup serializes");
+    let runner = Runner::new(backend, spec, scheduler)
+        .with_trials(trials)
         .callback(TrialFiles::new())
-        .callback(ExperimentFile::new(run_info))
+        .callback(ExperimentFile::new(setup.run_info.clone()))
+        .callback(StateFile::new(setup_json))
         .callback(Progress::new());
     let runtime = tokio::runtime::Runtime::new()
         .map_err(|e| Failure::runtime(format!("cannot start the runtime: {e}")))?;
-    let summary = runtime.block_on(runner.run()).map_err(Failure::runtime)?;
+    let summary = match runtime.block_on(runner.run()) {
+        Ok(summary) => summary,
+        Err(err @ RunError::TrialFailed { .. }) => {
+            return Err(Failure::runtime(format!(
+                "{err}\nthe experiment stopped; continue it with `wtune resume {}`",
+                setup.spec.output_dir.display()
+            )));
+        }
+        Err(err) => return Err(Failure::runtime(err)),
+    };
 
     print!("{}", summary_text(&summary));
+    if let Some(reason) = &summary.halted {
+        return Err(Failure::runtime(format!(
+            "the experiment stopped early: {reason}; continue it with `wtune resume {}`",
+            summary.output_dir.display()
+        )));
+    }
     let errors = summary.count(TrialStatus::Error);
     if errors > 0 && errors == summary.trials.len() {
         return Err(Failure::runtime(format!(
@@ -223,10 +355,113 @@ fn run(args: RunArgs) -> Result<(), Failure> {
     Ok(())
 }
 
+fn snapshot_key(file: Option<&Path>) -> Result<Option<SnapshotKey>, Failure> {
+    let Some(file) = file else {
+        return Ok(None);
+    };
+    let secret = std::fs::read(file)
+        .map_err(|e| Failure::user(format!("snapshot_key_file {}: {e}", file.display())))?;
+    if secret.len() < 16 {
+        return Err(Failure::user(format!(
+            "snapshot_key_file {} holds {} bytes; use at least 16 bytes of secret",
+            file.display(),
+            secret.len()
+        )));
+    }
+    Ok(Some(SnapshotKey::derive(&secret)))
+}
+
+fn resume_experiment(args: ResumeArgs) -> Result<(), Failure> {
+    let state = state::load(&args.dir, args.previous_state).map_err(|e| {
+        let hint = match e {
+            state::StateError::Damaged(..) if !args.previous_state => format!(
+                "; the state before it is kept: run `wtune resume {} --previous-state`",
+                args.dir.display()
+            ),
+            _ => String::new(),
+        };
+        Failure::user(format!("{e}{hint}"))
+    })?;
+    let mut setup: Setup = serde_json::from_value(state.setup).map_err(|e| {
+        Failure::user(format!(
+            "{}: the saved setup cannot be read by this wtune: {e}",
+            args.dir.display()
+        ))
+    })?;
+    if !state.scheduler.name.is_empty() && state.scheduler.name != "fifo" {
+        return Err(Failure::user(format!(
+            "the experiment ran with the {} scheduler, which this wtune does not have",
+            state.scheduler.name
+        )));
+    }
+    let model = args.model.unwrap_or_else(|| setup.model.clone());
+    let sandbox = sandbox(args.cache, setup.max_wasm_stack)?;
+    let program: Program = sandbox.load(&model).map_err(Failure::user)?;
+    if program.digest() != setup.model_blake3 {
+        return Err(Failure::user(format!(
+            "{} is not the component the experiment ran (its blake3 {}, expected {}); pass \
+             the original with --model",
+            model.display(),
+            &program.digest()[..12],
+            &setup.model_blake3[..12.min(setup.model_blake3.len())]
+        )));
+    }
+    setup.model = model;
+    let key = snapshot_key(setup.snapshot_key_file.as_deref())?;
+    let backend = WasmBackend::new(program, setup.limits.clone(), setup.data.clone())
+        .snapshot_key(key)
+        .checkpoint_mode(setup.checkpoint)
+        .map_err(Failure::user)?;
+
+    let errored = if args.retry_errored {
+        ErroredTrials::Retry
+    } else if args.restart_errored {
+        ErroredTrials::Restart
+    } else {
+        ErroredTrials::Keep
+    };
+    let mut trials = state.trials;
+    let output_dir = std::path::absolute(&args.dir).unwrap_or(args.dir);
+    let plan = resume::prepare(
+        &backend,
+        &mut trials,
+        &output_dir,
+        &setup.spec.checkpoint,
+        errored,
+    );
+    for (path, why) in &plan.damaged {
+        eprintln!(
+            "note: skipping damaged checkpoint {}: {why}",
+            path.display()
+        );
+    }
+    eprintln!(
+        "resuming {}: {} trials continue from checkpoints, {} start from scratch, {} not started yet, {} finished",
+        output_dir.display(),
+        plan.continued.len(),
+        plan.restarted.len(),
+        plan.pending,
+        plan.finished
+    );
+    let mut scheduler = Fifo::default();
+    scheduler
+        .restore_state(&state.scheduler.state)
+        .map_err(Failure::user)?;
+    setup.spec.output_dir = output_dir;
+    let spec = setup.spec.clone();
+    execute(backend, spec, trials, Box::new(scheduler), &setup)
+}
+
 fn inspect(model: &Path) -> Result<(), Failure> {
     let bytes = std::fs::read(model)
         .map_err(|e| Failure::user(format!("cannot read {}: {e}", model.display())))?;
-    let sandbox = sandbox(None, false, 1 << 20)?;
+    let sandbox = sandbox(
+        CacheArgs {
+            cache_dir: None,
+            no_cache: false,
+        },
+        1 << 20,
+    )?;
     let description = sandbox
         .describe(&bytes)
         .map_err(|e| Failure::user(format!("{}: {e}", model.display())))?;

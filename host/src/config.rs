@@ -12,8 +12,11 @@ use std::time::{Duration, SystemTime};
 use serde::Deserialize;
 use serde_json::Value;
 
+use crate::exec::CheckpointMode;
 use crate::sandbox::Limits;
-use crate::tune::{Mode, RunSpec, SearchSpace, StopCriteria};
+use crate::tune::{
+    CheckpointPolicy, FailFast, FailurePolicy, Mode, RunSpec, SearchSpace, StopCriteria,
+};
 
 /// Stop criterion applied when none is given, so `wtune run model.wasm`
 /// ends on its own.
@@ -43,6 +46,15 @@ struct ExperimentToml {
     limits: Option<LimitsToml>,
     data: Option<BTreeMap<String, PathBuf>>,
     param_space: Option<toml::Table>,
+    checkpoint: Option<String>,
+    checkpoint_freq: Option<u64>,
+    checkpoint_at_end: Option<bool>,
+    keep_checkpoints_num: Option<u64>,
+    checkpoint_score_attr: Option<String>,
+    max_failures: Option<i64>,
+    fail_fast: Option<toml::Value>,
+    restore_from: Option<PathBuf>,
+    snapshot_key_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -86,6 +98,16 @@ pub struct Overrides {
     pub output_dir: Option<PathBuf>,
     /// `--seed`
     pub seed: Option<u64>,
+    /// `--checkpoint`: snapshot or guest.
+    pub checkpoint: Option<String>,
+    /// `--checkpoint-freq`
+    pub checkpoint_freq: Option<u64>,
+    /// `--checkpoint-at-end`
+    pub checkpoint_at_end: bool,
+    /// `--max-failures`
+    pub max_failures: Option<i64>,
+    /// `--restore-from`
+    pub restore_from: Option<PathBuf>,
 }
 
 /// Everything needed to run an experiment.
@@ -105,6 +127,14 @@ pub struct Plan {
     pub num_samples: u64,
     /// Notes for the user about defaults that were applied.
     pub notes: Vec<String>,
+    /// `checkpoint`, when set: how checkpoints are taken (else host
+    /// snapshots where the component allows them).
+    pub checkpoint_mode: Option<CheckpointMode>,
+    /// A file whose bytes key the checkpoints' MAC.
+    pub snapshot_key_file: Option<PathBuf>,
+    /// Whether the search space was empty (trials started from a host
+    /// snapshot then take its configuration).
+    pub empty_space: bool,
 }
 
 /// Reads the experiment file (if any), applies overrides, validates.
@@ -222,6 +252,83 @@ pub fn plan(
 
     let (limits, max_wasm_stack) = limits(file.limits.unwrap_or_default(), overrides)?;
 
+    let checkpoint_mode = match overrides.checkpoint.clone().or(file.checkpoint) {
+        Some(mode) => Some(mode.parse::<CheckpointMode>().map_err(bad)?),
+        None => None,
+    };
+    let checkpoint = CheckpointPolicy {
+        freq: overrides
+            .checkpoint_freq
+            .or(file.checkpoint_freq)
+            .unwrap_or(0),
+        at_end: overrides.checkpoint_at_end || file.checkpoint_at_end.unwrap_or(false),
+        keep_num: match file.keep_checkpoints_num {
+            Some(0) => {
+                return Err(bad(
+                    "keep_checkpoints_num must be at least 1 (leave it out to keep every checkpoint)",
+                ));
+            }
+            Some(n) => Some(usize::try_from(n).unwrap_or(usize::MAX)),
+            None => None,
+        },
+        score_attr: match file.checkpoint_score_attr {
+            Some(attr) if attr.is_empty() || attr == "min-" => {
+                return Err(bad(
+                    "checkpoint_score_attr must name a result field, e.g. \"val_accuracy\" or \"min-loss\"",
+                ));
+            }
+            attr => attr,
+        },
+    };
+    let failure = FailurePolicy {
+        max_failures: match overrides.max_failures.or(file.max_failures) {
+            None => Some(0),
+            Some(-1) => None,
+            Some(n) if n >= 0 => Some(u32::try_from(n).unwrap_or(u32::MAX)),
+            Some(n) => {
+                return Err(bad(format!(
+                    "max_failures must be 0 or more, or -1 to retry forever; got {n}"
+                )));
+            }
+        },
+        fail_fast: match &file.fail_fast {
+            None | Some(toml::Value::Boolean(false)) => FailFast::Off,
+            Some(toml::Value::Boolean(true)) => FailFast::Stop,
+            Some(toml::Value::String(s)) if s == "raise" => FailFast::Raise,
+            Some(other) => {
+                return Err(bad(format!(
+                    "fail_fast must be true, false or \"raise\"; got {other}"
+                )));
+            }
+        },
+    };
+    let restore_from = match overrides
+        .restore_from
+        .clone()
+        .or_else(|| file.restore_from.map(|p| base.join(p)))
+    {
+        Some(path) if !path.is_file() => {
+            return Err(bad(format!(
+                "restore_from: {} is not a checkpoint file",
+                path.display()
+            )));
+        }
+        Some(path) => Some(
+            path.canonicalize()
+                .map_err(|e| bad(format!("restore_from: {}: {e}", path.display())))?,
+        ),
+        None => None,
+    };
+    let snapshot_key_file = file.snapshot_key_file.map(|p| base.join(p));
+    if let Some(path) = &snapshot_key_file
+        && !path.is_file()
+    {
+        return Err(bad(format!(
+            "snapshot_key_file: {} is not a file",
+            path.display()
+        )));
+    }
+
     let mut data = Vec::new();
     for (grant, dir) in file.data.unwrap_or_default() {
         data.push(data_grant(&grant, &base.join(dir))?);
@@ -271,6 +378,9 @@ pub fn plan(
             stop,
             max_concurrent,
             configs,
+            checkpoint,
+            failure,
+            restore_from,
         },
         limits,
         max_wasm_stack,
@@ -278,6 +388,9 @@ pub fn plan(
         seed,
         num_samples,
         notes,
+        checkpoint_mode,
+        snapshot_key_file,
+        empty_space: file.param_space.as_ref().is_none_or(|t| t.is_empty()),
     })
 }
 

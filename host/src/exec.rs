@@ -1,11 +1,52 @@
 //! The trial backend that runs trainables in the sandbox: the one place
-//! where the runner's world (trials, steps) meets the sandbox's (programs,
-//! instances).
+//! where the runner's world (trials, steps, checkpoints) meets the sandbox's
+//! (programs, instances, snapshots).
 
-use std::path::PathBuf;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 use crate::sandbox::{Limits, Program, TrialEnv, TrialFault, TrialInstance};
-use crate::tune::{Step, TrialBackend, TrialFailure, TrialLaunch, TrialSession};
+use crate::snapshot::{self, Payload, SnapshotKey, SnapshotMeta};
+use crate::tune::{
+    CheckpointInfo, CheckpointMeta, Step, TrialBackend, TrialFailure, TrialLaunch, TrialSession,
+};
+
+/// How trials are checkpointed (`checkpoint = "snapshot" | "guest"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CheckpointMode {
+    /// The host snapshots the guest's memory and globals: no guest code.
+    Snapshot,
+    /// The guest's own `save()` and `restore()`.
+    Guest,
+}
+
+impl FromStr for CheckpointMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "snapshot" => Ok(CheckpointMode::Snapshot),
+            "guest" => Ok(CheckpointMode::Guest),
+            other => Err(format!(
+                "checkpoint must be \"snapshot\" (host-taken memory snapshots) or \"guest\" \
+                 (the trainable's own save/restore), got {other:?}"
+            )),
+        }
+    }
+}
+
+impl fmt::Display for CheckpointMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            CheckpointMode::Snapshot => "snapshot",
+            CheckpointMode::Guest => "guest",
+        })
+    }
+}
 
 /// Runs each trial as a fresh instance of one compiled component.
 #[derive(Clone)]
@@ -13,23 +54,113 @@ pub struct WasmBackend {
     program: Program,
     limits: Limits,
     data: Vec<(String, PathBuf)>,
+    mode: CheckpointMode,
+    key: Option<SnapshotKey>,
 }
 
 impl WasmBackend {
     /// Every trial of `program` gets `limits` and the read-only `data`
-    /// grants (`(name, host dir)`, mounted at `/data/<name>`).
+    /// grants (`(name, host dir)`, mounted at `/data/<name>`). Checkpoints
+    /// are host snapshots when the component allows them, else the guest's
+    /// own `save()`; see [`WasmBackend::checkpoint_mode`].
     pub fn new(program: Program, limits: Limits, data: Vec<(String, PathBuf)>) -> Self {
+        let mode = match program.snapshots() {
+            Ok(()) => CheckpointMode::Snapshot,
+            Err(_) => CheckpointMode::Guest,
+        };
         Self {
             program,
             limits,
             data,
+            mode,
+            key: None,
         }
+    }
+
+    /// Picks how checkpoints are taken. Host snapshots must be supported by
+    /// the component; the error says why they are not.
+    pub fn checkpoint_mode(mut self, mode: CheckpointMode) -> Result<Self, String> {
+        if mode == CheckpointMode::Snapshot
+            && let Err(refusal) = self.program.snapshots()
+        {
+            return Err(format!(
+                "checkpoint = \"snapshot\" is not possible for this component: {}; \
+                 use checkpoint = \"guest\" if it implements save/restore",
+                refusal.reason()
+            ));
+        }
+        self.mode = mode;
+        Ok(self)
+    }
+
+    /// Authenticates checkpoints with `key` (written with a MAC; read only
+    /// when the MAC matches).
+    pub fn snapshot_key(mut self, key: Option<SnapshotKey>) -> Self {
+        self.key = key;
+        self
+    }
+
+    /// How checkpoints are taken.
+    pub fn mode(&self) -> CheckpointMode {
+        self.mode
+    }
+
+    /// Reads and verifies a checkpoint file written for this component.
+    pub fn read_checkpoint(&self, path: &Path) -> Result<(SnapshotMeta, Payload), String> {
+        snapshot::read(path, self.program.digest(), self.key.as_ref())
+            .map_err(|e| format!("checkpoint {}: {e}", path.display()))
+    }
+
+    fn restore(
+        &self,
+        env: &TrialEnv,
+        launch: &TrialLaunch,
+        path: &Path,
+    ) -> Result<(TrialInstance, f64), TrialFailure> {
+        let (meta, payload) = self.read_checkpoint(path).map_err(TrialFailure::new)?;
+        let instance = match payload {
+            Payload::Memory(image) => {
+                if meta.config != launch.config {
+                    return Err(TrialFailure::new(format!(
+                        "checkpoint {} is a host snapshot of a trial with config {}; a snapshot \
+                         continues with its own configuration, so it cannot start config {} \
+                         (guest checkpoints, checkpoint = \"guest\", can)",
+                        path.display(),
+                        meta.config,
+                        launch.config
+                    )));
+                }
+                self.program
+                    .restore(env, &self.limits, &image, meta.iteration, meta.fuel_total)
+                    .map_err(|e| TrialFailure::new(format!("restoring {}: {e}", path.display())))?
+            }
+            Payload::Guest(state) => {
+                let mut instance = self.start(env, &launch.config)?;
+                instance.restore(&state).map_err(failure)?;
+                instance.continue_counts(meta.iteration, meta.fuel_total);
+                instance
+            }
+        };
+        Ok((instance, meta.time_total_s))
+    }
+
+    fn start(&self, env: &TrialEnv, config: &Value) -> Result<TrialInstance, TrialFailure> {
+        let mut instance = self
+            .program
+            .instantiate(env, &self.limits)
+            .map_err(failure)?;
+        instance.setup(&config.to_string()).map_err(failure)?;
+        Ok(instance)
     }
 }
 
 /// A trial's live instance.
 pub struct WasmSession {
     instance: TrialInstance,
+    digest: String,
+    mode: CheckpointMode,
+    key: Option<SnapshotKey>,
+    time_restored_s: f64,
 }
 
 fn failure(fault: TrialFault) -> TrialFailure {
@@ -39,9 +170,16 @@ fn failure(fault: TrialFault) -> TrialFailure {
 impl TrialBackend for WasmBackend {
     type Session = WasmSession;
 
+    const CHECKPOINT_EXTENSION: &'static str = "wtsnap";
+
+    fn describe_checkpoint(&self, path: &Path) -> Result<CheckpointMeta, TrialFailure> {
+        self.describe(path).map_err(TrialFailure::new)
+    }
+
     fn launch(&self, launch: &TrialLaunch) -> Result<WasmSession, TrialFailure> {
         // The guest's directory is a child of the trial directory, so the
-        // host's own files (results, logs) are out of the guest's reach.
+        // host's own files (results, logs, checkpoints) are out of the
+        // guest's reach.
         let work_dir = launch.trial_dir.join("work");
         std::fs::create_dir_all(&work_dir)
             .map_err(|e| TrialFailure::new(format!("cannot create {}: {e}", work_dir.display())))?;
@@ -50,14 +188,32 @@ impl TrialBackend for WasmBackend {
             log_dir: launch.trial_dir.clone(),
             data: self.data.clone(),
         };
-        let mut instance = self
-            .program
-            .instantiate(&env, &self.limits)
-            .map_err(failure)?;
-        instance
-            .setup(&launch.config.to_string())
-            .map_err(failure)?;
-        Ok(WasmSession { instance })
+        let (instance, time_restored_s) = match &launch.restore {
+            Some(path) => self.restore(&env, launch, path)?,
+            None => (self.start(&env, &launch.config)?, 0.0),
+        };
+        Ok(WasmSession {
+            instance,
+            digest: self.program.digest().to_string(),
+            mode: self.mode,
+            key: self.key.clone(),
+            time_restored_s,
+        })
+    }
+}
+
+impl WasmBackend {
+    fn describe(&self, path: &Path) -> Result<CheckpointMeta, String> {
+        let (meta, _) = self.read_checkpoint(path)?;
+        Ok(CheckpointMeta {
+            iteration: meta.iteration,
+            time_total_s: meta.time_total_s,
+            fuel_total: meta.fuel_total,
+            result: match meta.result {
+                Value::Object(map) => Some(map),
+                _ => None,
+            },
+        })
     }
 }
 
@@ -73,6 +229,38 @@ impl TrialSession for WasmSession {
 
     fn fuel_total(&self) -> u64 {
         self.instance.fuel_total()
+    }
+
+    fn iteration(&self) -> u64 {
+        self.instance.iterations()
+    }
+
+    fn time_restored_s(&self) -> f64 {
+        self.time_restored_s
+    }
+
+    fn save(&mut self, path: &Path, info: &CheckpointInfo<'_>) -> Result<u64, TrialFailure> {
+        let payload = match self.mode {
+            CheckpointMode::Snapshot => Payload::Memory(
+                self.instance
+                    .snapshot()
+                    .map_err(|e| TrialFailure::new(format!("host snapshot: {e}")))?,
+            ),
+            CheckpointMode::Guest => Payload::Guest(self.instance.save().map_err(failure)?.0),
+        };
+        let meta = SnapshotMeta {
+            component: self.digest.clone(),
+            trial_id: info.trial_id.to_string(),
+            config: info.config.clone(),
+            iteration: self.instance.iterations(),
+            fuel_total: self.instance.fuel_total(),
+            time_total_s: info.time_total_s,
+            result: info
+                .result
+                .map_or(Value::Null, |r| Value::Object(r.clone())),
+        };
+        snapshot::write(path, &meta, &payload, self.key.as_ref())
+            .map_err(|e| TrialFailure::new(format!("writing {}: {e}", path.display())))
     }
 
     fn stop(mut self) -> Result<(), TrialFailure> {

@@ -68,6 +68,9 @@ pub fn run_trials(
         stop,
         max_concurrent: 4,
         configs,
+        checkpoint: Default::default(),
+        failure: Default::default(),
+        restore_from: None,
     };
     let runner = Runner::new(
         WasmBackend::new(program, limits, data),

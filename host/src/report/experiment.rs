@@ -76,6 +76,7 @@ impl ExperimentFile {
                 "total": trials.len(),
                 "pending": count(TrialStatus::Pending),
                 "running": count(TrialStatus::Running),
+                "paused": count(TrialStatus::Paused),
                 "terminated": count(TrialStatus::Terminated),
                 "error": count(TrialStatus::Error),
             },

@@ -5,6 +5,10 @@
 //! - `progress.csv`: the same results flattened (`config/lr` columns),
 //!   `pandas.read_csv(path)`. Columns come from the first result; metrics
 //!   that first appear later are only in `result.jsonl`.
+//!
+//! A trial that continues (after a pause, a recovered failure or `wtune
+//! resume`) appends to its files, as Ray Tune does: iterations redone after a
+//! restore appear again with their new results.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -42,13 +46,23 @@ fn open(dir: &Path, config: &Value) -> Result<Writers, String> {
     // would dominate the runner's bookkeeping (see BENCHMARKS.md).
     std::fs::write(name("params.json"), persist::json_bytes(config))
         .map_err(|e| format!("writing {}: {e}", name("params.json").display()))?;
-    let create = |file: &str| {
-        File::create(name(file)).map_err(|e| format!("creating {}: {e}", name(file).display()))
+    let append = |file: &str| {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(name(file))
+            .map_err(|e| format!("opening {}: {e}", name(file).display()))
     };
+    // A continuing trial keeps its CSV's columns.
+    let columns = std::fs::read(name("progress.csv")).ok().and_then(|bytes| {
+        let mut reader = csv::Reader::from_reader(bytes.as_slice());
+        let header = reader.headers().ok()?;
+        (!header.is_empty()).then(|| header.iter().map(str::to_string).collect())
+    });
     Ok(Writers {
-        jsonl: BufWriter::new(create("result.jsonl")?),
-        csv: csv::Writer::from_writer(create("progress.csv")?),
-        columns: None,
+        jsonl: BufWriter::new(append("result.jsonl")?),
+        csv: csv::Writer::from_writer(append("progress.csv")?),
+        columns,
     })
 }
 
@@ -182,6 +196,30 @@ mod tests {
             csv,
             "loss,training_iteration,config/lr\n1.0,1,0.1\n0.5,2,0.1\n"
         );
+    }
+
+    #[test]
+    fn a_continuing_trial_appends_under_the_same_columns() {
+        let dir = tempfile::tempdir().unwrap();
+        let trials = vec![Trial::new(
+            "trial_0000".into(),
+            json!({}),
+            dir.path().join("trial_0000"),
+        )];
+        let r = |i: u64| json!({"loss": 1.0 / i as f64, "training_iteration": i});
+        for i in 1..=2 {
+            let mut files = TrialFiles::new();
+            files.on_trial_start(&trials, 0).unwrap();
+            files
+                .on_result(&trials, 0, r(i).as_object().unwrap())
+                .unwrap();
+            files.on_trial_end(&trials, 0).unwrap();
+        }
+        let tdir = dir.path().join("trial_0000");
+        let csv = std::fs::read_to_string(tdir.join("progress.csv")).unwrap();
+        assert_eq!(csv, "loss,training_iteration\n1.0,1\n0.5,2\n");
+        let jsonl = std::fs::read_to_string(tdir.join("result.jsonl")).unwrap();
+        assert_eq!(jsonl.lines().count(), 2);
     }
 
     #[test]

@@ -1,12 +1,15 @@
 //! What an experiment leaves behind and shows: per-trial result files, the
-//! experiment summary file, the live progress display and the final summary.
+//! experiment summary file, the state `wtune resume` continues from, the
+//! live progress display and the final summary.
 
 mod experiment;
 mod files;
 mod progress;
+pub mod state;
 mod summary;
 
 pub use experiment::ExperimentFile;
 pub use files::TrialFiles;
 pub use progress::Progress;
+pub use state::StateFile;
 pub use summary::summary_text;

@@ -23,6 +23,7 @@ pub struct Progress {
     drawn_lines: usize,
     last_draw: Option<Instant>,
     started: Instant,
+    max_failures: Option<u32>,
 }
 
 impl Progress {
@@ -40,6 +41,7 @@ impl Progress {
             drawn_lines: 0,
             last_draw: None,
             started: Instant::now(),
+            max_failures: Some(0),
         }
     }
 
@@ -58,6 +60,9 @@ impl Progress {
             count(TrialStatus::Terminated),
             count(TrialStatus::Error)
         );
+        if count(TrialStatus::Paused) > 0 {
+            line.push_str(&format!(", {} PAUSED", count(TrialStatus::Paused)));
+        }
         if let Some(metric) = &self.metric {
             let best = trials
                 .iter()
@@ -118,9 +123,14 @@ impl Progress {
                 config.truncate(config.floor_char_boundary(57));
                 config.push_str("...");
             }
+            let status = match t.num_failures {
+                0 => t.status.to_string(),
+                1 => format!("{} (1 failure)", t.status),
+                n => format!("{} ({n} failures)", t.status),
+            };
             rows.push(vec![
                 t.trial_id.clone(),
-                t.status.to_string(),
+                status,
                 t.iterations.to_string(),
                 metric
                     .and_then(|m| t.metric(m))
@@ -157,6 +167,20 @@ impl Progress {
         let mut err = std::io::stderr().lock();
         let _ = writeln!(err, "{line}");
     }
+
+    /// A line that must be seen even under the terminal table: the table is
+    /// cleared, the line printed, the table drawn again below it.
+    fn event(&mut self, line: &str, trials: &[Trial]) {
+        if self.terminal && self.drawn_lines > 0 {
+            let mut err = std::io::stderr().lock();
+            let _ = write!(err, "\x1b[{}A\x1b[J", self.drawn_lines);
+            self.drawn_lines = 0;
+        }
+        self.plain(line);
+        if self.terminal {
+            self.draw(trials, true);
+        }
+    }
 }
 
 impl Default for Progress {
@@ -169,6 +193,7 @@ impl Callback for Progress {
     fn on_experiment_start(&mut self, spec: &RunSpec, trials: &[Trial]) -> Result<(), String> {
         self.metric = spec.metric.clone();
         self.mode = spec.mode;
+        self.max_failures = spec.failure.max_failures;
         self.started = Instant::now();
         let line = format!(
             "Experiment {}: {} trials, up to {} at a time, results in {}",
@@ -222,6 +247,31 @@ impl Callback for Progress {
             t.trial_id, t.status, t.iterations
         );
         self.plain(&line);
+        Ok(())
+    }
+
+    fn on_trial_recover(
+        &mut self,
+        trials: &[Trial],
+        index: usize,
+        reason: &str,
+    ) -> Result<(), String> {
+        let t = &trials[index];
+        let from = match t.latest_checkpoint() {
+            Some(c) => format!("its checkpoint at iteration {}", c.iteration),
+            None if t.restore_from.is_some() => "the restore_from checkpoint".to_string(),
+            None => "scratch".to_string(),
+        };
+        let of = self
+            .max_failures
+            .map_or("unlimited".to_string(), |m| m.to_string());
+        let line = format!(
+            "{} failed at iteration {}: {reason}; continuing from {from} (failure {} of {of})",
+            t.trial_id,
+            t.iterations + 1,
+            t.num_failures
+        );
+        self.event(&line, trials);
         Ok(())
     }
 

@@ -97,6 +97,14 @@ impl TrialInstance {
         self.iterations
     }
 
+    /// Takes over a checkpoint's counts after the guest restored its own
+    /// state: `iterations` completed, and `fuel_before` burned before this
+    /// instance existed (added to what this instance burned so far).
+    pub fn continue_counts(&mut self, iterations: u64, fuel_before: u64) {
+        self.iterations = iterations;
+        self.fuel_total = self.fuel_total.saturating_add(fuel_before);
+    }
+
     /// `setup(config)`, with the config as JSON text.
     pub fn setup(&mut self, config_json: &str) -> Result<CallStats, TrialFault> {
         let at = At {

@@ -4,9 +4,11 @@
 use std::fmt;
 use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
+
 /// What one trial may consume. Every field has a safe default; `None` means
 /// unlimited where that is allowed.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Limits {
     /// Fuel one call into the guest (`setup`, one `train`, ...) may burn.
     pub fuel_per_call: Option<u64>,

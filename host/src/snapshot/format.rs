@@ -5,10 +5,12 @@
 //! "WTSNAP\r\n"              8 bytes magic (the CR/LF catch text-mode mangling)
 //! version      u32 LE      FORMAT_VERSION
 //! flags        u32 LE      bit 0: the trailer is keyed (an HMAC-like MAC)
+//!                          bit 1: the payload is the guest's own `save()` bytes
 //! header_len   u32 LE
 //! header       JSON        SnapshotMeta + memory sizes and runs + globals
 //! payload_len  u64 LE
-//! payload      zstd        the runs' bytes, all memories, in order
+//! payload      zstd        the runs' bytes, all memories, in order; or the
+//!                          guest's saved bytes (one frame)
 //! trailer      32 bytes    blake3 of everything above, keyed when flag 0 is set
 //! ```
 //!
@@ -28,11 +30,15 @@ pub const MAGIC: &[u8; 8] = b"WTSNAP\r\n";
 /// The version this build writes and reads.
 pub const FORMAT_VERSION: u32 = 1;
 const FLAG_KEYED: u32 = 1;
+const FLAG_GUEST: u32 = 2;
 const TRAILER: usize = 32;
 /// zstd level: fast enough to keep snapshots off the critical path.
 const ZSTD_LEVEL: i32 = 1;
 /// Largest header accepted (a header lists memory runs, so it can be long).
 const MAX_HEADER: usize = 256 << 20;
+/// Largest guest `save()` state accepted: a guest's state cannot exceed the
+/// 4 GiB a 32-bit memory addresses.
+const MAX_GUEST_STATE: usize = 4 << 30;
 
 /// What a snapshot belongs to.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -47,6 +53,32 @@ pub struct SnapshotMeta {
     pub iteration: u64,
     /// Fuel the trial had burned.
     pub fuel_total: u64,
+    /// Seconds the trial had spent training.
+    #[serde(default)]
+    pub time_total_s: f64,
+    /// The trial's last result when the checkpoint was taken (a JSON
+    /// object, or null), so a checkpoint describes itself.
+    #[serde(default)]
+    pub result: Value,
+}
+
+/// What a checkpoint file holds.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Payload {
+    /// A host snapshot of the guest's memories and globals.
+    Memory(GuestImage),
+    /// The bytes the guest's own `save()` returned.
+    Guest(Vec<u8>),
+}
+
+impl Payload {
+    /// Which kind of checkpoint this is, as users name it in the config.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Payload::Memory(_) => "snapshot",
+            Payload::Guest(_) => "guest",
+        }
+    }
 }
 
 /// A secret key for authenticated snapshots (keyed blake3, used as a MAC).
@@ -155,7 +187,12 @@ enum GlobalValueJson {
 }
 
 /// Encodes a snapshot file's bytes.
-pub fn encode(meta: &SnapshotMeta, image: &GuestImage, key: Option<&SnapshotKey>) -> Vec<u8> {
+pub fn encode(meta: &SnapshotMeta, payload: &Payload, key: Option<&SnapshotKey>) -> Vec<u8> {
+    let empty = GuestImage::default();
+    let (image, guest) = match payload {
+        Payload::Memory(image) => (image, None),
+        Payload::Guest(bytes) => (&empty, Some(bytes.as_slice())),
+    };
     let header = Header {
         meta: meta.clone(),
         memories: image
@@ -176,15 +213,19 @@ pub fn encode(meta: &SnapshotMeta, image: &GuestImage, key: Option<&SnapshotKey>
                 GlobalValue::F64(v) => GlobalValueJson::F64(v),
             })
             .collect(),
-        data_len: image.stored_bytes(),
+        data_len: guest.map_or(image.stored_bytes(), |bytes| bytes.len() as u64),
     };
     let header = serde_json::to_vec(&header).expect("snapshot headers always serialize");
     let mut compressor = zstd::bulk::Compressor::new(ZSTD_LEVEL).expect("zstd level is valid");
     let mut payload = Vec::new();
-    for memory in &image.memories {
-        // One frame per memory keeps peak memory at one memory's data.
+    // One frame per memory keeps peak memory at one memory's data.
+    let frames = guest.map_or_else(
+        || image.memories.iter().map(|m| m.data.as_slice()).collect(),
+        |bytes| vec![bytes],
+    );
+    for data in frames {
         let frame = compressor
-            .compress(&memory.data)
+            .compress(data)
             .expect("compressing into a growable buffer cannot fail");
         payload.extend_from_slice(&(frame.len() as u64).to_le_bytes());
         payload.extend_from_slice(&frame);
@@ -193,7 +234,10 @@ pub fn encode(meta: &SnapshotMeta, image: &GuestImage, key: Option<&SnapshotKey>
     let mut out = Vec::with_capacity(24 + header.len() + payload.len() + TRAILER);
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
-    let flags = if key.is_some() { FLAG_KEYED } else { 0 };
+    let mut flags = if key.is_some() { FLAG_KEYED } else { 0 };
+    if guest.is_some() {
+        flags |= FLAG_GUEST;
+    }
     out.extend_from_slice(&flags.to_le_bytes());
     out.extend_from_slice(&(header.len() as u32).to_le_bytes());
     out.extend_from_slice(&header);
@@ -213,7 +257,7 @@ pub fn decode(
     bytes: &[u8],
     component: &str,
     key: Option<&SnapshotKey>,
-) -> Result<(SnapshotMeta, GuestImage), FormatError> {
+) -> Result<(SnapshotMeta, Payload), FormatError> {
     if bytes.len() < MAGIC.len() || &bytes[..MAGIC.len()] != MAGIC {
         return Err(FormatError::NotASnapshot);
     }
@@ -254,7 +298,7 @@ pub fn decode(
             }
         }
     }
-    if flags & !FLAG_KEYED != 0 {
+    if flags & !(FLAG_KEYED | FLAG_GUEST) != 0 {
         return Err(FormatError::Malformed(format!("unknown flags {flags:#x}")));
     }
     let cursor = &mut Cursor {
@@ -284,6 +328,27 @@ pub fn decode(
         ));
     }
 
+    if flags & FLAG_GUEST != 0 {
+        if !header.memories.is_empty() || !header.globals.is_empty() {
+            return Err(FormatError::Malformed(
+                "a guest checkpoint lists memories".into(),
+            ));
+        }
+        let frame_len = payload.u64()? as usize;
+        let frame = payload.take(frame_len)?;
+        let capacity = usize::try_from(header.data_len)
+            .ok()
+            .filter(|&c| c <= MAX_GUEST_STATE)
+            .ok_or_else(|| FormatError::Malformed("guest state too large".into()))?;
+        let data = zstd::bulk::decompress(frame, capacity)
+            .map_err(|e| FormatError::Malformed(format!("guest state: {e}")))?;
+        if data.len() as u64 != header.data_len || payload.at != payload.bytes.len() {
+            return Err(FormatError::Malformed(
+                "guest state length differs from the header".into(),
+            ));
+        }
+        return Ok((header.meta, Payload::Guest(data)));
+    }
     let mut image = GuestImage::default();
     for memory in header.memories {
         let expected: u64 = memory.runs.iter().map(|&(_, len)| len).sum();
@@ -321,7 +386,7 @@ pub fn decode(
             "memory data length differs from the header".into(),
         ));
     }
-    Ok((header.meta, image))
+    Ok((header.meta, Payload::Memory(image)))
 }
 
 /// A body whose own lengths run past its end was cut short, which says more
@@ -365,10 +430,10 @@ impl<'a> Cursor<'a> {
 pub fn write(
     path: &Path,
     meta: &SnapshotMeta,
-    image: &GuestImage,
+    payload: &Payload,
     key: Option<&SnapshotKey>,
 ) -> std::io::Result<u64> {
-    let bytes = encode(meta, image, key);
+    let bytes = encode(meta, payload, key);
     crate::persist::write_atomic(path, &bytes)?;
     Ok(bytes.len() as u64)
 }
@@ -398,7 +463,7 @@ pub fn read(
     path: &Path,
     component: &str,
     key: Option<&SnapshotKey>,
-) -> Result<(SnapshotMeta, GuestImage), ReadError> {
+) -> Result<(SnapshotMeta, Payload), ReadError> {
     let bytes = std::fs::read(path).map_err(ReadError::Io)?;
     decode(&bytes, component, key).map_err(ReadError::Format)
 }
@@ -407,7 +472,7 @@ pub fn read(
 mod tests {
     use super::*;
 
-    fn sample() -> (SnapshotMeta, GuestImage) {
+    fn sample() -> (SnapshotMeta, Payload) {
         let mut memory = MemoryImage::with_pages(4);
         let mut bytes = vec![0u8; 4 * super::super::PAGE as usize];
         bytes[100..200].fill(7);
@@ -426,8 +491,29 @@ mod tests {
             config: serde_json::json!({"lr": 0.1}),
             iteration: 7,
             fuel_total: 12345,
+            time_total_s: 1.5,
+            result: serde_json::json!({"loss": 0.25}),
         };
-        (meta, image)
+        (meta, Payload::Memory(image))
+    }
+
+    #[test]
+    fn guest_checkpoints_round_trip_and_are_checked_like_snapshots() {
+        let (meta, _) = sample();
+        let payload = Payload::Guest(b"model weights".repeat(100));
+        let bytes = encode(&meta, &payload, None);
+        assert_eq!(
+            decode(&bytes, &meta.component, None).unwrap(),
+            (meta.clone(), payload.clone())
+        );
+        for i in (0..bytes.len()).step_by(7) {
+            let mut damaged = bytes.clone();
+            damaged[i] ^= 0x20;
+            assert!(decode(&damaged, &meta.component, None).is_err(), "byte {i}");
+        }
+        let empty = Payload::Guest(Vec::new());
+        let bytes = encode(&meta, &empty, None);
+        assert_eq!(decode(&bytes, &meta.component, None).unwrap().1, empty);
     }
 
     #[test]

@@ -23,8 +23,8 @@ pub use component::{
     global_accessor, handle_accessor, instrument, memory_accessor,
 };
 pub use format::{
-    FORMAT_VERSION, FormatError, MAGIC, ReadError, SnapshotKey, SnapshotMeta, decode, encode, read,
-    write,
+    FORMAT_VERSION, FormatError, MAGIC, Payload, ReadError, SnapshotKey, SnapshotMeta, decode,
+    encode, read, write,
 };
 pub use image::{CHUNK, GlobalValue, GuestImage, MemoryImage, PAGE};
 pub use module::{HandleImport, LEDGER_OVERFLOW, LEDGER_SLOTS, ledger};

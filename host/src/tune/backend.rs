@@ -2,7 +2,7 @@
 //! launch trials and step them; the backend owns whatever runs the code.
 
 use std::fmt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
@@ -15,6 +15,25 @@ pub struct TrialLaunch {
     pub config: Value,
     /// The trial's own directory; the backend may create files under it.
     pub trial_dir: PathBuf,
+    /// Start from this checkpoint (written by [`TrialSession::save`]) rather
+    /// than from scratch.
+    pub restore: Option<PathBuf>,
+}
+
+/// What the runner knows about a trial when it checkpoints it; the backend
+/// stores it in the checkpoint so that a checkpoint describes itself.
+#[derive(Debug, Clone)]
+pub struct CheckpointInfo<'a> {
+    /// The trial's id.
+    pub trial_id: &'a str,
+    /// The trial's configuration.
+    pub config: &'a Value,
+    /// Completed training iterations.
+    pub iteration: u64,
+    /// Seconds spent training.
+    pub time_total_s: f64,
+    /// The trial's latest result record (a JSON object), if any.
+    pub result: Option<&'a serde_json::Map<String, Value>>,
 }
 
 /// What one training step produced.
@@ -52,14 +71,34 @@ impl fmt::Display for TrialFailure {
 
 impl std::error::Error for TrialFailure {}
 
+/// What a checkpoint file says about the trial it was taken from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CheckpointMeta {
+    /// Completed training iterations.
+    pub iteration: u64,
+    /// Seconds spent training.
+    pub time_total_s: f64,
+    /// Fuel burned.
+    pub fuel_total: u64,
+    /// The trial's last result when it was taken.
+    pub result: Option<serde_json::Map<String, Value>>,
+}
+
 /// Executes trials. Calls block (they run guest code), so the runner makes
 /// them on blocking threads.
 pub trait TrialBackend: Send + Sync + 'static {
     /// A live trial.
     type Session: TrialSession;
 
+    /// File extension of this backend's checkpoints.
+    const CHECKPOINT_EXTENSION: &'static str = "ckpt";
+
     /// Starts a trial: creates whatever runs it and configures it.
     fn launch(&self, launch: &TrialLaunch) -> Result<Self::Session, TrialFailure>;
+
+    /// Reads and verifies a checkpoint file this backend wrote; `wtune
+    /// resume` uses it to find each trial's newest intact checkpoint.
+    fn describe_checkpoint(&self, path: &Path) -> Result<CheckpointMeta, TrialFailure>;
 }
 
 /// A live trial that can be stepped until it is stopped.
@@ -67,8 +106,24 @@ pub trait TrialSession: Send + 'static {
     /// Runs one training iteration.
     fn train(&mut self) -> Result<Step, TrialFailure>;
 
-    /// Fuel burned so far, start-up included.
+    /// Fuel burned so far, start-up included (and, after a restore, what
+    /// the checkpoint had burned).
     fn fuel_total(&self) -> u64;
+
+    /// Completed training iterations: 0 for a fresh trial, the checkpoint's
+    /// count for one launched from a checkpoint.
+    fn iteration(&self) -> u64;
+
+    /// Seconds of training the trial had behind it when launched: 0 for a
+    /// fresh trial, the checkpoint's time for a restored one.
+    fn time_restored_s(&self) -> f64 {
+        0.0
+    }
+
+    /// Writes a checkpoint of the trial's current state to `path`
+    /// atomically, and returns its size in bytes. A later
+    /// [`TrialBackend::launch`] with `restore = path` continues from here.
+    fn save(&mut self, path: &Path, info: &CheckpointInfo<'_>) -> Result<u64, TrialFailure>;
 
     /// Lets the trainable release its resources; the session is gone after.
     fn stop(self) -> Result<(), TrialFailure>;

@@ -6,17 +6,23 @@
 mod backend;
 mod native;
 mod result;
+pub mod resume;
 mod runner;
 mod scheduler;
 pub mod space;
 mod stop;
 mod trial;
 
-pub use backend::{Step, TrialBackend, TrialFailure, TrialLaunch, TrialSession};
+pub use backend::{
+    CheckpointInfo, CheckpointMeta, Step, TrialBackend, TrialFailure, TrialLaunch, TrialSession,
+};
 pub use native::FnBackend;
 pub use result::{AUTO_FIELDS, Mode};
-pub use runner::{Callback, ExperimentSummary, RunError, RunSpec, Runner};
+pub use runner::{
+    CHECKPOINT_DIR, Callback, CheckpointPolicy, ExperimentSummary, FailFast, FailurePolicy,
+    RunError, RunSpec, Runner,
+};
 pub use scheduler::{Decision, Fifo, Scheduler};
 pub use space::{SearchSpace, SpaceError};
 pub use stop::{Bound, StopCriteria, Threshold};
-pub use trial::{Trial, TrialStatus};
+pub use trial::{Checkpoint, Trial, TrialStatus};

@@ -1,12 +1,21 @@
 //! A backend whose trainables are plain Rust closures: for testing and
 //! benchmarking the runner without a sandbox, the way Syne Tune replays
 //! learning curves.
+//!
+//! Checkpoints hold the iteration and fuel counts (a small JSON file): a
+//! step function is a function of the config and the iteration number, so
+//! restoring those counts restores the trial. Closures that keep other
+//! state across calls restart it.
 
+use std::path::Path;
 use std::sync::Arc;
 
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::backend::{Step, TrialBackend, TrialFailure, TrialLaunch, TrialSession};
+use super::backend::{
+    CheckpointInfo, CheckpointMeta, Step, TrialBackend, TrialFailure, TrialLaunch, TrialSession,
+};
 
 type StepFn = Box<dyn FnMut(u64) -> Result<Step, TrialFailure> + Send>;
 type Factory = dyn Fn(&Value) -> Result<StepFn, TrialFailure> + Send + Sync;
@@ -49,16 +58,56 @@ pub struct FnSession {
     step: StepFn,
     iteration: u64,
     fuel_total: u64,
+    time_restored_s: f64,
+}
+
+/// The content of an [`FnBackend`] checkpoint file.
+#[derive(Debug, Serialize, Deserialize)]
+struct FnCheckpoint {
+    trial_id: String,
+    iteration: u64,
+    fuel_total: u64,
+    time_total_s: f64,
+    #[serde(default)]
+    result: Option<serde_json::Map<String, Value>>,
+}
+
+fn read(path: &Path) -> Result<FnCheckpoint, TrialFailure> {
+    let bytes = std::fs::read(path)
+        .map_err(|e| TrialFailure::new(format!("reading checkpoint {}: {e}", path.display())))?;
+    serde_json::from_slice::<FnCheckpoint>(&bytes)
+        .map_err(|e| TrialFailure::new(format!("checkpoint {} is damaged: {e}", path.display())))
 }
 
 impl TrialBackend for FnBackend {
     type Session = FnSession;
 
     fn launch(&self, launch: &TrialLaunch) -> Result<FnSession, TrialFailure> {
+        let restored = match &launch.restore {
+            Some(path) => read(path)?,
+            None => FnCheckpoint {
+                trial_id: launch.trial_id.clone(),
+                iteration: 0,
+                fuel_total: 0,
+                time_total_s: 0.0,
+                result: None,
+            },
+        };
         Ok(FnSession {
             step: (self.factory)(&launch.config)?,
-            iteration: 0,
-            fuel_total: 0,
+            iteration: restored.iteration,
+            fuel_total: restored.fuel_total,
+            time_restored_s: restored.time_total_s,
+        })
+    }
+
+    fn describe_checkpoint(&self, path: &Path) -> Result<CheckpointMeta, TrialFailure> {
+        let checkpoint = read(path)?;
+        Ok(CheckpointMeta {
+            iteration: checkpoint.iteration,
+            time_total_s: checkpoint.time_total_s,
+            fuel_total: checkpoint.fuel_total,
+            result: checkpoint.result,
         })
     }
 }
@@ -73,6 +122,28 @@ impl TrialSession for FnSession {
 
     fn fuel_total(&self) -> u64 {
         self.fuel_total
+    }
+
+    fn iteration(&self) -> u64 {
+        self.iteration
+    }
+
+    fn time_restored_s(&self) -> f64 {
+        self.time_restored_s
+    }
+
+    fn save(&mut self, path: &Path, info: &CheckpointInfo<'_>) -> Result<u64, TrialFailure> {
+        let checkpoint = FnCheckpoint {
+            trial_id: info.trial_id.to_string(),
+            iteration: self.iteration,
+            fuel_total: self.fuel_total,
+            time_total_s: info.time_total_s,
+            result: info.result.cloned(),
+        };
+        let bytes = serde_json::to_vec(&checkpoint).expect("checkpoints serialize");
+        crate::persist::write_atomic(path, &bytes)
+            .map_err(|e| TrialFailure::new(format!("writing {}: {e}", path.display())))?;
+        Ok(bytes.len() as u64)
     }
 
     fn stop(self) -> Result<(), TrialFailure> {

@@ -12,13 +12,16 @@ use super::backend::Step;
 use super::trial::Trial;
 
 /// Fields wtune adds to every result; trainables may not report these names.
-pub const AUTO_FIELDS: [&str; 10] = [
+pub const AUTO_FIELDS: [&str; 13] = [
     "trial_id",
     "training_iteration",
     "time_this_iter_s",
     "time_total_s",
     "fuel_this_iter",
     "fuel_total",
+    "iterations_since_restore",
+    "time_since_restore",
+    "fuel_since_restore",
     "timestamp",
     "date",
     "done",
@@ -94,6 +97,12 @@ pub(crate) fn record(
     out.insert("time_total_s".into(), float(trial.time_total_s));
     out.insert("fuel_this_iter".into(), step.fuel.into());
     out.insert("fuel_total".into(), trial.fuel_total.into());
+    out.insert(
+        "iterations_since_restore".into(),
+        trial.iterations_since_restore.into(),
+    );
+    out.insert("time_since_restore".into(), float(trial.time_since_restore));
+    out.insert("fuel_since_restore".into(), trial.fuel_since_restore.into());
     out.insert(
         "timestamp".into(),
         now.duration_since(UNIX_EPOCH)

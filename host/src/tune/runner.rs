@@ -2,21 +2,82 @@
 //! steps them, records results, applies stopping criteria and the
 //! scheduler's decisions, and reports to callbacks (files, progress).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use tokio::task::JoinSet;
 
-use super::backend::{Step, TrialBackend, TrialFailure, TrialLaunch, TrialSession};
+use super::backend::{CheckpointInfo, Step, TrialBackend, TrialFailure, TrialLaunch, TrialSession};
 use super::result::{self, Mode};
 use super::scheduler::{Decision, Scheduler};
 use super::stop::StopCriteria;
-use super::trial::{Trial, TrialStatus};
+use super::trial::{Checkpoint, Trial, TrialStatus};
+
+/// When trials are checkpointed and which checkpoints are kept.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct CheckpointPolicy {
+    /// Checkpoint every `freq` iterations (0: never periodically).
+    pub freq: u64,
+    /// Checkpoint a trial when it ends TERMINATED.
+    pub at_end: bool,
+    /// Keep at most this many checkpoints per trial, ranked by
+    /// `score_attr` (else the newest); the newest is always kept as well,
+    /// because recovery continues from it.
+    pub keep_num: Option<usize>,
+    /// Result field that ranks checkpoints; a `min-` prefix means lower is
+    /// better (Ray Tune's `checkpoint_score_attr`).
+    pub score_attr: Option<String>,
+}
+
+impl CheckpointPolicy {
+    /// The score attribute's field name and whether higher is better.
+    fn score_field(&self) -> Option<(&str, bool)> {
+        let attr = self.score_attr.as_deref()?;
+        Some(match attr.strip_prefix("min-") {
+            Some(field) => (field, false),
+            None => (attr, true),
+        })
+    }
+}
+
+/// What the experiment does when a trial fails.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FailFast {
+    /// The other trials carry on.
+    #[default]
+    Off,
+    /// Stop the other trials and end the experiment.
+    Stop,
+    /// End the run at once with the trial's error ([`RunError::TrialFailed`]).
+    Raise,
+}
+
+/// How trial failures are handled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FailurePolicy {
+    /// Failures (traps, limit errors, guest errors) a trial recovers from by
+    /// continuing from its newest checkpoint, or from scratch without one.
+    /// `None` retries forever (`max_failures = -1`).
+    pub max_failures: Option<u32>,
+    /// What a trial's final failure does to the rest.
+    pub fail_fast: FailFast,
+}
+
+impl Default for FailurePolicy {
+    fn default() -> Self {
+        Self {
+            max_failures: Some(0),
+            fail_fast: FailFast::Off,
+        }
+    }
+}
 
 /// What to run.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RunSpec {
     /// The experiment's name.
     pub name: String,
@@ -32,6 +93,12 @@ pub struct RunSpec {
     pub max_concurrent: usize,
     /// One configuration per trial, in trial order.
     pub configs: Vec<Value>,
+    /// When to checkpoint and what to keep.
+    pub checkpoint: CheckpointPolicy,
+    /// What failures do.
+    pub failure: FailurePolicy,
+    /// A checkpoint every new trial starts from (`restore_from`).
+    pub restore_from: Option<PathBuf>,
 }
 
 /// Observes the experiment. File loggers and progress displays are
@@ -61,6 +128,30 @@ pub trait Callback: Send {
     fn on_trial_end(&mut self, trials: &[Trial], index: usize) -> Result<(), String> {
         Ok(())
     }
+    /// A checkpoint was written and recorded (the trial's newest).
+    fn on_checkpoint(&mut self, trials: &[Trial], index: usize) -> Result<(), String> {
+        Ok(())
+    }
+    /// A trial failed and will continue from its newest checkpoint (or from
+    /// scratch); `trials[index].num_failures` counts the failures so far.
+    fn on_trial_recover(
+        &mut self,
+        trials: &[Trial],
+        index: usize,
+        reason: &str,
+    ) -> Result<(), String> {
+        Ok(())
+    }
+    /// A trial was checkpointed and released (PAUSED).
+    fn on_trial_pause(&mut self, trials: &[Trial], index: usize) -> Result<(), String> {
+        Ok(())
+    }
+    /// Called after every event the runner handles, with the scheduler for
+    /// its [`Scheduler::state`]: the hook that persists experiment state
+    /// (it decides itself how often to write).
+    fn on_state(&mut self, trials: &[Trial], scheduler: &dyn Scheduler) -> Result<(), String> {
+        Ok(())
+    }
     /// Every trial has ended.
     fn on_experiment_end(&mut self, summary: &ExperimentSummary) -> Result<(), String> {
         Ok(())
@@ -84,6 +175,9 @@ pub struct ExperimentSummary {
     pub best: Option<usize>,
     /// Wall-clock time of the whole run.
     pub wall_time: Duration,
+    /// Why the experiment stopped before every trial finished (a failed
+    /// trial under `fail_fast`).
+    pub halted: Option<String>,
 }
 
 impl ExperimentSummary {
@@ -105,6 +199,14 @@ pub enum RunError {
     /// cannot be written).
     #[error("{0}")]
     Callback(String),
+    /// A trial failed under `fail_fast = "raise"`.
+    #[error("{trial_id} failed and fail_fast = \"raise\": {reason}")]
+    TrialFailed {
+        /// The trial.
+        trial_id: String,
+        /// Its error.
+        reason: String,
+    },
     /// A runner task panicked: a bug in wtune.
     #[error("internal error: {0}")]
     Internal(String),
@@ -116,17 +218,36 @@ pub struct Runner<B: TrialBackend> {
     spec: RunSpec,
     scheduler: Box<dyn Scheduler>,
     callbacks: Vec<Box<dyn Callback>>,
+    trials: Option<Vec<Trial>>,
 }
 
-enum Outcome<S> {
+/// What a blocking task hands back to the runner's loop.
+enum Event<S> {
+    /// A launch (fresh, or from a checkpoint) finished.
+    Launched(Result<S, TrialFailure>),
+    /// One `train()` finished.
     Stepped {
         session: S,
         step: Result<Step, TrialFailure>,
         elapsed: Duration,
         fuel_total: u64,
     },
-    LaunchFailed(TrialFailure),
-    Stopped,
+    /// A checkpoint was written (or failed); `then` says what comes next.
+    Saved {
+        session: S,
+        saved: Result<Checkpoint, TrialFailure>,
+        then: Then,
+    },
+    /// The session is gone; its slot is free.
+    Stopped { pausing: bool },
+}
+
+/// What follows a checkpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Then {
+    Train,
+    Stop,
+    Pause,
 }
 
 impl<B: TrialBackend> Runner<B> {
@@ -137,7 +258,17 @@ impl<B: TrialBackend> Runner<B> {
             spec,
             scheduler,
             callbacks: Vec::new(),
+            trials: None,
         }
+    }
+
+    /// Continues an earlier experiment: `trials` replace the ones the spec's
+    /// configs would create (an interrupted experiment's saved trials, see
+    /// `report::state`). PENDING and PAUSED trials run; the rest are kept as
+    /// they are.
+    pub fn with_trials(mut self, trials: Vec<Trial>) -> Self {
+        self.trials = Some(trials);
+        self
     }
 
     /// Adds an observer; callbacks run in the order added.
@@ -146,104 +277,214 @@ impl<B: TrialBackend> Runner<B> {
         self
     }
 
-    /// Runs every trial to completion. Must be called inside a tokio runtime.
-    pub async fn run(mut self) -> Result<ExperimentSummary, RunError> {
-        let started = Instant::now();
-        let width = self
-            .spec
+    /// The trials a fresh experiment starts with: one per config, named
+    /// `trial_0000`, ... (wider when there are more than 10,000).
+    pub fn fresh_trials(spec: &RunSpec) -> Vec<Trial> {
+        let width = spec
             .configs
             .len()
             .saturating_sub(1)
             .to_string()
             .len()
             .max(4);
-        let mut trials: Vec<Trial> = std::mem::take(&mut self.spec.configs)
-            .into_iter()
+        spec.configs
+            .iter()
             .enumerate()
             .map(|(i, config)| {
                 let id = format!("trial_{i:0width$}");
-                let dir = self.spec.output_dir.join(&id);
-                Trial::new(id, config, dir)
+                let dir = spec.output_dir.join(&id);
+                let mut trial = Trial::new(id, config.clone(), dir);
+                trial.restore_from = spec.restore_from.clone();
+                trial
             })
-            .collect();
+            .collect()
+    }
+
+    /// Runs every trial to completion. Must be called inside a tokio runtime.
+    pub async fn run(mut self) -> Result<ExperimentSummary, RunError> {
+        let started = Instant::now();
+        let mut trials = match self.trials.take() {
+            Some(trials) => trials,
+            None => Self::fresh_trials(&self.spec),
+        };
+        self.spec.configs = Vec::new();
         for cb in &mut self.callbacks {
             cb.on_experiment_start(&self.spec, &trials)
                 .map_err(RunError::Callback)?;
         }
 
         let max_concurrent = self.spec.max_concurrent.max(1);
-        let mut tasks: JoinSet<(usize, Outcome<B::Session>)> = JoinSet::new();
+        let mut tasks: JoinSet<(usize, Event<B::Session>)> = JoinSet::new();
         let mut live = 0;
+        let mut halted: Option<String> = None;
         loop {
-            while live < max_concurrent {
+            while live < max_concurrent && halted.is_none() {
                 let Some(index) = self.scheduler.choose_next(&trials) else {
                     break;
                 };
+                if !matches!(
+                    trials[index].status,
+                    TrialStatus::Pending | TrialStatus::Paused
+                ) {
+                    return Err(RunError::Internal(format!(
+                        "the {} scheduler chose {}, which is {}",
+                        self.scheduler.name(),
+                        trials[index].trial_id,
+                        trials[index].status
+                    )));
+                }
                 trials[index].status = TrialStatus::Running;
                 if let Err(reason) = self.each(|cb, t| cb.on_trial_start(t, index), &trials) {
                     self.fail(&mut trials, index, reason);
                     continue;
                 }
                 live += 1;
-                let launch = TrialLaunch {
-                    trial_id: trials[index].trial_id.clone(),
-                    config: trials[index].config.clone(),
-                    trial_dir: trials[index].dir.clone(),
-                };
-                let backend = self.backend.clone();
-                tasks.spawn_blocking(move || match backend.launch(&launch) {
-                    Ok(session) => (index, step(session)),
-                    Err(failure) => (index, Outcome::LaunchFailed(failure)),
-                });
+                self.spawn_launch(&mut tasks, &trials[index], index, None);
             }
 
+            self.persist(&trials);
             let Some(joined) = tasks.join_next().await else {
                 break;
             };
-            let (index, outcome) = joined.map_err(|e| RunError::Internal(e.to_string()))?;
-            match outcome {
-                Outcome::Stopped => live -= 1,
-                Outcome::LaunchFailed(failure) => {
+            let (index, event) = joined.map_err(|e| RunError::Internal(e.to_string()))?;
+            let failed = match event {
+                Event::Stopped { pausing } => {
                     live -= 1;
-                    self.fail(&mut trials, index, failure.reason);
+                    if pausing {
+                        trials[index].status = TrialStatus::Paused;
+                        self.notify(&trials, index, |cb, t| cb.on_trial_pause(t, index));
+                    }
+                    None
                 }
-                Outcome::Stepped {
+                Event::Launched(Err(failure)) => {
+                    self.failure(&mut tasks, &mut trials, index, None, failure.reason)
+                }
+                Event::Launched(Ok(session)) => {
+                    let trial = &mut trials[index];
+                    trial.iterations = session.iteration();
+                    trial.fuel_total = session.fuel_total();
+                    trial.time_total_s = session.time_restored_s();
+                    trial.iterations_since_restore = 0;
+                    trial.time_since_restore = 0.0;
+                    trial.fuel_since_restore = 0;
+                    match &halted {
+                        Some(reason) => {
+                            self.halt_trial(&mut trials, index, reason);
+                            tasks.spawn_blocking(move || (index, stop(session, false)));
+                        }
+                        None => {
+                            tasks.spawn_blocking(move || (index, step(session)));
+                        }
+                    }
+                    None
+                }
+                Event::Stepped {
                     session,
                     step: Err(failure),
                     fuel_total,
                     ..
                 } => {
                     trials[index].fuel_total = fuel_total;
-                    self.fail(&mut trials, index, failure.reason);
-                    tasks.spawn_blocking(move || (index, stop(session)));
+                    self.failure(
+                        &mut tasks,
+                        &mut trials,
+                        index,
+                        Some(session),
+                        failure.reason,
+                    )
                 }
-                Outcome::Stepped {
+                Event::Stepped {
                     session,
                     step: Ok(step),
                     elapsed,
                     fuel_total,
                 } => {
                     let trial = &mut trials[index];
+                    let secs = elapsed.as_secs_f64();
                     trial.iterations += 1;
-                    trial.time_total_s += elapsed.as_secs_f64();
+                    trial.iterations_since_restore += 1;
+                    trial.time_total_s += secs;
+                    trial.time_since_restore += secs;
+                    trial.fuel_since_restore += fuel_total.saturating_sub(trial.fuel_total);
                     trial.fuel_total = fuel_total;
                     match self.record(&mut trials, index, &step, elapsed) {
-                        Ok(Decision::Continue) => {
-                            tasks.spawn_blocking(move || (index, self::step(session)));
-                        }
-                        Ok(Decision::Stop) => {
-                            trials[index].status = TrialStatus::Terminated;
-                            if let Err(reason) =
-                                self.each(|cb, t| cb.on_trial_end(t, index), &trials)
-                            {
-                                tracing::warn!(trial = %trials[index].trial_id, "{reason}");
-                            }
-                            tasks.spawn_blocking(move || (index, stop(session)));
-                        }
                         Err(reason) => {
-                            self.fail(&mut trials, index, reason);
-                            tasks.spawn_blocking(move || (index, stop(session)));
+                            self.fail(&mut trials, index, reason.clone());
+                            tasks.spawn_blocking(move || (index, stop(session, false)));
+                            Some(reason)
                         }
+                        Ok(_) if halted.is_some() => {
+                            let reason = halted.clone().unwrap_or_default();
+                            self.halt_trial(&mut trials, index, &reason);
+                            tasks.spawn_blocking(move || (index, stop(session, false)));
+                            None
+                        }
+                        Ok(decision) => {
+                            self.after_step(&mut tasks, &mut trials, index, session, decision);
+                            None
+                        }
+                    }
+                }
+                Event::Saved {
+                    session,
+                    saved: Err(failure),
+                    ..
+                } => {
+                    // A checkpoint that cannot be written fails the same way
+                    // every time, so it is not retried.
+                    let reason = format!(
+                        "checkpoint at iteration {} failed: {}",
+                        trials[index].iterations, failure.reason
+                    );
+                    self.fail(&mut trials, index, reason.clone());
+                    tasks.spawn_blocking(move || (index, stop(session, false)));
+                    Some(reason)
+                }
+                Event::Saved {
+                    session,
+                    saved: Ok(checkpoint),
+                    then,
+                } => {
+                    self.keep(&mut trials[index], checkpoint);
+                    self.notify(&trials, index, |cb, t| cb.on_checkpoint(t, index));
+                    match then {
+                        _ if halted.is_some() && then != Then::Stop => {
+                            let reason = halted.clone().unwrap_or_default();
+                            self.halt_trial(&mut trials, index, &reason);
+                            tasks.spawn_blocking(move || (index, stop(session, false)));
+                        }
+                        Then::Train => {
+                            tasks.spawn_blocking(move || (index, step(session)));
+                        }
+                        Then::Stop => {
+                            self.end(&mut trials, index);
+                            tasks.spawn_blocking(move || (index, stop(session, false)));
+                        }
+                        Then::Pause => {
+                            tasks.spawn_blocking(move || (index, stop(session, true)));
+                        }
+                    }
+                    None
+                }
+            };
+
+            if let Some(reason) = failed
+                && halted.is_none()
+            {
+                let trial_id = trials[index].trial_id.clone();
+                match self.spec.failure.fail_fast {
+                    FailFast::Off => {}
+                    FailFast::Stop => {
+                        halted = Some(format!(
+                            "stopped because {trial_id} failed and fail_fast is set"
+                        ));
+                    }
+                    FailFast::Raise => {
+                        self.persist_now(&trials);
+                        // Sessions still running finish their current call
+                        // on their blocking threads and are dropped.
+                        tasks.detach_all();
+                        return Err(RunError::TrialFailed { trial_id, reason });
                     }
                 }
             }
@@ -262,11 +503,198 @@ impl<B: TrialBackend> Runner<B> {
             trials,
             best,
             wall_time: started.elapsed(),
+            halted,
         };
         for cb in &mut self.callbacks {
             cb.on_experiment_end(&summary).map_err(RunError::Callback)?;
         }
         Ok(summary)
+    }
+
+    /// Starts `trial` on a blocking thread (from its newest checkpoint when
+    /// it has one), first stopping `previous`, the failed session it
+    /// replaces.
+    fn spawn_launch(
+        &self,
+        tasks: &mut JoinSet<(usize, Event<B::Session>)>,
+        trial: &Trial,
+        index: usize,
+        previous: Option<B::Session>,
+    ) {
+        let launch = TrialLaunch {
+            trial_id: trial.trial_id.clone(),
+            config: trial.config.clone(),
+            trial_dir: trial.dir.clone(),
+            restore: trial.restore_path(),
+        };
+        let backend = self.backend.clone();
+        tasks.spawn_blocking(move || {
+            if let Some(previous) = previous {
+                // Lets the failed trainable flush its logs; it may refuse
+                // (a trapped instance does).
+                let _ = previous.stop();
+            }
+            (index, Event::Launched(backend.launch(&launch)))
+        });
+    }
+
+    /// After a successful step: checkpoint if due, then continue, stop or
+    /// pause.
+    fn after_step(
+        &mut self,
+        tasks: &mut JoinSet<(usize, Event<B::Session>)>,
+        trials: &mut [Trial],
+        index: usize,
+        session: B::Session,
+        decision: Decision,
+    ) {
+        let trial = &trials[index];
+        let policy = &self.spec.checkpoint;
+        let then = match decision {
+            Decision::Continue => Then::Train,
+            Decision::Stop => Then::Stop,
+            Decision::Pause => Then::Pause,
+        };
+        let already = trial
+            .latest_checkpoint()
+            .is_some_and(|c| c.iteration == trial.iterations);
+        let periodic = policy.freq > 0 && trial.iterations.is_multiple_of(policy.freq);
+        let due = match then {
+            Then::Train => periodic,
+            Then::Stop => periodic || policy.at_end,
+            // A pause must leave a checkpoint to continue from.
+            Then::Pause => true,
+        } && !already;
+        if due {
+            let path = checkpoint_path::<B>(trial);
+            let score = policy
+                .score_field()
+                .and_then(|(field, _)| trial.last_result.as_ref()?.get(field)?.as_f64());
+            let trial_id = trial.trial_id.clone();
+            let config = trial.config.clone();
+            let result = trial.last_result.clone();
+            let dir = trial.dir.clone();
+            let (iteration, time_total_s) = (trial.iterations, trial.time_total_s);
+            tasks.spawn_blocking(move || {
+                let mut session = session;
+                let info = CheckpointInfo {
+                    trial_id: &trial_id,
+                    config: &config,
+                    iteration,
+                    time_total_s,
+                    result: result.as_ref(),
+                };
+                let saved = save(&mut session, &dir, &path, &info).map(|bytes| Checkpoint {
+                    path,
+                    iteration,
+                    time_total_s,
+                    fuel_total: session.fuel_total(),
+                    score,
+                    bytes,
+                });
+                (
+                    index,
+                    Event::Saved {
+                        session,
+                        saved,
+                        then,
+                    },
+                )
+            });
+            return;
+        }
+        match then {
+            Then::Train => {
+                tasks.spawn_blocking(move || (index, step(session)));
+            }
+            Then::Stop => {
+                self.end(trials, index);
+                tasks.spawn_blocking(move || (index, stop(session, false)));
+            }
+            Then::Pause => {
+                tasks.spawn_blocking(move || (index, stop(session, true)));
+            }
+        }
+    }
+
+    /// A trial failed: recover it from its newest checkpoint if
+    /// `max_failures` allows, else end it as ERROR. Returns the reason when
+    /// the trial ended.
+    fn failure(
+        &mut self,
+        tasks: &mut JoinSet<(usize, Event<B::Session>)>,
+        trials: &mut [Trial],
+        index: usize,
+        session: Option<B::Session>,
+        reason: String,
+    ) -> Option<String> {
+        let trial = &mut trials[index];
+        let retry = match self.spec.failure.max_failures {
+            None => true,
+            Some(max) => trial.num_failures < max,
+        };
+        if retry {
+            trial.num_failures += 1;
+            tracing::debug!(trial = %trial.trial_id, failures = trial.num_failures, "recovering: {reason}");
+            self.notify(trials, index, |cb, t| {
+                cb.on_trial_recover(t, index, &reason)
+            });
+            self.spawn_launch(tasks, &trials[index], index, session);
+            return None;
+        }
+        self.fail(trials, index, reason.clone());
+        match session {
+            Some(session) => {
+                tasks.spawn_blocking(move || (index, stop(session, false)));
+            }
+            // Nothing to stop: free the slot through the same event.
+            None => {
+                tasks.spawn(async move { (index, Event::Stopped { pausing: false }) });
+            }
+        }
+        Some(reason)
+    }
+
+    /// Records a checkpoint and deletes those `keep_num` no longer keeps.
+    fn keep(&self, trial: &mut Trial, checkpoint: Checkpoint) {
+        // A trial that recovered may checkpoint the same iteration again.
+        trial.checkpoints.retain(|c| c.path != checkpoint.path);
+        trial.checkpoints.push(checkpoint);
+        let policy = &self.spec.checkpoint;
+        let Some(keep) = policy.keep_num else {
+            return;
+        };
+        let newest = trial.checkpoints.len() - 1;
+        let mut ranked: Vec<usize> = (0..trial.checkpoints.len()).collect();
+        if let Some((_, higher_is_better)) = policy.score_field() {
+            let key = |i: &usize| {
+                let score = trial.checkpoints[*i].score.filter(|s| s.is_finite());
+                score.map(|s| if higher_is_better { s } else { -s })
+            };
+            // Best first; checkpoints without a score rank last, newest
+            // first among equals.
+            ranked.sort_by(|a, b| {
+                key(b)
+                    .partial_cmp(&key(a))
+                    .unwrap_or(std::cmp::Ordering::Equal)
+                    .then(b.cmp(a))
+            });
+        } else {
+            ranked.reverse();
+        }
+        let kept: Vec<usize> = ranked.into_iter().take(keep).collect();
+        let mut index = 0;
+        trial.checkpoints.retain(|c| {
+            let keep = kept.contains(&index) || index == newest;
+            index += 1;
+            if !keep {
+                let file = trial.dir.join(&c.path);
+                if let Err(err) = std::fs::remove_file(&file) {
+                    tracing::warn!("removing old checkpoint {}: {err}", file.display());
+                }
+            }
+            keep
+        });
     }
 
     /// Turns a step into a result record, applies stopping criteria and the
@@ -311,11 +739,23 @@ impl<B: TrialBackend> Runner<B> {
                 "stopped by the {} scheduler",
                 self.scheduler.name()
             )),
-            (Decision::Continue, _) => None,
+            _ => None,
         };
         trial.last_result = Some(record.clone());
         self.each(|cb, t| cb.on_result(t, index, &record), trials)?;
         Ok(decision)
+    }
+
+    /// Ends a trial as TERMINATED (its stop reason is already set).
+    fn end(&mut self, trials: &mut [Trial], index: usize) {
+        trials[index].status = TrialStatus::Terminated;
+        self.notify(trials, index, |cb, t| cb.on_trial_end(t, index));
+    }
+
+    /// Ends a live trial because the experiment is halting.
+    fn halt_trial(&mut self, trials: &mut [Trial], index: usize, reason: &str) {
+        trials[index].stop_reason = Some(reason.to_string());
+        self.end(trials, index);
     }
 
     fn fail(&mut self, trials: &mut [Trial], index: usize, reason: String) {
@@ -324,8 +764,47 @@ impl<B: TrialBackend> Runner<B> {
         trial.status = TrialStatus::Error;
         trial.error = Some(reason);
         trial.stop_reason = None;
-        if let Err(reason) = self.each(|cb, t| cb.on_trial_end(t, index), trials) {
+        self.notify(trials, index, |cb, t| cb.on_trial_end(t, index));
+    }
+
+    /// Runs a trial-level hook whose failure cannot change the trial's fate
+    /// any more: it is logged.
+    fn notify(
+        &mut self,
+        trials: &[Trial],
+        index: usize,
+        f: impl FnMut(&mut dyn Callback, &[Trial]) -> Result<(), String>,
+    ) {
+        if let Err(reason) = self.each(f, trials) {
             tracing::warn!(trial = %trials[index].trial_id, "{reason}");
+        }
+    }
+
+    fn persist(&mut self, trials: &[Trial]) {
+        for cb in &mut self.callbacks {
+            if let Err(reason) = cb.on_state(trials, self.scheduler.as_ref()) {
+                tracing::warn!("{reason}");
+            }
+        }
+    }
+
+    /// Persists state before the run ends abnormally: the state hook is
+    /// throttled, so end-of-experiment hooks get the final word.
+    fn persist_now(&mut self, trials: &[Trial]) {
+        let summary = ExperimentSummary {
+            name: self.spec.name.clone(),
+            output_dir: self.spec.output_dir.clone(),
+            metric: self.spec.metric.clone(),
+            mode: self.spec.mode,
+            trials: trials.to_vec(),
+            best: None,
+            wall_time: Duration::ZERO,
+            halted: Some("a trial failed and fail_fast = \"raise\"".into()),
+        };
+        for cb in &mut self.callbacks {
+            if let Err(reason) = cb.on_experiment_end(&summary) {
+                tracing::warn!("{reason}");
+            }
         }
     }
 
@@ -341,12 +820,37 @@ impl<B: TrialBackend> Runner<B> {
     }
 }
 
-fn step<S: TrialSession>(mut session: S) -> Outcome<S> {
+/// `checkpoints/checkpoint_000012.<ext>`, relative to the trial's directory.
+fn checkpoint_path<B: TrialBackend>(trial: &Trial) -> PathBuf {
+    Path::new(CHECKPOINT_DIR).join(format!(
+        "checkpoint_{:06}.{}",
+        trial.iterations,
+        B::CHECKPOINT_EXTENSION
+    ))
+}
+
+/// The directory, inside each trial's directory, that holds its checkpoints.
+pub const CHECKPOINT_DIR: &str = "checkpoints";
+
+fn save<S: TrialSession>(
+    session: &mut S,
+    dir: &Path,
+    path: &Path,
+    info: &CheckpointInfo<'_>,
+) -> Result<u64, TrialFailure> {
+    let path = dir.join(path);
+    if let Some(parent) = path.parent() {
+        crate::persist::create_dir(parent).map_err(TrialFailure::new)?;
+    }
+    session.save(&path, info)
+}
+
+fn step<S: TrialSession>(mut session: S) -> Event<S> {
     let started = Instant::now();
     let step = session.train();
     let elapsed = started.elapsed();
     let fuel_total = session.fuel_total();
-    Outcome::Stepped {
+    Event::Stepped {
         session,
         step,
         elapsed,
@@ -354,11 +858,11 @@ fn step<S: TrialSession>(mut session: S) -> Outcome<S> {
     }
 }
 
-fn stop<S: TrialSession>(session: S) -> Outcome<S> {
+fn stop<S: TrialSession>(session: S, pausing: bool) -> Event<S> {
     if let Err(failure) = session.stop() {
         tracing::debug!("cleanup failed: {failure}");
     }
-    Outcome::Stopped
+    Event::Stopped { pausing }
 }
 
 fn best_trial(trials: &[Trial], metric: &str, mode: Mode) -> Option<usize> {

@@ -13,6 +13,10 @@ pub enum Decision {
     Continue,
     /// End the trial as TERMINATED.
     Stop,
+    /// Checkpoint the trial and release its instance; it stays PAUSED until
+    /// [`Scheduler::choose_next`] picks it again, and then continues from
+    /// that checkpoint.
+    Pause,
 }
 
 /// Trial scheduling policy.
@@ -21,18 +25,34 @@ pub trait Scheduler: Send {
     /// criterion has ended.
     fn on_result(&mut self, trial: &Trial, result: &Map<String, Value>) -> Decision;
 
-    /// Picks the PENDING trial to start next, or `None` to start nothing now.
+    /// Picks the PENDING or PAUSED trial to run next, or `None` to start
+    /// nothing now.
     fn choose_next(&mut self, trials: &[Trial]) -> Option<usize>;
 
     /// The name shown to users.
     fn name(&self) -> &'static str;
+
+    /// The scheduler's own state, saved with the experiment so that
+    /// `wtune resume` continues with the same decisions. Stateless
+    /// schedulers keep the default.
+    fn state(&self) -> Value {
+        Value::Null
+    }
+
+    /// Takes back what [`Scheduler::state`] returned.
+    fn restore_state(&mut self, state: &Value) -> Result<(), String> {
+        let _ = state;
+        Ok(())
+    }
 }
 
 /// First in, first out: trials start in order and run until a stopping
-/// criterion or the trainable ends them.
+/// criterion or the trainable ends them. PAUSED trials (an experiment
+/// resumed after an interruption) continue in the same order.
 #[derive(Debug, Default)]
 pub struct Fifo {
-    /// Trials before this index are known not to be PENDING.
+    /// Trials before this index are known to be neither PENDING nor PAUSED;
+    /// FIFO never pauses a trial, so none can become so again.
     cursor: usize,
 }
 
@@ -43,7 +63,10 @@ impl Scheduler for Fifo {
 
     fn choose_next(&mut self, trials: &[Trial]) -> Option<usize> {
         while self.cursor < trials.len() {
-            if trials[self.cursor].status == TrialStatus::Pending {
+            if matches!(
+                trials[self.cursor].status,
+                TrialStatus::Pending | TrialStatus::Paused
+            ) {
                 return Some(self.cursor);
             }
             self.cursor += 1;

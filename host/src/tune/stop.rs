@@ -10,10 +10,11 @@
 //! train_loss = { at_most = 0.01 }  # a metric falling to 0.01 (<=)
 //! ```
 
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 /// A threshold on a reported metric.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Bound {
     /// Stop once the metric is `>=` this.
     AtLeast(f64),
@@ -22,7 +23,7 @@ pub enum Bound {
 }
 
 /// A metric threshold.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Threshold {
     /// The metric's name.
     pub metric: String,
@@ -31,7 +32,7 @@ pub struct Threshold {
 }
 
 /// All of a trial's stopping criteria; any one reached stops it.
-#[derive(Debug, Clone, PartialEq, Default)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct StopCriteria {
     /// Stop after this many iterations.
     pub training_iteration: Option<u64>,

@@ -3,18 +3,22 @@
 use std::fmt;
 use std::path::PathBuf;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 /// Where a trial is in its life. Trials move PENDING -> RUNNING ->
-/// TERMINATED (finished or stopped by a criterion) or ERROR.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+/// TERMINATED (finished or stopped by a criterion) or ERROR; a RUNNING trial
+/// may be PAUSED (checkpointed, its instance released) and later RUNNING
+/// again from that checkpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum TrialStatus {
     /// Waiting for a slot.
     Pending,
     /// Its trainable is live.
     Running,
+    /// Checkpointed and released; waiting to continue.
+    Paused,
     /// Finished normally.
     Terminated,
     /// Failed; `Trial::error` says why.
@@ -33,14 +37,32 @@ impl fmt::Display for TrialStatus {
         f.write_str(match self {
             TrialStatus::Pending => "PENDING",
             TrialStatus::Running => "RUNNING",
+            TrialStatus::Paused => "PAUSED",
             TrialStatus::Terminated => "TERMINATED",
             TrialStatus::Error => "ERROR",
         })
     }
 }
 
+/// A checkpoint the runner keeps for a trial.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Checkpoint {
+    /// The file, relative to the trial's directory.
+    pub path: PathBuf,
+    /// Completed iterations when it was taken.
+    pub iteration: u64,
+    /// Seconds of training behind it.
+    pub time_total_s: f64,
+    /// Fuel burned before it.
+    pub fuel_total: u64,
+    /// The value of the checkpoint score attribute at that iteration.
+    pub score: Option<f64>,
+    /// Size on disk.
+    pub bytes: u64,
+}
+
 /// One trial's state as the runner keeps it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Trial {
     /// `trial_0000`, `trial_0001`, ...
     pub trial_id: String,
@@ -62,6 +84,25 @@ pub struct Trial {
     pub stop_reason: Option<String>,
     /// The trial's directory.
     pub dir: PathBuf,
+    /// Failures recovered from so far (see `max_failures`).
+    #[serde(default)]
+    pub num_failures: u32,
+    /// Checkpoints kept, oldest first; the last is the newest.
+    #[serde(default)]
+    pub checkpoints: Vec<Checkpoint>,
+    /// A checkpoint (from elsewhere) the trial starts from instead of from
+    /// scratch: `restore_from`.
+    #[serde(default)]
+    pub restore_from: Option<PathBuf>,
+    /// Iterations since the trial was last started or restored.
+    #[serde(default)]
+    pub iterations_since_restore: u64,
+    /// Seconds of training since the trial was last started or restored.
+    #[serde(default)]
+    pub time_since_restore: f64,
+    /// Fuel burned since the trial was last started or restored.
+    #[serde(default)]
+    pub fuel_since_restore: u64,
 }
 
 impl Trial {
@@ -78,7 +119,26 @@ impl Trial {
             error: None,
             stop_reason: None,
             dir,
+            num_failures: 0,
+            checkpoints: Vec::new(),
+            restore_from: None,
+            iterations_since_restore: 0,
+            time_since_restore: 0.0,
+            fuel_since_restore: 0,
         }
+    }
+
+    /// The newest checkpoint, if any.
+    pub fn latest_checkpoint(&self) -> Option<&Checkpoint> {
+        self.checkpoints.last()
+    }
+
+    /// Where the trial continues from when launched: its newest checkpoint,
+    /// else `restore_from`, else nothing (from scratch).
+    pub fn restore_path(&self) -> Option<PathBuf> {
+        self.latest_checkpoint()
+            .map(|c| self.dir.join(&c.path))
+            .or_else(|| self.restore_from.clone())
     }
 
     /// The latest value of a metric, when reported and a number.

@@ -1,0 +1,402 @@
+//! `experiment_state.json`: everything `wtune resume` needs to continue an
+//! interrupted experiment: the run's setup (model, plan), every trial with
+//! its status, config, counters, last result and checkpoints, and the
+//! scheduler's state. The search's state is the trial list itself: every
+//! configuration is drawn before the first trial starts.
+//!
+//! The file is one header line, `wtune-experiment-state <version>
+//! blake3=<hex>`, then the JSON body; the checksum covers the body, so a
+//! damaged file is recognised as such instead of being half-read. Each write
+//! is atomic (temporary file, fsync, rename) and first keeps the file it
+//! replaces as `experiment_state.prev.json`, so a damaged newest state
+//! leaves the previous one to resume from.
+//!
+//! Writes must not slow the run: the body is serialized on the runner's
+//! thread (it must see one consistent moment) but written by a background
+//! thread, and writes are spaced so that serializing costs at most
+//! [`MAX_LOOP_SHARE`] of the runner's time, and never more often than
+//! [`MIN_INTERVAL`].
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::persist;
+use crate::tune::{Callback, ExperimentSummary, RunSpec, Scheduler, Trial};
+
+/// The state file's name inside the output directory.
+pub const STATE_FILE: &str = "experiment_state.json";
+/// The state it replaced, kept for when the newest is damaged.
+pub const PREVIOUS_STATE_FILE: &str = "experiment_state.prev.json";
+/// Format version this build writes and reads.
+pub const STATE_VERSION: u32 = 1;
+/// Shortest time between two mid-run writes.
+pub const MIN_INTERVAL: Duration = Duration::from_secs(1);
+/// Largest share of the runner's time spent serializing state.
+pub const MAX_LOOP_SHARE: f64 = 0.005;
+const HEADER_PREFIX: &str = "wtune-experiment-state";
+
+/// The saved experiment.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ExperimentState {
+    /// What the front end needs to rebuild the run (for `wtune`: the model
+    /// and the validated plan); opaque here.
+    pub setup: Value,
+    /// `running` while the experiment runs, `finished` once it ended.
+    pub status: String,
+    /// When this state was written (RFC 3339).
+    pub written: String,
+    /// Every trial.
+    pub trials: Vec<Trial>,
+    /// The scheduler's name and [`Scheduler::state`].
+    pub scheduler: SchedulerState,
+}
+
+/// A scheduler's saved state.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SchedulerState {
+    /// Its name, checked on resume.
+    pub name: String,
+    /// Its own state.
+    pub state: Value,
+}
+
+#[derive(Serialize)]
+struct Body<'a> {
+    setup: &'a Value,
+    status: &'a str,
+    written: String,
+    trials: &'a [Trial],
+    scheduler: SchedulerStateRef<'a>,
+}
+
+#[derive(Serialize)]
+struct SchedulerStateRef<'a> {
+    name: &'a str,
+    state: Value,
+}
+
+/// Why a state file could not be used.
+#[derive(Debug)]
+pub enum StateError {
+    /// No state file in the directory.
+    Missing(PathBuf),
+    /// It could not be read.
+    Io(PathBuf, std::io::Error),
+    /// Its content is damaged (checksum, truncation, bad JSON).
+    Damaged(PathBuf, String),
+    /// Written by another format version.
+    Version(PathBuf, u32),
+}
+
+impl fmt::Display for StateError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StateError::Missing(path) => write!(
+                f,
+                "{} not found: is this a wtune output directory? (experiments started by wtune \
+                 before checkpoints existed cannot be resumed)",
+                path.display()
+            ),
+            StateError::Io(path, e) => write!(f, "reading {}: {e}", path.display()),
+            StateError::Damaged(path, why) => {
+                write!(f, "{} is damaged: {why}", path.display())
+            }
+            StateError::Version(path, v) => write!(
+                f,
+                "{} has state format version {v}; this wtune reads version {STATE_VERSION}",
+                path.display()
+            ),
+        }
+    }
+}
+
+impl std::error::Error for StateError {}
+
+/// Encodes state as the file's bytes.
+fn encode(body: &Body<'_>) -> Vec<u8> {
+    let json = serde_json::to_vec(body).expect("experiment state always serializes");
+    let mut out = format!(
+        "{HEADER_PREFIX} {STATE_VERSION} blake3={}\n",
+        blake3::hash(&json).to_hex()
+    )
+    .into_bytes();
+    out.extend_from_slice(&json);
+    out.push(b'\n');
+    out
+}
+
+/// Decodes and verifies a state file's bytes.
+pub fn decode(path: &Path, bytes: &[u8]) -> Result<ExperimentState, StateError> {
+    let damaged = |why: &str| StateError::Damaged(path.to_path_buf(), why.to_string());
+    let newline = bytes
+        .iter()
+        .position(|&b| b == b'\n')
+        .ok_or_else(|| damaged("no header line"))?;
+    let header = std::str::from_utf8(&bytes[..newline]).map_err(|_| damaged("bad header"))?;
+    let mut parts = header.split(' ');
+    if parts.next() != Some(HEADER_PREFIX) {
+        return Err(damaged("not a wtune experiment state file"));
+    }
+    let version: u32 = parts
+        .next()
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| damaged("bad header"))?;
+    if version != STATE_VERSION {
+        return Err(StateError::Version(path.to_path_buf(), version));
+    }
+    let checksum = parts
+        .next()
+        .and_then(|c| c.strip_prefix("blake3="))
+        .ok_or_else(|| damaged("bad header"))?;
+    let body = &bytes[newline + 1..];
+    let body = body
+        .strip_suffix(b"\n")
+        .ok_or_else(|| damaged("truncated"))?;
+    if blake3::hash(body).to_hex().as_str() != checksum {
+        return Err(damaged(
+            "checksum mismatch (the file was cut short or modified)",
+        ));
+    }
+    serde_json::from_slice(body).map_err(|e| damaged(&format!("content: {e}")))
+}
+
+/// Reads the state in `dir`: the newest, or with `previous` the one it
+/// replaced.
+pub fn load(dir: &Path, previous: bool) -> Result<ExperimentState, StateError> {
+    let path = dir.join(if previous {
+        PREVIOUS_STATE_FILE
+    } else {
+        STATE_FILE
+    });
+    let bytes = std::fs::read(&path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => StateError::Missing(path.clone()),
+        _ => StateError::Io(path.clone(), e),
+    })?;
+    decode(&path, &bytes)
+}
+
+/// Keeps the current state as the previous one, then replaces it.
+fn write_file(dir: &Path, bytes: &[u8]) -> Result<(), String> {
+    let current = dir.join(STATE_FILE);
+    if current.exists() {
+        // A hard link keeps the current file in place while the previous
+        // one is replaced, so a crash never leaves the directory without a
+        // state file.
+        let staging = dir.join(".wtune-prev-state");
+        let _ = std::fs::remove_file(&staging);
+        std::fs::hard_link(&current, &staging)
+            .or_else(|_| std::fs::copy(&current, &staging).map(drop))
+            .and_then(|()| std::fs::rename(&staging, dir.join(PREVIOUS_STATE_FILE)))
+            .map_err(|e| format!("keeping the previous experiment state: {e}"))?;
+    }
+    persist::write_atomic(&current, bytes)
+        .map_err(|e| format!("writing {}: {e}", current.display()))
+}
+
+/// The callback that keeps `<output_dir>/experiment_state.json` current.
+pub struct StateFile {
+    setup: Value,
+    dir: PathBuf,
+    last_write: Instant,
+    interval: Duration,
+    background: Option<(mpsc::Sender<Vec<u8>>, JoinHandle<()>)>,
+    /// Time spent serializing on the runner's thread, for the benchmark.
+    pub serialize_time: Duration,
+    /// Writes handed to the background thread, for the benchmark.
+    pub writes: u64,
+}
+
+impl StateFile {
+    /// `setup` is stored as is and handed back by [`load`].
+    pub fn new(setup: Value) -> Self {
+        Self {
+            setup,
+            dir: PathBuf::new(),
+            last_write: Instant::now(),
+            interval: MIN_INTERVAL,
+            background: None,
+            serialize_time: Duration::ZERO,
+            writes: 0,
+        }
+    }
+
+    fn bytes(&self, status: &str, trials: &[Trial], scheduler: SchedulerStateRef<'_>) -> Vec<u8> {
+        encode(&Body {
+            setup: &self.setup,
+            status,
+            written: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
+            trials,
+            scheduler,
+        })
+    }
+}
+
+fn writer_thread(dir: PathBuf, states: mpsc::Receiver<Vec<u8>>) -> JoinHandle<()> {
+    std::thread::Builder::new()
+        .name("wtune-state".into())
+        .spawn(move || {
+            while let Ok(mut bytes) = states.recv() {
+                // Each state replaces the whole file: only the newest matters.
+                while let Ok(newer) = states.try_recv() {
+                    bytes = newer;
+                }
+                if let Err(message) = write_file(&dir, &bytes) {
+                    // The final synchronous write reports a broken disk.
+                    tracing::warn!("{message}");
+                }
+            }
+        })
+        .expect("spawning the experiment state writer")
+}
+
+impl Callback for StateFile {
+    fn on_experiment_start(&mut self, spec: &RunSpec, trials: &[Trial]) -> Result<(), String> {
+        persist::create_dir(&spec.output_dir)?;
+        self.dir = spec.output_dir.clone();
+        // Synchronous, so an unwritable directory stops the run before any
+        // trial starts. The scheduler's state is not known yet; the next
+        // write has it.
+        let bytes = self.bytes(
+            "running",
+            trials,
+            SchedulerStateRef {
+                name: "",
+                state: Value::Null,
+            },
+        );
+        write_file(&self.dir, &bytes)?;
+        self.last_write = Instant::now();
+        let (sender, receiver) = mpsc::channel();
+        self.background = Some((sender, writer_thread(self.dir.clone(), receiver)));
+        Ok(())
+    }
+
+    fn on_state(&mut self, trials: &[Trial], scheduler: &dyn Scheduler) -> Result<(), String> {
+        if self.last_write.elapsed() < self.interval {
+            return Ok(());
+        }
+        let started = Instant::now();
+        let bytes = self.bytes(
+            "running",
+            trials,
+            SchedulerStateRef {
+                name: scheduler.name(),
+                state: scheduler.state(),
+            },
+        );
+        let cost = started.elapsed();
+        self.serialize_time += cost;
+        self.writes += 1;
+        // Space writes so serializing stays a small share of the run.
+        self.interval = MIN_INTERVAL.max(cost.div_f64(MAX_LOOP_SHARE));
+        if let Some((sender, _)) = &self.background {
+            // Fails only if the writer thread is gone; the final write reports.
+            let _ = sender.send(bytes);
+        }
+        self.last_write = Instant::now();
+        Ok(())
+    }
+
+    fn on_experiment_end(&mut self, summary: &ExperimentSummary) -> Result<(), String> {
+        if let Some((sender, thread)) = self.background.take() {
+            drop(sender);
+            let _ = thread.join();
+        }
+        let status = if summary.halted.is_some() {
+            "halted"
+        } else {
+            "finished"
+        };
+        // The scheduler is gone by now; its state only matters for trials
+        // still to run, which a halted run's resume starts again.
+        let bytes = self.bytes(
+            status,
+            &summary.trials,
+            SchedulerStateRef {
+                name: "",
+                state: Value::Null,
+            },
+        );
+        write_file(&self.dir, &bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn sample(dir: &Path) -> Vec<u8> {
+        let trials = vec![Trial::new(
+            "trial_0000".into(),
+            json!({"lr": 0.1}),
+            dir.join("t"),
+        )];
+        StateFile::new(json!({"model": "m.wasm"})).bytes(
+            "running",
+            &trials,
+            SchedulerStateRef {
+                name: "fifo",
+                state: Value::Null,
+            },
+        )
+    }
+
+    #[test]
+    fn round_trips_and_rejects_every_damage() {
+        let dir = tempfile::tempdir().unwrap();
+        let bytes = sample(dir.path());
+        let path = dir.path().join(STATE_FILE);
+        let state = decode(&path, &bytes).unwrap();
+        assert_eq!(state.trials[0].config, json!({"lr": 0.1}));
+        assert_eq!(state.setup, json!({"model": "m.wasm"}));
+        assert_eq!(state.scheduler.name, "fifo");
+        for cut in [0, 10, bytes.len() / 2, bytes.len() - 1] {
+            let err = decode(&path, &bytes[..cut]).unwrap_err();
+            assert!(matches!(err, StateError::Damaged(..)), "cut {cut}: {err}");
+        }
+        for i in (0..bytes.len()).step_by(11) {
+            let mut damaged = bytes.clone();
+            damaged[i] ^= 0x01;
+            assert!(decode(&path, &damaged).is_err(), "byte {i}");
+        }
+        let message = decode(&path, &bytes[..bytes.len() / 2])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            message.contains("experiment_state.json is damaged"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn each_write_keeps_the_previous_state() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(matches!(
+            load(dir.path(), false),
+            Err(StateError::Missing(_))
+        ));
+        let first = sample(dir.path());
+        write_file(dir.path(), &first).unwrap();
+        let mut second = first.clone();
+        second.truncate(first.len() - 20);
+        write_file(dir.path(), &second).unwrap();
+        assert!(matches!(
+            load(dir.path(), false),
+            Err(StateError::Damaged(..))
+        ));
+        let previous = load(dir.path(), true).unwrap();
+        assert_eq!(previous.trials.len(), 1);
+        let names: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert_eq!(names.len(), 2, "no temporary files left: {names:?}");
+    }
+}

@@ -1,0 +1,182 @@
+//! Picking up an interrupted experiment: which trials continue, from which
+//! checkpoint, and which start over.
+//!
+//! A trial's checkpoints on disk are the truth: the saved experiment state
+//! may be a moment older than the newest checkpoint (state writes are
+//! throttled), and `keep_checkpoints_num` may have deleted a checkpoint the
+//! state still lists. So each trial that continues is matched against the
+//! checkpoint files in its directory and continues from the newest intact
+//! one, losing only the work done after it.
+
+use std::path::{Path, PathBuf};
+
+use super::backend::TrialBackend;
+use super::runner::{CHECKPOINT_DIR, CheckpointPolicy};
+use super::trial::{Checkpoint, Trial, TrialStatus};
+
+/// What happens to trials that ended in ERROR.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ErroredTrials {
+    /// They stay ERROR (only unfinished trials continue).
+    #[default]
+    Keep,
+    /// They continue from their newest checkpoint (from scratch without one).
+    Retry,
+    /// They start again from scratch; their checkpoints are deleted.
+    Restart,
+}
+
+/// How each trial was prepared, for the user.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ResumePlan {
+    /// Trials continuing from a checkpoint: `(trial_id, iteration)`.
+    pub continued: Vec<(String, u64)>,
+    /// Trials starting from scratch (no checkpoint, or restarted).
+    pub restarted: Vec<String>,
+    /// Trials not yet started.
+    pub pending: usize,
+    /// Trials that stay finished (TERMINATED, or ERROR kept).
+    pub finished: usize,
+    /// Checkpoint files that were skipped as damaged: `(path, why)`.
+    pub damaged: Vec<(PathBuf, String)>,
+}
+
+/// Prepares saved trials to run again in `output_dir`: RUNNING and PAUSED
+/// trials (and ERROR ones, per `errored`) become PAUSED at their newest
+/// intact checkpoint, or PENDING from scratch without one.
+pub fn prepare<B: TrialBackend>(
+    backend: &B,
+    trials: &mut [Trial],
+    output_dir: &Path,
+    policy: &CheckpointPolicy,
+    errored: ErroredTrials,
+) -> ResumePlan {
+    let mut plan = ResumePlan::default();
+    for trial in trials.iter_mut() {
+        // The directory may have moved since the state was written.
+        trial.dir = output_dir.join(&trial.trial_id);
+        let action = match (trial.status, errored) {
+            (TrialStatus::Pending, _) => {
+                plan.pending += 1;
+                continue;
+            }
+            (TrialStatus::Terminated, _) | (TrialStatus::Error, ErroredTrials::Keep) => {
+                plan.finished += 1;
+                continue;
+            }
+            (TrialStatus::Error, ErroredTrials::Restart) => Action::Restart,
+            (TrialStatus::Running | TrialStatus::Paused, _)
+            | (TrialStatus::Error, ErroredTrials::Retry) => Action::Continue,
+        };
+        if trial.status == TrialStatus::Error {
+            trial.error = None;
+            trial.num_failures = 0;
+        }
+        if action == Action::Restart {
+            let dir = trial.dir.join(CHECKPOINT_DIR);
+            if let Err(err) = std::fs::remove_dir_all(&dir)
+                && err.kind() != std::io::ErrorKind::NotFound
+            {
+                tracing::warn!("removing {}: {err}", dir.display());
+            }
+            start_over(trial);
+            plan.restarted.push(trial.trial_id.clone());
+            continue;
+        }
+        match newest_intact(backend, trial, policy, &mut plan.damaged) {
+            Some(iteration) => plan.continued.push((trial.trial_id.clone(), iteration)),
+            None => {
+                start_over(trial);
+                plan.restarted.push(trial.trial_id.clone());
+            }
+        }
+    }
+    plan
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Action {
+    Continue,
+    Restart,
+}
+
+fn start_over(trial: &mut Trial) {
+    trial.status = TrialStatus::Pending;
+    trial.checkpoints.clear();
+    trial.iterations = 0;
+    trial.time_total_s = 0.0;
+    trial.fuel_total = 0;
+    trial.last_result = None;
+    trial.stop_reason = None;
+    trial.iterations_since_restore = 0;
+    trial.time_since_restore = 0.0;
+    trial.fuel_since_restore = 0;
+}
+
+/// Makes `trial` PAUSED at its newest intact checkpoint; returns its
+/// iteration, or `None` when there is none.
+fn newest_intact<B: TrialBackend>(
+    backend: &B,
+    trial: &mut Trial,
+    policy: &CheckpointPolicy,
+    damaged: &mut Vec<(PathBuf, String)>,
+) -> Option<u64> {
+    let dir = trial.dir.join(CHECKPOINT_DIR);
+    let mut files: Vec<(u64, PathBuf)> = std::fs::read_dir(&dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| {
+            let name = entry.file_name().into_string().ok()?;
+            let iteration = name
+                .strip_prefix("checkpoint_")?
+                .split_once('.')?
+                .0
+                .parse()
+                .ok()?;
+            Some((iteration, Path::new(CHECKPOINT_DIR).join(name)))
+        })
+        .collect();
+    files.sort();
+    while let Some((iteration, path)) = files.pop() {
+        let meta = match backend.describe_checkpoint(&trial.dir.join(&path)) {
+            Ok(meta) if meta.iteration == iteration => meta,
+            Ok(meta) => {
+                damaged.push((
+                    trial.dir.join(&path),
+                    format!("it holds iteration {}", meta.iteration),
+                ));
+                continue;
+            }
+            Err(failure) => {
+                damaged.push((trial.dir.join(&path), failure.reason));
+                continue;
+            }
+        };
+        // Keep the recorded checkpoints that still exist and are older.
+        trial.checkpoints.retain(|c| {
+            c.iteration < iteration && c.path != path && trial.dir.join(&c.path).is_file()
+        });
+        let score = policy.score_attr.as_deref().and_then(|attr| {
+            let field = attr.strip_prefix("min-").unwrap_or(attr);
+            meta.result.as_ref()?.get(field)?.as_f64()
+        });
+        let bytes = std::fs::metadata(trial.dir.join(&path)).map_or(0, |m| m.len());
+        trial.checkpoints.push(Checkpoint {
+            path,
+            iteration,
+            time_total_s: meta.time_total_s,
+            fuel_total: meta.fuel_total,
+            score,
+            bytes,
+        });
+        trial.status = TrialStatus::Paused;
+        trial.iterations = meta.iteration;
+        trial.time_total_s = meta.time_total_s;
+        trial.fuel_total = meta.fuel_total;
+        trial.last_result = meta.result;
+        trial.stop_reason = None;
+        return Some(iteration);
+    }
+    None
+}

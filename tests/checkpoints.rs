@@ -1,0 +1,405 @@
+//! Checkpoint policies, failure recovery, fail_fast, pause and resume in the
+//! runner, exercised with plain-Rust trainables (`FnBackend`): the runner's
+//! decisions, independent of how a backend takes its checkpoints.
+
+use std::collections::HashSet;
+use std::path::Path;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+
+use serde_json::{Map, Value, json};
+use wtune::report::{StateFile, TrialFiles, state};
+use wtune::tune::resume::{self, ErroredTrials};
+use wtune::tune::{
+    Callback, CheckpointPolicy, Decision, ExperimentSummary, FailFast, FailurePolicy, Fifo,
+    FnBackend, Mode, RunError, RunSpec, Runner, Scheduler, Step, StopCriteria, Trial, TrialFailure,
+    TrialStatus,
+};
+
+fn spec(dir: &Path, configs: Vec<Value>, iterations: u64) -> RunSpec {
+    RunSpec {
+        name: "checkpoints".into(),
+        output_dir: dir.to_path_buf(),
+        metric: Some("score".into()),
+        mode: Mode::Max,
+        stop: StopCriteria {
+            training_iteration: Some(iterations),
+            ..Default::default()
+        },
+        max_concurrent: 2,
+        configs,
+        checkpoint: CheckpointPolicy::default(),
+        failure: FailurePolicy::default(),
+        restore_from: None,
+    }
+}
+
+fn run_with(
+    backend: FnBackend,
+    spec: RunSpec,
+    scheduler: Box<dyn Scheduler>,
+    extra: Option<Box<dyn Callback>>,
+) -> Result<ExperimentSummary, RunError> {
+    let mut runner = Runner::new(backend, spec, scheduler)
+        .callback(TrialFiles::new())
+        .callback(StateFile::new(json!({"test": true})));
+    if let Some(extra) = extra {
+        runner = runner.callback(Boxed(extra));
+    }
+    tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(runner.run())
+}
+
+fn run(backend: FnBackend, spec: RunSpec) -> ExperimentSummary {
+    run_with(backend, spec, Box::new(Fifo::default()), None).unwrap()
+}
+
+/// Adapts a boxed callback to `impl Callback`.
+struct Boxed(Box<dyn Callback>);
+
+impl Callback for Boxed {
+    fn on_result(&mut self, t: &[Trial], i: usize, r: &Map<String, Value>) -> Result<(), String> {
+        self.0.on_result(t, i, r)
+    }
+    fn on_trial_recover(&mut self, t: &[Trial], i: usize, why: &str) -> Result<(), String> {
+        self.0.on_trial_recover(t, i, why)
+    }
+    fn on_trial_pause(&mut self, t: &[Trial], i: usize) -> Result<(), String> {
+        self.0.on_trial_pause(t, i)
+    }
+}
+
+/// score = a deterministic function of (x, iteration) that goes up and down.
+fn wavy(failures: Arc<AtomicU32>, fail_at: u64) -> FnBackend {
+    FnBackend::new(move |config: &Value| {
+        let x = config["x"].as_f64().unwrap_or(1.0);
+        let fails = config["fails"].as_u64().unwrap_or(0) as u32;
+        let failures = failures.clone();
+        Ok(move |it: u64| {
+            if it == fail_at && failures.load(Ordering::SeqCst) < fails {
+                failures.fetch_add(1, Ordering::SeqCst);
+                return Err(TrialFailure::new(format!("trap at iteration {it}")));
+            }
+            Ok(Step {
+                metrics: vec![("score".into(), x * ((it % 4) as f64 + it as f64 / 10.0))],
+                done: false,
+                fuel: 10,
+            })
+        })
+    })
+}
+
+fn checkpoint_files(trial_dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(trial_dir.join("checkpoints"))
+        .map(|entries| {
+            entries
+                .map(|e| e.unwrap().file_name().into_string().unwrap())
+                .filter(|n| !n.starts_with('.'))
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+#[test]
+fn checkpoint_freq_and_keep_num_by_score_keep_the_best_and_the_newest() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut spec = spec(dir.path(), vec![json!({"x": 1.0})], 10);
+    spec.checkpoint = CheckpointPolicy {
+        freq: 2,
+        at_end: false,
+        keep_num: Some(2),
+        score_attr: Some("score".into()),
+    };
+    let summary = run(wavy(Arc::default(), 0), spec);
+    let trial = &summary.trials[0];
+    assert_eq!(trial.status, TrialStatus::Terminated);
+    // Scores at 2, 4, 6, 8, 10: 2.2, 0.4, 2.6, 0.8, 3.0. Best two: 10 and 6;
+    // 10 is also the newest.
+    assert_eq!(
+        checkpoint_files(&trial.dir),
+        ["checkpoint_000006.ckpt", "checkpoint_000010.ckpt"]
+    );
+    let kept: Vec<u64> = trial.checkpoints.iter().map(|c| c.iteration).collect();
+    assert_eq!(kept, [6, 10]);
+    assert_eq!(trial.checkpoints[1].score, Some(3.0));
+
+    // min- ranks the other way; the newest stays regardless.
+    let dir = tempfile::tempdir().unwrap();
+    let mut spec2 = self::spec(dir.path(), vec![json!({"x": 1.0})], 10);
+    spec2.checkpoint = CheckpointPolicy {
+        freq: 2,
+        at_end: true,
+        keep_num: Some(1),
+        score_attr: Some("min-score".into()),
+    };
+    let summary = run(wavy(Arc::default(), 0), spec2);
+    assert_eq!(
+        checkpoint_files(&summary.trials[0].dir),
+        ["checkpoint_000004.ckpt", "checkpoint_000010.ckpt"]
+    );
+}
+
+#[test]
+fn checkpoint_at_end_without_freq_writes_one_final_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut spec = spec(dir.path(), vec![json!({"x": 1.0}), json!({"x": 2.0})], 3);
+    spec.checkpoint.at_end = true;
+    let summary = run(wavy(Arc::default(), 0), spec);
+    for trial in &summary.trials {
+        assert_eq!(checkpoint_files(&trial.dir), ["checkpoint_000003.ckpt"]);
+    }
+}
+
+#[derive(Clone, Default)]
+struct Log(Arc<Mutex<Vec<String>>>);
+
+impl Callback for Log {
+    fn on_result(&mut self, t: &[Trial], i: usize, r: &Map<String, Value>) -> Result<(), String> {
+        self.0.lock().unwrap().push(format!(
+            "{} it={} since_restore={}",
+            t[i].trial_id, r["training_iteration"], r["iterations_since_restore"]
+        ));
+        Ok(())
+    }
+    fn on_trial_recover(&mut self, t: &[Trial], i: usize, why: &str) -> Result<(), String> {
+        self.0.lock().unwrap().push(format!(
+            "{} recover #{}: {why}",
+            t[i].trial_id, t[i].num_failures
+        ));
+        Ok(())
+    }
+    fn on_trial_pause(&mut self, t: &[Trial], i: usize) -> Result<(), String> {
+        self.0
+            .lock()
+            .unwrap()
+            .push(format!("{} paused at {}", t[i].trial_id, t[i].iterations));
+        Ok(())
+    }
+}
+
+#[test]
+fn a_trial_that_fails_once_recovers_from_its_checkpoint_under_max_failures() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut spec = spec(dir.path(), vec![json!({"x": 1.0, "fails": 1})], 8);
+    spec.checkpoint.freq = 2;
+    spec.failure.max_failures = Some(1);
+    let log = Log::default();
+    let summary = run_with(
+        wavy(Arc::default(), 5),
+        spec,
+        Box::new(Fifo::default()),
+        Some(Box::new(log.clone())),
+    )
+    .unwrap();
+    let trial = &summary.trials[0];
+    assert_eq!(trial.status, TrialStatus::Terminated, "{:?}", trial.error);
+    assert_eq!(trial.num_failures, 1);
+    assert_eq!(trial.iterations, 8);
+    let log = log.0.lock().unwrap().clone();
+    let at = log.iter().position(|l| l.contains("recover")).unwrap();
+    assert_eq!(
+        log[at], "trial_0000 recover #1: trap at iteration 5",
+        "{log:?}"
+    );
+    // It continues from the checkpoint at 4: iteration 5 again, the first
+    // since the restore.
+    assert_eq!(log[at + 1], "trial_0000 it=5 since_restore=1", "{log:?}");
+    let result = trial.last_result.as_ref().unwrap();
+    assert_eq!(result["iterations_since_restore"], json!(4));
+    assert_eq!(result["training_iteration"], json!(8));
+    // Results are appended, the redone iteration included.
+    let lines = std::fs::read_to_string(trial.dir.join("result.jsonl")).unwrap();
+    assert_eq!(lines.lines().count(), 8);
+}
+
+#[test]
+fn without_retries_left_the_trial_ends_in_error_and_minus_one_retries_forever() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut spec1 = spec(dir.path(), vec![json!({"fails": 2})], 6);
+    spec1.failure.max_failures = Some(1);
+    let summary = run(wavy(Arc::default(), 3), spec1);
+    let trial = &summary.trials[0];
+    assert_eq!(trial.status, TrialStatus::Error);
+    assert_eq!(trial.num_failures, 1);
+    assert_eq!(trial.error.as_deref(), Some("trap at iteration 3"));
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut spec2 = spec(dir.path(), vec![json!({"fails": 5})], 6);
+    spec2.failure.max_failures = None;
+    let summary = run(wavy(Arc::default(), 3), spec2);
+    let trial = &summary.trials[0];
+    assert_eq!(trial.status, TrialStatus::Terminated);
+    // No checkpoints: every recovery starts from scratch.
+    assert_eq!(trial.num_failures, 5);
+    assert_eq!(trial.iterations, 6);
+}
+
+fn slow_or_failing() -> FnBackend {
+    FnBackend::new(|config: &Value| {
+        let fail = config["fail"].as_bool().unwrap_or(false);
+        Ok(move |it: u64| {
+            if fail && it == 2 {
+                return Err(TrialFailure::new("boom"));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(if fail { 1 } else { 20 }));
+            Ok(Step {
+                metrics: vec![("score".into(), it as f64)],
+                done: false,
+                fuel: 1,
+            })
+        })
+    })
+}
+
+#[test]
+fn fail_fast_stops_the_others_and_raise_ends_the_run_with_the_error() {
+    let configs = vec![json!({}), json!({"fail": true}), json!({}), json!({})];
+    let dir = tempfile::tempdir().unwrap();
+    let mut stop = spec(dir.path(), configs.clone(), 50);
+    stop.failure.fail_fast = FailFast::Stop;
+    let summary = run(slow_or_failing(), stop);
+    let halted = summary.halted.clone().unwrap();
+    assert!(halted.contains("trial_0001 failed"), "{halted}");
+    assert_eq!(summary.trials[1].status, TrialStatus::Error);
+    let first = &summary.trials[0];
+    assert_eq!(first.status, TrialStatus::Terminated);
+    assert!(first.iterations < 50, "stopped early: {}", first.iterations);
+    assert_eq!(first.stop_reason.as_deref(), Some(halted.as_str()));
+    // Trials not yet started stay PENDING, for `wtune resume`.
+    assert!(
+        summary.trials[2..]
+            .iter()
+            .all(|t| t.status == TrialStatus::Pending)
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut raise = spec(dir.path(), configs, 50);
+    raise.failure.fail_fast = FailFast::Raise;
+    match run_with(slow_or_failing(), raise, Box::new(Fifo::default()), None) {
+        Err(RunError::TrialFailed { trial_id, reason }) => {
+            assert_eq!((trial_id.as_str(), reason.as_str()), ("trial_0001", "boom"));
+        }
+        other => panic!("expected TrialFailed, got {:?}", other.map(|s| s.halted)),
+    }
+    // The state on disk says where the run stood.
+    let saved = state::load(dir.path(), false).unwrap();
+    assert_eq!(saved.trials[1].status, TrialStatus::Error);
+}
+
+/// Pauses every trial once at iteration 3, and resumes paused trials before
+/// starting new ones.
+#[derive(Default)]
+struct PauseOnce {
+    paused: HashSet<String>,
+}
+
+impl Scheduler for PauseOnce {
+    fn on_result(&mut self, trial: &Trial, _result: &Map<String, Value>) -> Decision {
+        if trial.iterations == 3 && self.paused.insert(trial.trial_id.clone()) {
+            Decision::Pause
+        } else {
+            Decision::Continue
+        }
+    }
+    fn choose_next(&mut self, trials: &[Trial]) -> Option<usize> {
+        trials
+            .iter()
+            .position(|t| t.status == TrialStatus::Paused)
+            .or_else(|| trials.iter().position(|t| t.status == TrialStatus::Pending))
+    }
+    fn name(&self) -> &'static str {
+        "pause-once"
+    }
+}
+
+#[test]
+fn a_paused_trial_releases_its_slot_and_continues_from_its_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut spec = spec(
+        dir.path(),
+        vec![json!({"x": 1.0}), json!({"x": 2.0}), json!({"x": 3.0})],
+        6,
+    );
+    spec.max_concurrent = 1;
+    let log = Log::default();
+    let summary = run_with(
+        wavy(Arc::default(), 0),
+        spec,
+        Box::new(PauseOnce::default()),
+        Some(Box::new(log.clone())),
+    )
+    .unwrap();
+    for trial in &summary.trials {
+        assert_eq!(trial.status, TrialStatus::Terminated);
+        assert_eq!(trial.iterations, 6);
+        assert_eq!(checkpoint_files(&trial.dir), ["checkpoint_000003.ckpt"]);
+        let result = trial.last_result.as_ref().unwrap();
+        assert_eq!(result["iterations_since_restore"], json!(3));
+    }
+    let log = log.0.lock().unwrap().clone();
+    let paused = log
+        .iter()
+        .position(|l| l == "trial_0000 paused at 3")
+        .unwrap();
+    assert_eq!(
+        log[paused + 1],
+        "trial_0000 it=4 since_restore=1",
+        "{log:?}"
+    );
+}
+
+#[test]
+fn an_interrupted_experiment_resumes_from_its_state_and_checkpoints() {
+    let configs: Vec<Value> = (0..4).map(|i| json!({"x": i as f64 + 1.0})).collect();
+    let dir = tempfile::tempdir().unwrap();
+    let uninterrupted = run(
+        wavy(Arc::default(), 0),
+        spec(dir.path(), configs.clone(), 9),
+    );
+
+    // The same experiment, stopped by a failure under fail_fast = "raise".
+    let dir = tempfile::tempdir().unwrap();
+    let mut first = spec(dir.path(), configs.clone(), 9);
+    first.configs.insert(0, json!({"x": 0.0, "fails": 1}));
+    first.checkpoint.freq = 2;
+    first.failure.fail_fast = FailFast::Raise;
+    let failures = Arc::new(AtomicU32::new(0));
+    let backend = wavy(failures.clone(), 4);
+    let mut spec_after = first.clone();
+    assert!(run_with(backend.clone(), first, Box::new(Fifo::default()), None).is_err());
+
+    let saved = state::load(dir.path(), false).unwrap();
+    let mut trials = saved.trials;
+    let plan = resume::prepare(
+        &backend,
+        &mut trials,
+        dir.path(),
+        &spec_after.checkpoint,
+        ErroredTrials::Retry,
+    );
+    let counted = plan.continued.len() + plan.restarted.len() + plan.pending + plan.finished;
+    assert_eq!(counted, 5, "{plan:?}");
+    // The failed trial continues from its checkpoint at iteration 2.
+    assert!(
+        plan.continued.contains(&("trial_0000".into(), 2)),
+        "{plan:?}"
+    );
+    assert!(plan.damaged.is_empty(), "{:?}", plan.damaged);
+    spec_after.failure.fail_fast = FailFast::Off;
+    let resumed = Runner::new(backend, spec_after, Box::new(Fifo::default()))
+        .with_trials(trials)
+        .callback(TrialFiles::new());
+    let summary = tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(resumed.run())
+        .unwrap();
+    assert_eq!(summary.trials[0].status, TrialStatus::Terminated);
+    for (a, b) in uninterrupted.trials.iter().zip(&summary.trials[1..]) {
+        assert_eq!(b.status, TrialStatus::Terminated, "{:?}", b.error);
+        assert_eq!(a.metric("score"), b.metric("score"), "{}", a.trial_id);
+        assert_eq!(a.iterations, b.iterations);
+    }
+}

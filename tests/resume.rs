@@ -1,0 +1,190 @@
+//! Checkpoints, recovery and `wtune resume` end to end through the `wtune`
+//! binary, on the deterministic `stateful` guest: whatever interrupts a
+//! trial, its final state (the `digest` of its heap) must equal that of an
+//! uninterrupted run.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// Four trials whose results depend only on their seed and iteration count.
+fn experiment(dir: &Path, extra: &str, buffer_kib: u64, iterations: u64) -> PathBuf {
+    let path = dir.join("experiment.toml");
+    let text = format!(
+        r#"
+name = "stateful"
+metric = "counter"
+max_concurrent_trials = 2
+{extra}
+[stop]
+training_iteration = {iterations}
+[param_space]
+seed = {{ grid_search = [1, 2, 3, 4] }}
+buffer_kib = {buffer_kib}
+iterations = 1000
+"#
+    );
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn run(config: &Path, out: &Path) -> Output {
+    common::wtune()
+        .arg("run")
+        .arg(common::guest("stateful"))
+        .arg("--config")
+        .arg(config)
+        .args(["--seed", "1", "--output-dir"])
+        .arg(out)
+        .output()
+        .unwrap()
+}
+
+fn ok(output: &Output) -> String {
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    format!("{stdout}\n{stderr}")
+}
+
+/// `(trial_id, status, digest, iterations, num_failures)` per trial, from
+/// `experiment.json`.
+fn outcomes(out: &Path) -> Vec<(String, String, f64, u64, u64)> {
+    let text = std::fs::read_to_string(out.join("experiment.json")).unwrap();
+    let doc: Value = serde_json::from_str(&text).unwrap();
+    doc["trials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            (
+                t["trial_id"].as_str().unwrap().to_string(),
+                t["status"].as_str().unwrap().to_string(),
+                t["last_result"]["digest"].as_f64().unwrap_or(-1.0),
+                t["iterations"].as_u64().unwrap(),
+                t["num_failures"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+fn digests(out: &Path) -> Vec<f64> {
+    outcomes(out).into_iter().map(|o| o.2).collect()
+}
+
+#[test]
+fn a_trap_at_iteration_k_recovers_under_max_failures_in_both_checkpoint_modes() {
+    let dir = tempfile::tempdir().unwrap();
+    let clean = experiment(dir.path(), "", 64, 8);
+    ok(&run(&clean, &dir.path().join("clean")));
+    let expected = digests(&dir.path().join("clean"));
+
+    for mode in ["snapshot", "guest"] {
+        let config = experiment(
+            dir.path(),
+            &format!(
+                "checkpoint = \"{mode}\"\ncheckpoint_freq = 2\nmax_failures = 1\n[param_space.trap_at]\ngrid_search = [5]"
+            ),
+            64,
+            8,
+        );
+        // A grid over one value keeps the four seeds as the only trials.
+        let out = dir.path().join(mode);
+        let log = ok(&run(&config, &out));
+        let outcomes = outcomes(&out);
+        for (id, status, _, iterations, failures) in &outcomes {
+            assert_eq!(status, "TERMINATED", "{mode} {id}\n{log}");
+            assert_eq!((*iterations, *failures), (8, 1), "{mode} {id}");
+        }
+        assert_eq!(digests(&out), expected, "{mode}");
+        assert!(log.contains("failure 1 of 1"), "{log}");
+        // The failure is in the trial's stderr; the trial kept going.
+        assert!(
+            out.join("trial_0000/checkpoints/checkpoint_000008.wtsnap")
+                .is_file()
+        );
+    }
+
+    // Without max_failures the same trap ends the trials in ERROR.
+    let config = experiment(
+        dir.path(),
+        "[param_space.trap_at]\ngrid_search = [5]",
+        64,
+        8,
+    );
+    let out = dir.path().join("no-retries");
+    let output = run(&config, &out);
+    assert!(!output.status.success());
+    assert!(outcomes(&out).iter().all(|o| o.1 == "ERROR"));
+}
+
+#[test]
+fn sigkill_mid_run_then_resume_gives_the_uninterrupted_results() {
+    let dir = tempfile::tempdir().unwrap();
+    // Big enough heaps that the run lasts seconds, so the kill lands
+    // mid-run even on a fast machine.
+    let (buffer_kib, iterations) = (8192, 24);
+    let clean = experiment(dir.path(), "", buffer_kib, iterations);
+    ok(&run(&clean, &dir.path().join("clean")));
+    let expected = digests(&dir.path().join("clean"));
+
+    let config = experiment(dir.path(), "checkpoint_freq = 3", buffer_kib, iterations);
+    let out = dir.path().join("killed");
+    let mut child = common::wtune()
+        .arg("run")
+        .arg(common::guest("stateful"))
+        .arg("--config")
+        .arg(&config)
+        .args(["--seed", "1", "--output-dir"])
+        .arg(&out)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let first = out.join("trial_0000/checkpoints/checkpoint_000003.wtsnap");
+    let started = Instant::now();
+    while !first.exists() && started.elapsed() < Duration::from_secs(120) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    let state = std::fs::read_to_string(out.join("experiment_state.json")).unwrap();
+    assert!(
+        !state.contains("\"status\":\"finished\""),
+        "the run finished before it could be killed; make it longer"
+    );
+
+    // A damaged state file is named as such, and the previous one works.
+    let good = std::fs::read(out.join("experiment_state.json")).unwrap();
+    std::fs::write(out.join("experiment_state.json"), &good[..good.len() / 2]).unwrap();
+    let output = common::wtune().arg("resume").arg(&out).output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("experiment_state.json is damaged"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("--previous-state"), "{stderr}");
+    std::fs::write(out.join("experiment_state.json"), &good).unwrap();
+
+    let log = ok(&common::wtune().arg("resume").arg(&out).output().unwrap());
+    assert!(log.contains("continue from checkpoints"), "{log}");
+    let outcomes = outcomes(&out);
+    for (id, status, _, iters, _) in &outcomes {
+        assert_eq!(
+            (status.as_str(), *iters),
+            ("TERMINATED", iterations),
+            "{id}"
+        );
+    }
+    assert_eq!(digests(&out), expected);
+
+    // Resuming a finished experiment changes nothing.
+    let log = ok(&common::wtune().arg("resume").arg(&out).output().unwrap());
+    assert!(log.contains("0 trials continue"), "{log}");
+    assert_eq!(digests(&out), expected);
+}
