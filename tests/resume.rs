@@ -188,3 +188,85 @@ fn sigkill_mid_run_then_resume_gives_the_uninterrupted_results() {
     assert!(log.contains("0 trials continue"), "{log}");
     assert_eq!(digests(&out), expected);
 }
+
+#[test]
+fn restore_from_starts_new_trials_where_a_checkpoint_left_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let one = |extra: &str, iterations: u64| {
+        let path = dir.path().join(format!("one-{iterations}.toml"));
+        std::fs::write(
+            &path,
+            format!(
+                "metric = \"counter\"\n{extra}\n[stop]\ntraining_iteration = {iterations}\n\
+                 [param_space]\nseed = 9\nbuffer_kib = 64\niterations = 1000\n"
+            ),
+        )
+        .unwrap();
+        path
+    };
+    ok(&run(&one("", 8), &dir.path().join("clean")));
+    let expected = digests(&dir.path().join("clean"));
+    ok(&run(
+        &one("checkpoint_at_end = true", 4),
+        &dir.path().join("first"),
+    ));
+    let checkpoint = dir
+        .path()
+        .join("first/trial_0000/checkpoints/checkpoint_000004.wtsnap");
+    assert!(checkpoint.is_file());
+
+    // A host snapshot carries its own configuration: a search space is refused.
+    let refused = common::wtune()
+        .arg("run")
+        .arg(common::guest("stateful"))
+        .arg("--config")
+        .arg(one("", 8))
+        .arg("--restore-from")
+        .arg(&checkpoint)
+        .arg("--output-dir")
+        .arg(dir.path().join("refused"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("is a host snapshot"), "{stderr}");
+
+    // Without one, the trial continues at iteration 5 with the snapshot's config.
+    let out = dir.path().join("continued");
+    let log = ok(&common::wtune()
+        .arg("run")
+        .arg(common::guest("stateful"))
+        .args(["--metric", "counter", "--stop", "training_iteration=8"])
+        .arg("--restore-from")
+        .arg(&checkpoint)
+        .arg("--output-dir")
+        .arg(&out)
+        .output()
+        .unwrap());
+    assert_eq!(digests(&out), expected, "{log}");
+    let first_line = std::fs::read_to_string(out.join("trial_0000/result.jsonl")).unwrap();
+    let first: Value = serde_json::from_str(first_line.lines().next().unwrap()).unwrap();
+    assert_eq!(first["training_iteration"], 5);
+    assert_eq!(first["iterations_since_restore"], 1);
+    assert_eq!(first["config"]["seed"], 9);
+
+    // A damaged checkpoint is refused with the reason, before anything runs.
+    let mut bytes = std::fs::read(&checkpoint).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0xff;
+    let damaged = dir.path().join("damaged.wtsnap");
+    std::fs::write(&damaged, &bytes).unwrap();
+    let output = common::wtune()
+        .arg("run")
+        .arg(common::guest("stateful"))
+        .arg("--restore-from")
+        .arg(&damaged)
+        .arg("--output-dir")
+        .arg(dir.path().join("damaged"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("checksum does not match"), "{stderr}");
+    assert!(!dir.path().join("damaged").exists());
+}

@@ -16,13 +16,17 @@
 //!   filled with random data (the worst case), and of a 64 MiB memory that
 //!   is mostly untouched heap: in-memory GB/s each way, file size and the
 //!   time to encode (zstd + checksum) and write it.
+//! - `state`: 10,000 trials (20 iterations of 2 ms each, 32 at a time) with
+//!   and without `experiment_state.json` persistence: the wall-time
+//!   difference, and the share of the run spent serializing state on the
+//!   runner's thread.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use wtune::exec::WasmBackend;
-use wtune::report::{ExperimentFile, TrialFiles};
+use wtune::report::{ExperimentFile, StateFile, TrialFiles};
 use wtune::sandbox::{Limits, Program, Sandbox, SandboxOptions, TrialEnv};
 use wtune::tune::{Fifo, FnBackend, Mode, RunSpec, Runner, Step, StopCriteria, TrialBackend};
 use wtune_guest::Trainable;
@@ -72,6 +76,96 @@ fn main() {
     if matches!(what.as_str(), "all" | "snapshot") {
         snapshot(&guest("stateful"));
     }
+    if matches!(what.as_str(), "all" | "state") {
+        state_writes();
+    }
+}
+
+fn state_writes() {
+    const TRIALS: usize = 10_000;
+    const ITERATIONS: u64 = 20;
+    const CONCURRENT: usize = 32;
+    let step_time = Duration::from_millis(2);
+    println!(
+        "\n### Experiment state persistence ({TRIALS} trials x {ITERATIONS} iterations of {} ms, {CONCURRENT} at a time)\n",
+        step_time.as_millis()
+    );
+    println!(
+        "| run | wall (s) | state writes | state size | serializing on the runner thread |\n| --- | --- | --- | --- | --- |"
+    );
+    let backend = move || {
+        FnBackend::new(move |config: &Value| {
+            let x = config["x"].as_f64().unwrap_or(0.0);
+            Ok(move |it: u64| {
+                std::thread::sleep(step_time);
+                Ok(Step {
+                    metrics: vec![
+                        ("score".into(), x * it as f64),
+                        ("loss".into(), 1.0 / (1.0 + x * it as f64)),
+                    ],
+                    done: false,
+                    fuel: 1_000_000,
+                })
+            })
+        })
+    };
+    let run = |with_state: bool| {
+        let dir = scratch();
+        let spec = RunSpec {
+            name: "state".into(),
+            output_dir: dir.path().join("out"),
+            metric: Some("score".into()),
+            mode: Mode::Max,
+            stop: StopCriteria {
+                training_iteration: Some(ITERATIONS),
+                ..Default::default()
+            },
+            max_concurrent: CONCURRENT,
+            configs: (0..TRIALS)
+                .map(|i| json!({"x": i as f64 / TRIALS as f64, "name": format!("config-{i}")}))
+                .collect(),
+            checkpoint: Default::default(),
+            failure: Default::default(),
+            restore_from: None,
+        };
+        let mut runner = Runner::new(backend(), spec, Box::new(Fifo::default()));
+        let mut stats = None;
+        if with_state {
+            let state = StateFile::new(json!({"bench": true}));
+            stats = Some(state.stats());
+            runner = runner.callback(state);
+        }
+        let started = Instant::now();
+        tokio::runtime::Runtime::new()
+            .unwrap()
+            .block_on(runner.run())
+            .unwrap();
+        let wall = started.elapsed();
+        let size =
+            std::fs::metadata(dir.path().join("out/experiment_state.json")).map_or(0, |m| m.len());
+        (wall, stats, size)
+    };
+    let (without, _, _) = run(false);
+    println!(
+        "| runner alone | {:.2} | - | - | - |",
+        without.as_secs_f64()
+    );
+    let (with, stats, size) = run(true);
+    let stats = stats.unwrap();
+    let serialize = Duration::from_nanos(
+        stats
+            .serialize_ns
+            .load(std::sync::atomic::Ordering::Relaxed),
+    );
+    println!(
+        "| runner + experiment_state.json | {:.2} ({:+.2}%) | {} + final | {} | {:.1} ms ({:.2}% of wall) |",
+        with.as_secs_f64(),
+        (with.as_secs_f64() / without.as_secs_f64() - 1.0) * 100.0,
+        stats.writes.load(std::sync::atomic::Ordering::Relaxed),
+        wtune::sandbox::human_bytes(size),
+        serialize.as_secs_f64() * 1e3,
+        serialize.as_secs_f64() / with.as_secs_f64() * 100.0
+    );
 }
 
 fn gbps(bytes: u64, d: Duration) -> String {

@@ -614,6 +614,40 @@ mod tests {
         assert_eq!(plan.data[0].0, "d");
         assert!(plan.data[0].1.is_absolute());
         assert!(plan.notes.is_empty());
+        assert_eq!(plan.spec.checkpoint, CheckpointPolicy::default());
+        assert_eq!(plan.spec.failure, FailurePolicy::default());
+    }
+
+    #[test]
+    fn checkpoint_and_failure_keys_are_read() {
+        let plan = plan_of(
+            r#"
+            seed = 1
+            checkpoint = "guest"
+            checkpoint_freq = 5
+            checkpoint_at_end = true
+            keep_checkpoints_num = 2
+            checkpoint_score_attr = "min-loss"
+            max_failures = -1
+            fail_fast = "raise"
+            "#,
+        )
+        .unwrap();
+        assert_eq!(plan.checkpoint_mode, Some(CheckpointMode::Guest));
+        assert_eq!(
+            plan.spec.checkpoint,
+            CheckpointPolicy {
+                freq: 5,
+                at_end: true,
+                keep_num: Some(2),
+                score_attr: Some("min-loss".into()),
+            }
+        );
+        assert_eq!(plan.spec.failure.max_failures, None);
+        assert_eq!(plan.spec.failure.fail_fast, FailFast::Raise);
+        let stop = plan_of("seed = 1\nfail_fast = true\nmax_failures = 3").unwrap();
+        assert_eq!(stop.spec.failure.fail_fast, FailFast::Stop);
+        assert_eq!(stop.spec.failure.max_failures, Some(3));
     }
 
     #[test]
@@ -674,6 +708,23 @@ mod tests {
                 "param_space.lr: loguniform",
             ),
             ("num_samples = ", "experiment.toml"),
+            ("checkpoint = \"memory\"", "checkpoint must be \"snapshot\""),
+            (
+                "keep_checkpoints_num = 0",
+                "keep_checkpoints_num must be at least 1",
+            ),
+            ("max_failures = -2", "max_failures must be 0 or more, or -1"),
+            (
+                "fail_fast = \"yes\"",
+                "fail_fast must be true, false or \"raise\"",
+            ),
+            ("restore_from = \"nope.wtsnap\"", "restore_from: "),
+            (
+                "checkpoint_score_attr = \"min-\"",
+                "checkpoint_score_attr must name a result field",
+            ),
+            ("snapshot_key_file = \"nokey\"", "snapshot_key_file: "),
+            ("checkpoint_freq = -1", "checkpoint_freq"),
         ];
         for (text, expected) in cases {
             let message = plan_of(text).unwrap_err().to_string();

@@ -19,6 +19,8 @@
 
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
@@ -206,10 +208,18 @@ pub struct StateFile {
     last_write: Instant,
     interval: Duration,
     background: Option<(mpsc::Sender<Vec<u8>>, JoinHandle<()>)>,
-    /// Time spent serializing on the runner's thread, for the benchmark.
-    pub serialize_time: Duration,
-    /// Writes handed to the background thread, for the benchmark.
-    pub writes: u64,
+    stats: Arc<StateStats>,
+}
+
+/// What state persistence has cost so far (for benchmarks and logs).
+#[derive(Debug, Default)]
+pub struct StateStats {
+    /// Nanoseconds spent serializing on the runner's thread, mid-run.
+    pub serialize_ns: AtomicU64,
+    /// Mid-run states handed to the writer thread.
+    pub writes: AtomicU64,
+    /// Size of the newest state, in bytes.
+    pub last_bytes: AtomicU64,
 }
 
 impl StateFile {
@@ -221,9 +231,13 @@ impl StateFile {
             last_write: Instant::now(),
             interval: MIN_INTERVAL,
             background: None,
-            serialize_time: Duration::ZERO,
-            writes: 0,
+            stats: Arc::default(),
         }
+    }
+
+    /// A live view of what persisting state has cost.
+    pub fn stats(&self) -> Arc<StateStats> {
+        self.stats.clone()
     }
 
     fn bytes(&self, status: &str, trials: &[Trial], scheduler: SchedulerStateRef<'_>) -> Vec<u8> {
@@ -291,8 +305,14 @@ impl Callback for StateFile {
             },
         );
         let cost = started.elapsed();
-        self.serialize_time += cost;
-        self.writes += 1;
+        let stats = &self.stats;
+        stats
+            .serialize_ns
+            .fetch_add(cost.as_nanos() as u64, Ordering::Relaxed);
+        stats.writes.fetch_add(1, Ordering::Relaxed);
+        stats
+            .last_bytes
+            .store(bytes.len() as u64, Ordering::Relaxed);
         // Space writes so serializing stays a small share of the run.
         self.interval = MIN_INTERVAL.max(cost.div_f64(MAX_LOOP_SHARE));
         if let Some((sender, _)) = &self.background {

@@ -20,6 +20,18 @@ pub fn summary_text(summary: &ExperimentSummary) -> String {
         summary.count(TrialStatus::Error),
     );
     let _ = writeln!(out, "Results: {}", summary.output_dir.display());
+    let recovered: u64 = summary
+        .trials
+        .iter()
+        .map(|t| u64::from(t.num_failures))
+        .sum();
+    if recovered > 0 {
+        let _ = writeln!(
+            out,
+            "Recovered from {recovered} trial failure{} (max_failures)",
+            if recovered == 1 { "" } else { "s" }
+        );
+    }
     match (summary.best_trial(), &summary.metric) {
         (Some(best), Some(metric)) => {
             let value = best.metric(metric).unwrap_or(f64::NAN);
@@ -28,6 +40,13 @@ pub fn summary_text(summary: &ExperimentSummary) -> String {
                 "Best trial: {} ({metric} = {value:.4}, mode {}, after {} iterations)",
                 best.trial_id, summary.mode, best.iterations
             );
+            if let Some(checkpoint) = best.latest_checkpoint() {
+                let _ = writeln!(
+                    out,
+                    "Best trial's newest checkpoint: {}",
+                    best.dir.join(&checkpoint.path).display()
+                );
+            }
             let _ = writeln!(out, "Best config:");
             let mut lines = Vec::new();
             config_lines("", &best.config, &mut lines);
