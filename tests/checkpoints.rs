@@ -264,8 +264,9 @@ fn fail_fast_stops_the_others_and_raise_ends_the_run_with_the_error() {
     let halted = summary.halted.clone().unwrap();
     assert!(halted.contains("trial_0001 failed"), "{halted}");
     assert_eq!(summary.trials[1].status, TrialStatus::Error);
+    // A trial still running is released unfinished, for `wtune resume`.
     let first = &summary.trials[0];
-    assert_eq!(first.status, TrialStatus::Terminated);
+    assert_eq!(first.status, TrialStatus::Paused);
     assert!(first.iterations < 50, "stopped early: {}", first.iterations);
     assert_eq!(first.stop_reason.as_deref(), Some(halted.as_str()));
     // Trials not yet started stay PENDING, for `wtune resume`.

@@ -150,8 +150,13 @@ impl Callback for ExperimentFile {
             drop(sender);
             let _ = thread.join();
         }
+        let status = if summary.halted.is_some() {
+            "halted"
+        } else {
+            "finished"
+        };
         let bytes = self.document(
-            "finished",
+            status,
             &summary.trials,
             summary.best,
             Some(summary.wall_time),

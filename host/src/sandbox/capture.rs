@@ -5,11 +5,16 @@
 //! dropped while the guest keeps running (its fuel and deadline still bound
 //! it). The last few KiB are also kept in memory so a trap can quote the
 //! guest's panic message.
+//!
+//! Files are created on the first write, so the many trials that never
+//! print cost no file, and opened for appending, so a trial that continues
+//! after a failure or a pause keeps its earlier output (the panic that made
+//! it fail, for one) under one cap.
 
 use std::collections::VecDeque;
-use std::fs::File;
+use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
@@ -22,7 +27,8 @@ use wasmtime_wasi::p2::{OutputStream, Pollable, StreamError, StreamResult};
 const TAIL_BYTES: usize = 4096;
 
 struct Inner {
-    file: File,
+    path: PathBuf,
+    file: Option<File>,
     written: u64,
     cap: u64,
     truncated: bool,
@@ -32,19 +38,32 @@ struct Inner {
 impl Inner {
     fn write(&mut self, mut bytes: &[u8]) -> io::Result<()> {
         self.remember(bytes);
-        if self.truncated {
+        if self.truncated || bytes.is_empty() {
             return Ok(());
         }
+        if self.file.is_none() {
+            let file = OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&self.path)?;
+            self.written = file.metadata()?.len();
+            self.truncated = self.written >= self.cap;
+            self.file = Some(file);
+            if self.truncated {
+                return Ok(());
+            }
+        }
+        let file = self.file.as_mut().expect("opened above");
         let room = self.cap.saturating_sub(self.written);
         if bytes.len() as u64 > room {
             bytes = &bytes[..room as usize];
             self.truncated = true;
         }
-        self.file.write_all(bytes)?;
+        file.write_all(bytes)?;
         self.written += bytes.len() as u64;
         if self.truncated {
             writeln!(
-                self.file,
+                file,
                 "\n[wtune: output truncated at {} bytes; the rest was dropped]",
                 self.cap
             )?;
@@ -68,18 +87,19 @@ pub(crate) struct CappedSink {
 }
 
 impl CappedSink {
-    /// Creates (truncating) the log file at `path`, capped at `cap` bytes.
-    pub(crate) fn create(path: &Path, cap: u64) -> io::Result<Self> {
-        let file = File::create(path)?;
-        Ok(Self {
+    /// A stream appended to the log file at `path` (created on the first
+    /// write), capped at `cap` bytes in all.
+    pub(crate) fn new(path: &Path, cap: u64) -> Self {
+        Self {
             inner: Arc::new(Mutex::new(Inner {
-                file,
+                path: path.to_path_buf(),
+                file: None,
                 written: 0,
                 cap,
                 truncated: false,
                 tail: VecDeque::with_capacity(TAIL_BYTES),
             })),
-        })
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -107,7 +127,10 @@ impl CappedSink {
 
     /// Flushes the file to the OS.
     pub(crate) fn flush(&self) -> io::Result<()> {
-        self.lock().file.flush()
+        match &mut self.lock().file {
+            Some(file) => file.flush(),
+            None => Ok(()),
+        }
     }
 }
 
@@ -173,7 +196,7 @@ mod tests {
     fn stops_at_the_cap_with_one_marker_and_keeps_the_tail() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("out.log");
-        let sink = CappedSink::create(&path, 10).unwrap();
+        let sink = CappedSink::new(&path, 10);
         sink.write(b"12345").unwrap();
         sink.write(b"67890abc").unwrap();
         sink.write(b"more").unwrap();
@@ -188,9 +211,34 @@ mod tests {
     }
 
     #[test]
+    fn files_appear_on_the_first_write_and_continue_under_one_cap() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("out.log");
+        let quiet = CappedSink::new(&path, 12);
+        quiet.flush().unwrap();
+        drop(quiet);
+        assert!(!path.exists(), "no output, no file");
+        let first = CappedSink::new(&path, 12);
+        first.write(b"before\n").unwrap();
+        drop(first);
+        let second = CappedSink::new(&path, 12);
+        second.write(b"after the restore").unwrap();
+        second.write(b"dropped").unwrap();
+        drop(second);
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(
+            text.starts_with("before\nafter\n[wtune: output truncated"),
+            "{text}"
+        );
+        let third = CappedSink::new(&path, 12);
+        third.write(b"also dropped").unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), text);
+    }
+
+    #[test]
     fn tail_keeps_only_the_last_bytes() {
         let dir = tempfile::tempdir().unwrap();
-        let sink = CappedSink::create(&dir.path().join("x"), 1 << 20).unwrap();
+        let sink = CappedSink::new(&dir.path().join("x"), 1 << 20);
         for _ in 0..3 {
             sink.write(&[b'a'; TAIL_BYTES]).unwrap();
         }

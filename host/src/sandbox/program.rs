@@ -178,16 +178,9 @@ impl Program {
             at,
             message: format!("{what}: {e}"),
         };
-        let sink = |name: &str| {
-            CappedSink::create(&env.log_dir.join(name), limits.log_bytes).map_err(|e| {
-                host_err(
-                    &format!("creating {}", env.log_dir.join(name).display()),
-                    &e,
-                )
-            })
-        };
+        let sink = |name: &str| CappedSink::new(&env.log_dir.join(name), limits.log_bytes);
         let (stdout, stderr, guest_log) =
-            (sink("stdout.log")?, sink("stderr.log")?, sink("guest.log")?);
+            (sink("stdout.log"), sink("stderr.log"), sink("guest.log"));
 
         let mut wasi = WasiCtxBuilder::new();
         // Nothing is inherited: no environment, no arguments, no stdin, and

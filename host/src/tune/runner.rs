@@ -356,9 +356,14 @@ impl<B: TrialBackend> Runner<B> {
                     }
                     None
                 }
-                Event::Launched(Err(failure)) => {
-                    self.failure(&mut tasks, &mut trials, index, None, failure.reason)
-                }
+                Event::Launched(Err(failure)) => self.failure(
+                    &mut tasks,
+                    &mut trials,
+                    index,
+                    None,
+                    failure.reason,
+                    halted.is_some(),
+                ),
                 Event::Launched(Ok(session)) => {
                     let trial = &mut trials[index];
                     trial.iterations = session.iteration();
@@ -391,6 +396,7 @@ impl<B: TrialBackend> Runner<B> {
                         index,
                         Some(session),
                         failure.reason,
+                        halted.is_some(),
                     )
                 }
                 Event::Stepped {
@@ -627,12 +633,14 @@ impl<B: TrialBackend> Runner<B> {
         index: usize,
         session: Option<B::Session>,
         reason: String,
+        halting: bool,
     ) -> Option<String> {
         let trial = &mut trials[index];
-        let retry = match self.spec.failure.max_failures {
-            None => true,
-            Some(max) => trial.num_failures < max,
-        };
+        let retry = !halting
+            && match self.spec.failure.max_failures {
+                None => true,
+                Some(max) => trial.num_failures < max,
+            };
         if retry {
             trial.num_failures += 1;
             tracing::debug!(trial = %trial.trial_id, failures = trial.num_failures, "recovering: {reason}");
@@ -752,10 +760,13 @@ impl<B: TrialBackend> Runner<B> {
         self.notify(trials, index, |cb, t| cb.on_trial_end(t, index));
     }
 
-    /// Ends a live trial because the experiment is halting.
+    /// Releases a live trial because the experiment is halting. It is left
+    /// PAUSED, not TERMINATED: it did not finish, and `wtune resume`
+    /// continues it from its newest checkpoint.
     fn halt_trial(&mut self, trials: &mut [Trial], index: usize, reason: &str) {
         trials[index].stop_reason = Some(reason.to_string());
-        self.end(trials, index);
+        trials[index].status = TrialStatus::Paused;
+        self.notify(trials, index, |cb, t| cb.on_trial_pause(t, index));
     }
 
     fn fail(&mut self, trials: &mut [Trial], index: usize, reason: String) {
