@@ -283,3 +283,42 @@ fn zero_trials_is_a_clean_empty_run() {
     assert!(summary.trials.is_empty());
     assert!(summary.best.is_none());
 }
+
+#[test]
+fn asha_stops_exactly_the_trials_hand_computed_on_linear_curves() {
+    use wtune::tune::{Asha, AshaConfig};
+    // One at a time, so the order results arrive in is fixed.
+    let dir = tempfile::tempdir().unwrap();
+    let configs = [1.0, 0.5, 2.0, 0.8].map(|x| json!({"x": x})).to_vec();
+    let config = AshaConfig {
+        max_t: 4.0,
+        grace_period: 1.0,
+        reduction_factor: 2.0,
+        ..AshaConfig::default()
+    };
+    let asha = Asha::new(config, "score", Mode::Max, 0).unwrap();
+    let runner = Runner::new(
+        linear(),
+        spec(dir.path(), configs, iterations(100), 1),
+        Box::new(asha),
+    );
+    let summary = tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(runner.run())
+        .unwrap();
+    // Rungs at 1 and 2, max_t 4. trial 0 is first everywhere and runs to
+    // max_t; trial 1 (0.5) is below rung 1's median of {1}; trial 2 (2.0)
+    // beats every median; trial 3 (0.8) is below median{1, 0.5, 2} = 1.
+    let iterations: Vec<u64> = summary.trials.iter().map(|t| t.iterations).collect();
+    assert_eq!(iterations, [4, 1, 4, 1]);
+    assert!(
+        summary
+            .trials
+            .iter()
+            .all(|t| t.status == TrialStatus::Terminated)
+    );
+    assert_eq!(
+        summary.trials[1].stop_reason.as_deref(),
+        Some("stopped by the asha scheduler")
+    );
+}

@@ -13,7 +13,7 @@ use crate::report::{ExperimentFile, Progress, StateFile, TrialFiles, state, summ
 use crate::sandbox::{Limits, Program, Sandbox, SandboxOptions, fuel_text, human_bytes};
 use crate::snapshot::{Payload, SnapshotKey};
 use crate::tune::resume::{self, ErroredTrials};
-use crate::tune::{Fifo, RunError, RunSpec, Runner, Scheduler, Trial, TrialStatus};
+use crate::tune::{RunError, RunSpec, Runner, Scheduler, SchedulerSpec, Trial, TrialStatus};
 
 /// Tune hyperparameters of WebAssembly trainables, each trial in its own sandbox.
 #[derive(Debug, Parser)]
@@ -143,7 +143,17 @@ struct Setup {
     data: Vec<(String, PathBuf)>,
     checkpoint: CheckpointMode,
     snapshot_key_file: Option<PathBuf>,
+    scheduler: SchedulerSpec,
+    seed: u64,
     run_info: Value,
+}
+
+impl Setup {
+    fn scheduler(&self) -> Result<Box<dyn Scheduler>, Failure> {
+        self.scheduler
+            .build(self.spec.metric.as_deref(), self.spec.mode, self.seed)
+            .map_err(Failure::user)
+    }
 }
 
 /// A failure of the command, with the exit status it maps to.
@@ -240,8 +250,20 @@ fn run(args: RunArgs) -> Result<(), Failure> {
     let key = snapshot_key(plan.snapshot_key_file.as_deref())?;
     let mut backend =
         WasmBackend::new(program.clone(), plan.limits.clone(), plan.data.clone()).snapshot_key(key);
-    if let Some(mode) = plan.checkpoint_mode {
-        backend = backend.checkpoint_mode(mode).map_err(Failure::user)?;
+    match plan.checkpoint_mode {
+        Some(mode) => backend = backend.checkpoint_mode(mode).map_err(Failure::user)?,
+        None => {
+            let checkpoints = &plan.spec.checkpoint;
+            if let Err(refusal) = program.snapshots()
+                && (checkpoints.freq > 0 || checkpoints.at_end)
+            {
+                eprintln!(
+                    "note: host snapshots are not possible for this component ({}); \
+                     checkpoints use its own save()/restore()",
+                    refusal.reason()
+                );
+            }
+        }
     }
     if let Some(path) = &plan.spec.restore_from {
         let (meta, payload) = backend.read_checkpoint(path).map_err(Failure::user)?;
@@ -305,9 +327,12 @@ fn run(args: RunArgs) -> Result<(), Failure> {
         snapshot_key_file: plan
             .snapshot_key_file
             .map(|p| std::path::absolute(&p).unwrap_or(p)),
+        scheduler: plan.scheduler,
+        seed: plan.seed,
         run_info,
     };
-    execute(backend, spec, trials, Box::new(Fifo::default()), &setup)
+    let scheduler = setup.scheduler()?;
+    execute(backend, spec, trials, scheduler, &setup)
 }
 
 /// Runs trials to the end and reports, for `run` and `resume` alike.
@@ -388,12 +413,6 @@ fn resume_experiment(args: ResumeArgs) -> Result<(), Failure> {
             args.dir.display()
         ))
     })?;
-    if !state.scheduler.name.is_empty() && state.scheduler.name != "fifo" {
-        return Err(Failure::user(format!(
-            "the experiment ran with the {} scheduler, which this wtune does not have",
-            state.scheduler.name
-        )));
-    }
     let model = args.model.unwrap_or_else(|| setup.model.clone());
     let sandbox = sandbox(args.cache, setup.max_wasm_stack)?;
     let program: Program = sandbox.load(&model).map_err(Failure::user)?;
@@ -443,13 +462,24 @@ fn resume_experiment(args: ResumeArgs) -> Result<(), Failure> {
         plan.pending,
         plan.finished
     );
-    let mut scheduler = Fifo::default();
-    scheduler
-        .restore_state(&state.scheduler.state)
-        .map_err(Failure::user)?;
+    let mut scheduler = setup.scheduler()?;
+    // A state written before the scheduler existed (the first write) or
+    // after it ended (a finished run) has no scheduler state to take back.
+    if !state.scheduler.name.is_empty() {
+        if state.scheduler.name != scheduler.name() {
+            return Err(Failure::user(format!(
+                "the saved state is of the {} scheduler, but the experiment's setup names {}",
+                state.scheduler.name,
+                scheduler.name()
+            )));
+        }
+        scheduler
+            .restore_state(&state.scheduler.state)
+            .map_err(Failure::user)?;
+    }
     setup.spec.output_dir = output_dir;
     let spec = setup.spec.clone();
-    execute(backend, spec, trials, Box::new(scheduler), &setup)
+    execute(backend, spec, trials, scheduler, &setup)
 }
 
 fn inspect(model: &Path) -> Result<(), Failure> {

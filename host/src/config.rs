@@ -15,7 +15,8 @@ use serde_json::Value;
 use crate::exec::CheckpointMode;
 use crate::sandbox::Limits;
 use crate::tune::{
-    CheckpointPolicy, FailFast, FailurePolicy, Mode, RunSpec, SearchSpace, StopCriteria,
+    CheckpointPolicy, FailFast, FailurePolicy, Mode, RunSpec, SchedulerSpec, SearchSpace,
+    StopCriteria,
 };
 
 /// Stop criterion applied when none is given, so `wtune run model.wasm`
@@ -41,7 +42,7 @@ struct ExperimentToml {
     seed: Option<u64>,
     max_concurrent_trials: Option<usize>,
     output_dir: Option<PathBuf>,
-    scheduler: Option<String>,
+    scheduler: Option<toml::Value>,
     stop: Option<toml::Table>,
     limits: Option<LimitsToml>,
     data: Option<BTreeMap<String, PathBuf>>,
@@ -132,6 +133,8 @@ pub struct Plan {
     pub checkpoint_mode: Option<CheckpointMode>,
     /// A file whose bytes key the checkpoints' MAC.
     pub snapshot_key_file: Option<PathBuf>,
+    /// The trial scheduler.
+    pub scheduler: SchedulerSpec,
     /// Whether the search space was empty (trials started from a host
     /// snapshot then take its configuration).
     pub empty_space: bool,
@@ -168,14 +171,6 @@ pub fn plan(
         )));
     }
 
-    if let Some(scheduler) = &file.scheduler
-        && scheduler != "fifo"
-    {
-        return Err(bad(format!(
-            "scheduler {scheduler:?} is not known; available: \"fifo\""
-        )));
-    }
-
     let metric = overrides.metric.clone().or(file.metric);
     let mode = match overrides.mode.clone().or(file.mode) {
         Some(mode) => {
@@ -192,6 +187,8 @@ pub fn plan(
     if metric.as_deref() == Some("") {
         return Err(bad("metric must not be empty"));
     }
+
+    let scheduler = scheduler(file.scheduler.as_ref())?;
 
     let num_samples = overrides.num_samples.or(file.num_samples).unwrap_or(1);
     if num_samples == 0 {
@@ -214,6 +211,11 @@ pub fn plan(
             seed
         }
     };
+
+    // Built once here so that its parameters are checked before anything runs.
+    scheduler
+        .build(metric.as_deref(), mode, seed)
+        .map_err(bad)?;
 
     let space = match &file.param_space {
         Some(table) => SearchSpace::from_json(&to_json(table)).map_err(|e| bad(e.to_string()))?,
@@ -390,8 +392,39 @@ pub fn plan(
         notes,
         checkpoint_mode,
         snapshot_key_file,
+        scheduler,
         empty_space: file.param_space.as_ref().is_none_or(|t| t.is_empty()),
     })
+}
+
+/// `scheduler = "asha"` or `[scheduler]` with `type = "asha"` and parameters.
+fn scheduler(value: Option<&toml::Value>) -> Result<SchedulerSpec, ConfigError> {
+    let table = match value {
+        None => return Ok(SchedulerSpec::Fifo),
+        Some(toml::Value::String(name)) => {
+            let mut table = toml::Table::new();
+            table.insert("type".into(), toml::Value::String(name.clone()));
+            table
+        }
+        Some(toml::Value::Table(table)) => table.clone(),
+        Some(other) => {
+            return Err(bad(format!(
+                "scheduler must be a name such as \"asha\" or a [scheduler] table; got {other}"
+            )));
+        }
+    };
+    let name = match table.get("type") {
+        Some(toml::Value::String(name)) => name.clone(),
+        _ => return Err(bad("[scheduler] needs `type`, e.g. type = \"asha\"")),
+    };
+    if !SchedulerSpec::NAMES.contains(&name.as_str()) {
+        return Err(bad(format!(
+            "scheduler {name:?} is not known; available: {}",
+            SchedulerSpec::NAMES.map(|n| format!("{n:?}")).join(", ")
+        )));
+    }
+    serde_json::from_value(to_json(&table))
+        .map_err(|e| bad(format!("scheduler: {}", one_line(&e.to_string()))))
 }
 
 fn limits(file: LimitsToml, overrides: &Overrides) -> Result<(Limits, usize), ConfigError> {
@@ -651,6 +684,26 @@ mod tests {
     }
 
     #[test]
+    fn schedulers_by_name_or_table() {
+        let plan = plan_of("seed = 1\nmetric = \"a\"\nscheduler = \"asha\"").unwrap();
+        assert_eq!(plan.scheduler, SchedulerSpec::Asha(Default::default()));
+        let plan = plan_of(
+            "seed = 1\nmetric = \"a\"\n[scheduler]\ntype = \"asha\"\nmax_t = 27\n\
+             reduction_factor = 3\ntime_attr = \"fuel_total\"\nbrackets = 2",
+        )
+        .unwrap();
+        let SchedulerSpec::Asha(asha) = plan.scheduler else {
+            panic!("asha expected")
+        };
+        assert_eq!(
+            (asha.max_t, asha.reduction_factor, asha.brackets),
+            (27.0, 3.0, 2)
+        );
+        assert_eq!(asha.time_attr, "fuel_total");
+        assert_eq!(plan_of("seed = 1").unwrap().scheduler, SchedulerSpec::Fifo);
+    }
+
+    #[test]
     fn defaults_make_a_bare_run_useful() {
         let plan = plan(
             Path::new("dir/model.wasm"),
@@ -683,6 +736,16 @@ mod tests {
             ),
             ("mode = \"min\"", "mode is set but metric is not"),
             ("scheduler = \"magic\"", "scheduler \"magic\" is not known"),
+            (
+                "metric = \"a\"\n[scheduler]\ntype = \"asha\"\nreduction_factor = 1",
+                "scheduler.reduction_factor must be greater than 1",
+            ),
+            (
+                "metric = \"a\"\n[scheduler]\ntype = \"asha\"\nmax_tt = 1",
+                "unknown field `max_tt`",
+            ),
+            ("scheduler = \"asha\"", "set `metric`"),
+            ("[scheduler]\nmax_t = 3", "[scheduler] needs `type`"),
             (
                 "[limits]\nmemory = \"lots\"",
                 "limits.memory must be a size",

@@ -333,14 +333,12 @@ impl Callback for StateFile {
         } else {
             "finished"
         };
-        // The scheduler is gone by now; its state only matters for trials
-        // still to run, which a halted run's resume starts again.
         let bytes = self.bytes(
             status,
             &summary.trials,
             SchedulerStateRef {
-                name: "",
-                state: Value::Null,
+                name: &summary.scheduler.0,
+                state: summary.scheduler.1.clone(),
             },
         );
         write_file(&self.dir, &bytes)

@@ -3,6 +3,7 @@
 //! [`TrialBackend`], so the runner can be tested and benchmarked with any
 //! backend, including plain Rust functions ([`FnBackend`]).
 
+pub mod asha;
 mod backend;
 mod native;
 mod result;
@@ -13,6 +14,7 @@ pub mod space;
 mod stop;
 mod trial;
 
+pub use asha::{Asha, AshaConfig};
 pub use backend::{
     CheckpointInfo, CheckpointMeta, Step, TrialBackend, TrialFailure, TrialLaunch, TrialSession,
 };
@@ -22,7 +24,7 @@ pub use runner::{
     CHECKPOINT_DIR, Callback, CheckpointPolicy, ExperimentSummary, FailFast, FailurePolicy,
     RunError, RunSpec, Runner,
 };
-pub use scheduler::{Decision, Fifo, Scheduler};
+pub use scheduler::{Decision, Fifo, Scheduler, SchedulerSpec};
 pub use space::{SearchSpace, SpaceError};
 pub use stop::{Bound, StopCriteria, Threshold};
 pub use trial::{Checkpoint, Trial, TrialStatus};

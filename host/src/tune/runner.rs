@@ -178,6 +178,8 @@ pub struct ExperimentSummary {
     /// Why the experiment stopped before every trial finished (a failed
     /// trial under `fail_fast`).
     pub halted: Option<String>,
+    /// The scheduler's name and final [`Scheduler::state`], for saving.
+    pub scheduler: (String, Value),
 }
 
 impl ExperimentSummary {
@@ -510,6 +512,7 @@ impl<B: TrialBackend> Runner<B> {
             best,
             wall_time: started.elapsed(),
             halted,
+            scheduler: (self.scheduler.name().to_string(), self.scheduler.state()),
         };
         for cb in &mut self.callbacks {
             cb.on_experiment_end(&summary).map_err(RunError::Callback)?;
@@ -811,6 +814,7 @@ impl<B: TrialBackend> Runner<B> {
             best: None,
             wall_time: Duration::ZERO,
             halted: Some("a trial failed and fail_fast = \"raise\"".into()),
+            scheduler: (self.scheduler.name().to_string(), self.scheduler.state()),
         };
         for cb in &mut self.callbacks {
             if let Err(reason) = cb.on_experiment_end(&summary) {

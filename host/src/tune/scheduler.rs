@@ -2,9 +2,48 @@
 //! which waiting trial runs next. They are pure: they see trials and results,
 //! never sandboxes.
 
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+use super::asha::{Asha, AshaConfig};
+use super::result::Mode;
 use super::trial::{Trial, TrialStatus};
+
+/// A scheduler by name and parameters, as an experiment file gives it:
+/// `scheduler = "asha"`, or a `[scheduler]` table with `type = "asha"` and
+/// the parameters.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(tag = "type", rename_all = "lowercase", deny_unknown_fields)]
+pub enum SchedulerSpec {
+    /// [`Fifo`].
+    #[default]
+    Fifo,
+    /// [`Asha`].
+    Asha(AshaConfig),
+}
+
+impl SchedulerSpec {
+    /// The names known, for error messages.
+    pub const NAMES: [&'static str; 2] = ["fifo", "asha"];
+
+    /// Builds the scheduler for an experiment ranking by `metric`/`mode`.
+    pub fn build(
+        &self,
+        metric: Option<&str>,
+        mode: Mode,
+        seed: u64,
+    ) -> Result<Box<dyn Scheduler>, String> {
+        Ok(match self {
+            SchedulerSpec::Fifo => Box::new(Fifo::default()),
+            SchedulerSpec::Asha(config) => {
+                let metric = metric.ok_or(
+                    "the asha scheduler ranks trials by the experiment's metric; set `metric`",
+                )?;
+                Box::new(Asha::new(config.clone(), metric, mode, seed)?)
+            }
+        })
+    }
+}
 
 /// What happens to a trial after a result.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
