@@ -404,3 +404,84 @@ fn an_interrupted_experiment_resumes_from_its_state_and_checkpoints() {
         assert_eq!(a.iterations, b.iterations);
     }
 }
+
+/// Sends an interrupt when `trial_0000` reports iteration `at`.
+struct InterruptAt {
+    at: u64,
+    times: usize,
+    send: tokio::sync::mpsc::UnboundedSender<()>,
+}
+
+impl Callback for InterruptAt {
+    fn on_result(&mut self, t: &[Trial], i: usize, _: &Map<String, Value>) -> Result<(), String> {
+        if i == 0 && t[i].iterations == self.at {
+            for _ in 0..self.times {
+                let _ = self.send.send(());
+            }
+        }
+        Ok(())
+    }
+}
+
+#[test]
+fn an_interrupt_checkpoints_running_trials_and_a_second_one_exits_at_once() {
+    let configs: Vec<Value> = (0..4).map(|i| json!({"x": i as f64 + 1.0})).collect();
+    let dir = tempfile::tempdir().unwrap();
+    let (send, receive) = tokio::sync::mpsc::unbounded_channel();
+    let runner = Runner::new(
+        slow_or_failing(),
+        spec(dir.path(), configs.clone(), 50),
+        Box::new(Fifo::default()),
+    )
+    .interrupts(receive)
+    .callback(StateFile::new(json!({})))
+    .callback(InterruptAt {
+        at: 3,
+        times: 1,
+        send,
+    });
+    let summary = tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(runner.run())
+        .unwrap();
+    assert_eq!(summary.halted.as_deref(), Some("interrupted"));
+    let first = &summary.trials[0];
+    assert_eq!(first.status, TrialStatus::Paused);
+    // Checkpointed after the step it was in: nothing is lost.
+    let newest = first.latest_checkpoint().unwrap();
+    assert_eq!(newest.iteration, first.iterations);
+    assert!(first.iterations >= 3 && first.iterations < 50);
+    assert!(
+        summary.trials[2..]
+            .iter()
+            .all(|t| t.status == TrialStatus::Pending)
+    );
+    let saved = state::load(dir.path(), false).unwrap();
+    assert_eq!(saved.trials[0].status, TrialStatus::Paused);
+
+    let dir = tempfile::tempdir().unwrap();
+    let (send, receive) = tokio::sync::mpsc::unbounded_channel();
+    let runner = Runner::new(
+        slow_or_failing(),
+        spec(dir.path(), configs, 50),
+        Box::new(Fifo::default()),
+    )
+    .interrupts(receive)
+    .callback(StateFile::new(json!({})))
+    .callback(InterruptAt {
+        at: 3,
+        times: 2,
+        send,
+    });
+    let outcome = tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(runner.run());
+    assert!(
+        matches!(outcome, Err(RunError::Interrupted)),
+        "{:?}",
+        outcome.map(|s| s.halted)
+    );
+    let saved = state::load(dir.path(), false).unwrap();
+    assert_eq!(saved.status, "halted");
+    assert_eq!(saved.trials[0].status, TrialStatus::Running);
+}

@@ -270,3 +270,57 @@ fn restore_from_starts_new_trials_where_a_checkpoint_left_off() {
     assert!(stderr.contains("checksum does not match"), "{stderr}");
     assert!(!dir.path().join("damaged").exists());
 }
+
+#[test]
+fn ctrl_c_checkpoints_and_resume_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (buffer_kib, iterations) = (8192, 24);
+    let clean = experiment(dir.path(), "", buffer_kib, iterations);
+    ok(&run(&clean, &dir.path().join("clean")));
+    let expected = digests(&dir.path().join("clean"));
+
+    // No periodic checkpoints: only the interrupt takes one.
+    let out = dir.path().join("interrupted");
+    let child = common::wtune()
+        .arg("run")
+        .arg(common::guest("stateful"))
+        .arg("--config")
+        .arg(&clean)
+        .args(["--seed", "1", "--output-dir"])
+        .arg(&out)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let results = out.join("trial_0000/result.jsonl");
+    let started = Instant::now();
+    while std::fs::read_to_string(&results).map_or(0, |t| t.lines().count()) < 2
+        && started.elapsed() < Duration::from_secs(120)
+    {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let status = std::process::Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(130), "{stderr}");
+    assert!(stderr.contains("wtune resume"), "{stderr}");
+    let paused = outcomes(&out);
+    assert!(paused.iter().any(|o| o.1 == "PAUSED"), "{paused:?}");
+    for (id, status, _, iters, _) in &paused {
+        if status == "PAUSED" {
+            let checkpoint = out.join(format!("{id}/checkpoints/checkpoint_{iters:06}.wtsnap"));
+            assert!(
+                checkpoint.is_file(),
+                "{id} paused at {iters} with its checkpoint"
+            );
+        }
+    }
+
+    let log = ok(&common::wtune().arg("resume").arg(&out).output().unwrap());
+    assert!(log.contains("continue from checkpoints"), "{log}");
+    assert_eq!(digests(&out), expected);
+}

@@ -352,7 +352,37 @@ fn execute(
         .callback(Progress::new());
     let runtime = tokio::runtime::Runtime::new()
         .map_err(|e| Failure::runtime(format!("cannot start the runtime: {e}")))?;
-    let summary = match runtime.block_on(runner.run()) {
+    let (interrupt, interrupts) = tokio::sync::mpsc::unbounded_channel();
+    let runner = runner.interrupts(interrupts);
+    let dir = setup.spec.output_dir.clone();
+    runtime.spawn(async move {
+        let mut count = 0;
+        while tokio::signal::ctrl_c().await.is_ok() {
+            count += 1;
+            if count == 1 {
+                eprintln!(
+                    "\ninterrupted: checkpointing running trials after their current step and \
+                     saving state (Ctrl-C again to exit at once)"
+                );
+            }
+            if interrupt.send(()).is_err() {
+                break;
+            }
+        }
+    });
+    let outcome = runtime.block_on(runner.run());
+    if let Err(RunError::Interrupted) = outcome {
+        // Blocking threads may still be inside a trial's call; do not wait.
+        runtime.shutdown_background();
+        return Err(Failure {
+            message: format!(
+                "interrupted; continue the experiment with `wtune resume {}`",
+                dir.display()
+            ),
+            status: 130,
+        });
+    }
+    let summary = match outcome {
         Ok(summary) => summary,
         Err(err @ RunError::TrialFailed { .. }) => {
             return Err(Failure::runtime(format!(
@@ -365,10 +395,15 @@ fn execute(
 
     print!("{}", summary_text(&summary));
     if let Some(reason) = &summary.halted {
-        return Err(Failure::runtime(format!(
+        let mut failure = Failure::runtime(format!(
             "the experiment stopped early: {reason}; continue it with `wtune resume {}`",
             summary.output_dir.display()
-        )));
+        ));
+        if reason == "interrupted" {
+            // The shell's convention for a run ended by SIGINT.
+            failure.status = 130;
+        }
+        return Err(failure);
     }
     let errors = summary.count(TrialStatus::Error);
     if errors > 0 && errors == summary.trials.len() {

@@ -98,6 +98,8 @@ impl AccessIndex {
 pub(crate) struct Sink {
     image: MemoryImage,
     next: u64,
+    /// `false` records only where the memory is non-zero.
+    keep_bytes: bool,
 }
 
 /// Adds the host side of the accessor's `chunk` import to the linker.
@@ -109,7 +111,11 @@ pub(crate) fn add_sink_to_linker(linker: &mut Linker<TrialHost>) -> wasmtime::Re
                 wasmtime::bail!("`{SINK_IMPORT}` called outside a host snapshot");
             };
             let bytes = data.as_le_slice(&store);
-            sink.image.push_contents(sink.next, bytes);
+            if sink.keep_bytes {
+                sink.image.push_contents(sink.next, bytes);
+            } else {
+                sink.image.push_runs(sink.next, bytes);
+            }
             sink.next += bytes.len() as u64;
             store.data_mut().sink = Some(sink);
             Ok(())
@@ -147,8 +153,56 @@ impl Access<'_> {
         R: wasmtime::component::ComponentNamedList + wasmtime::component::Lift,
     {
         let func = self.func::<P, R>(name)?;
+        self.invoke(&func, name, params)
+    }
+
+    /// Calls a function resolved earlier with [`Access::func`], for loops
+    /// that would otherwise look it up and type-check it on every call.
+    fn invoke<P, R>(
+        &mut self,
+        func: &TypedFunc<P, R>,
+        name: &str,
+        params: P,
+    ) -> Result<R, SnapshotError>
+    where
+        P: wasmtime::component::ComponentNamedList + wasmtime::component::Lower,
+        R: wasmtime::component::ComponentNamedList + wasmtime::component::Lift,
+    {
         func.call(self.store.as_context_mut(), params)
             .map_err(|e| SnapshotError::Failed(format!("accessor `{name}`: {e:#}")))
+    }
+
+    /// Passes `from..to` of memory `k` through the sink into `image`: its
+    /// non-zero chunks with their bytes, or with `keep_bytes` false only
+    /// where they are.
+    fn dump(
+        &mut self,
+        k: usize,
+        from: u64,
+        to: u64,
+        image: MemoryImage,
+        keep_bytes: bool,
+    ) -> Result<MemoryImage, SnapshotError> {
+        let name = memory_accessor("dump", k);
+        let dump = self.func::<(u32, u32), ()>(&name)?;
+        self.store.data_mut().sink = Some(Sink {
+            image,
+            next: from,
+            keep_bytes,
+        });
+        let mut offset = from;
+        let result = (|| {
+            while offset < to {
+                let span = (to - offset).min(DUMP_SPAN);
+                self.invoke(&dump, &name, (offset as u32, span as u32))?;
+                offset += span;
+            }
+            Ok(())
+        })();
+        let sink = self.store.data_mut().sink.take();
+        result?;
+        let sink = sink.ok_or_else(|| SnapshotError::Failed("the sink vanished".into()))?;
+        Ok(sink.image)
     }
 
     /// Reads every memory and global.
@@ -157,31 +211,13 @@ impl Access<'_> {
         let mut image = GuestImage::default();
         for k in 0..index.layout.memories.len() {
             let (pages,): (u32,) = self.call(&memory_accessor("size", k), ())?;
-            let len = u64::from(pages) * crate::snapshot::PAGE;
-            let mut memory = MemoryImage::with_pages(pages);
-            // Room for a dense memory up front: untouched capacity costs no
-            // RAM, and growing by doubling would copy the data again.
-            memory.data.reserve_exact(len as usize);
-            self.store.data_mut().sink = Some(Sink {
-                image: memory,
-                next: 0,
-            });
-            let mut offset = 0;
-            let result = (|| {
-                while offset < len {
-                    let span = (len - offset).min(DUMP_SPAN);
-                    self.call::<(u32, u32), ()>(
-                        &memory_accessor("dump", k),
-                        (offset as u32, span as u32),
-                    )?;
-                    offset += span;
-                }
-                Ok(())
-            })();
-            let sink = self.store.data_mut().sink.take();
-            result?;
-            let sink = sink.ok_or_else(|| SnapshotError::Failed("the sink vanished".into()))?;
-            image.memories.push(sink.image);
+            let (memory, reused) = MemoryImage::with_room(pages);
+            let len = memory.byte_len();
+            let mut memory = self.dump(k, 0, len, memory, true)?;
+            if reused {
+                memory.fit_reused();
+            }
+            image.memories.push(memory);
         }
         for (g, ty) in index.layout.globals.iter().enumerate() {
             let name = global_accessor("get", g);
@@ -338,23 +374,39 @@ impl Access<'_> {
         // Pages beyond the fresh size are zero already; below it, whatever
         // instantiation (and the handle replay) wrote must be cleared.
         let dirty = u64::from(current) * crate::snapshot::PAGE;
+        let seek_name = memory_accessor("seek", k);
+        let write_name = memory_accessor("write", k);
+        let seek = self.func::<(u32,), ()>(&seek_name)?;
+        let write = self.func::<(&[u8],), ()>(&write_name)?;
         let mut at = 0u64;
         for (offset, bytes) in memory.runs() {
             if at < dirty && offset > at {
-                self.zero(k, at, offset.min(dirty) - at)?;
+                self.clear(k, at, offset.min(dirty))?;
             }
-            self.call::<(u32,), ()>(&memory_accessor("seek", k), (offset as u32,))?;
-            self.call::<(&[u8],), ()>(&memory_accessor("write", k), (bytes,))?;
+            self.invoke(&seek, &seek_name, (offset as u32,))?;
+            self.invoke(&write, &write_name, (bytes,))?;
             at = offset + bytes.len() as u64;
         }
         if at < dirty {
-            self.zero(k, at, dirty - at)?;
+            self.clear(k, at, dirty)?;
         }
         Ok(())
     }
 
-    fn zero(&mut self, k: usize, offset: u64, len: u64) -> Result<(), SnapshotError> {
-        self.call::<(u32, u32), ()>(&memory_accessor("zero", k), (offset as u32, len as u32))
+    /// Zeroes `from..to` of memory `k`. Only its non-zero chunks are
+    /// written: zeroing a page the fresh instance never touched would fault
+    /// it in, which costs far more than reading it.
+    fn clear(&mut self, k: usize, from: u64, to: u64) -> Result<(), SnapshotError> {
+        let written = self.dump(k, from, to, MemoryImage::with_pages(0), false)?;
+        if written.runs.is_empty() {
+            return Ok(());
+        }
+        let name = memory_accessor("zero", k);
+        let zero = self.func::<(u32, u32), ()>(&name)?;
+        for &(offset, len) in &written.runs {
+            self.invoke(&zero, &name, (offset as u32, len as u32))?;
+        }
+        Ok(())
     }
 
     /// Re-acquires the handles in `entries` at the same indices. The

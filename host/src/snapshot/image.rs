@@ -1,5 +1,7 @@
 //! A guest's state as plain data: sparse memories and global values.
 
+use std::sync::{Mutex, PoisonError};
+
 /// Granularity of zero detection: runs of all-zero chunks are not stored.
 /// Smaller than a wasm page (64 KiB) so that a mostly untouched heap with a
 /// few live allocations stays small.
@@ -9,6 +11,77 @@ pub const CHUNK: usize = 4096;
 pub const PAGE: u64 = 65536;
 
 static ZEROS: [u8; CHUNK] = [0; CHUNK];
+
+/// Calls `f(start, end)` for each stretch of non-zero [`CHUNK`]s of `bytes`,
+/// chunked from its start. Whole stretches let the caller copy at memcpy
+/// speed rather than a chunk at a time.
+fn for_nonzero(bytes: &[u8], mut f: impl FnMut(usize, usize)) {
+    let mut pending = None;
+    for (i, chunk) in bytes.chunks(CHUNK).enumerate() {
+        let at = i * CHUNK;
+        if chunk == &ZEROS[..chunk.len()] {
+            if let Some(start) = pending.take() {
+                f(start, at);
+            }
+        } else if pending.is_none() {
+            pending = Some(at);
+        }
+    }
+    if let Some(start) = pending {
+        f(start, bytes.len());
+    }
+}
+
+/// Smallest buffer worth keeping for reuse: smaller ones come back resident
+/// from the allocator's own free lists.
+const MIN_SPARE: usize = 1 << 20;
+
+/// The data buffer of the last large image dropped, kept for the next
+/// snapshot. A fresh buffer costs a page fault (and the kernel zeroing the
+/// page) per 4 KiB on first touch, which makes filling it several times
+/// slower than copying into resident memory, and checkpoints drop one image
+/// before taking the next. At most one is kept, so what stays allocated
+/// between snapshots is bounded by the largest recent image.
+static SPARE: Mutex<Vec<u8>> = Mutex::new(Vec::new());
+
+fn spare() -> std::sync::MutexGuard<'static, Vec<u8>> {
+    // The slot holds plain bytes; a panic elsewhere cannot leave it invalid.
+    SPARE.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// An empty buffer with room for `len` bytes: the spare when it fits without
+/// pinning much more than `len`, a fresh allocation otherwise. The flag says
+/// which.
+fn buffer_for(len: usize) -> (Vec<u8>, bool) {
+    let mut slot = spare();
+    let capacity = slot.capacity();
+    if capacity >= len && capacity / 2 <= len {
+        let mut buffer = std::mem::take(&mut *slot);
+        buffer.clear();
+        return (buffer, true);
+    }
+    // A spare too small for this image is freed before the new allocation
+    // rather than after, keeping the peak lower; this image replaces it
+    // once dropped.
+    let stale = if capacity < len {
+        std::mem::take(&mut *slot)
+    } else {
+        Vec::new()
+    };
+    drop(slot);
+    drop(stale);
+    (Vec::with_capacity(len), false)
+}
+
+/// Offers `buffer` for reuse by the next snapshot.
+fn recycle(buffer: Vec<u8>) {
+    if buffer.capacity() < MIN_SPARE {
+        return;
+    }
+    let old = std::mem::replace(&mut *spare(), buffer);
+    // Freed outside the lock: unmapping a large buffer takes a while.
+    drop(old);
+}
 
 /// One linear memory: its size and the non-zero parts of its contents.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -28,8 +101,20 @@ impl MemoryImage {
     pub fn with_pages(pages: u32) -> Self {
         Self {
             pages,
-            ..Self::default()
+            runs: Vec::new(),
+            data: Vec::new(),
         }
+    }
+
+    /// An empty image of a memory of `pages` pages with room for all of its
+    /// bytes, so that filling it never copies the data again to grow;
+    /// untouched room costs no RAM. `true` when the room is a reused buffer,
+    /// which [`MemoryImage::fit_reused`] should trim once filled.
+    pub(crate) fn with_room(pages: u32) -> (Self, bool) {
+        let mut image = Self::with_pages(pages);
+        let reused;
+        (image.data, reused) = buffer_for(image.byte_len() as usize);
+        (image, reused)
     }
 
     /// Size in bytes.
@@ -40,16 +125,35 @@ impl MemoryImage {
     /// Appends the non-zero chunks of `bytes`, which lie at `offset` in the
     /// memory. Calls must come in ascending, contiguous order.
     pub fn push_contents(&mut self, offset: u64, bytes: &[u8]) {
-        let mut at = offset;
-        for chunk in bytes.chunks(CHUNK) {
-            if chunk != &ZEROS[..chunk.len()] {
-                match self.runs.last_mut() {
-                    Some((start, len)) if *start + *len == at => *len += chunk.len() as u64,
-                    _ => self.runs.push((at, chunk.len() as u64)),
-                }
-                self.data.extend_from_slice(chunk);
-            }
-            at += chunk.len() as u64;
+        for_nonzero(bytes, |start, end| {
+            self.extend_runs(offset + start as u64, (end - start) as u64);
+            self.data.extend_from_slice(&bytes[start..end]);
+        });
+    }
+
+    /// Records where `bytes`, at `offset`, is non-zero as runs but stores no
+    /// data: the result says what to clear, and is no valid image.
+    pub(crate) fn push_runs(&mut self, offset: u64, bytes: &[u8]) {
+        for_nonzero(bytes, |start, end| {
+            self.extend_runs(offset + start as u64, (end - start) as u64);
+        });
+    }
+
+    /// Adds `len` bytes at `offset` to the runs, extending the last run when
+    /// they continue it.
+    fn extend_runs(&mut self, offset: u64, len: u64) {
+        match self.runs.last_mut() {
+            Some((start, run)) if *start + *run == offset => *run += len,
+            _ => self.runs.push((offset, len)),
+        }
+    }
+
+    /// Gives a reused buffer's unneeded room back: a mostly zero memory
+    /// would otherwise keep a spare sized for a dense one alive.
+    pub(crate) fn fit_reused(&mut self) {
+        if self.data.capacity() - self.data.len() > self.data.len().max(MIN_SPARE) {
+            let fitted = self.data.to_vec();
+            recycle(std::mem::replace(&mut self.data, fitted));
         }
     }
 
@@ -106,6 +210,12 @@ impl MemoryImage {
             return Err("memory run lengths do not add up to the stored bytes".into());
         }
         Ok(())
+    }
+}
+
+impl Drop for MemoryImage {
+    fn drop(&mut self) {
+        recycle(std::mem::take(&mut self.data));
     }
 }
 
@@ -175,6 +285,41 @@ mod tests {
         image.push_contents(0, &[1u8; CHUNK]);
         image.push_contents(CHUNK as u64, &[2u8; CHUNK]);
         assert_eq!(image.runs, vec![(0, 2 * CHUNK as u64)]);
+    }
+
+    #[test]
+    fn runs_alone_mark_the_non_zero_chunks() {
+        let mut image = MemoryImage::with_pages(1);
+        let mut bytes = vec![0u8; 4 * CHUNK + 10];
+        bytes[CHUNK] = 1;
+        bytes[4 * CHUNK + 9] = 2;
+        image.push_runs(0, &bytes);
+        assert_eq!(
+            image.runs,
+            vec![(CHUNK as u64, CHUNK as u64), (4 * CHUNK as u64, 10)]
+        );
+        assert!(image.data.is_empty());
+    }
+
+    #[test]
+    fn reused_buffers_hold_only_the_new_contents() {
+        let pages = 32;
+        let mut old = MemoryImage::with_pages(pages);
+        old.push_contents(0, &vec![7u8; pages as usize * PAGE as usize]);
+        drop(old);
+        let (mut image, reused) = MemoryImage::with_room(pages);
+        let mut bytes = vec![0u8; pages as usize * PAGE as usize];
+        bytes[3 * CHUNK + 1] = 9;
+        image.push_contents(0, &bytes);
+        if reused {
+            image.fit_reused();
+            assert!(image.data.capacity() < MIN_SPARE);
+        }
+        assert_eq!(image.runs, vec![(3 * CHUNK as u64, CHUNK as u64)]);
+        let mut expected = vec![0u8; CHUNK];
+        expected[1] = 9;
+        assert_eq!(image.data, expected);
+        image.validate().unwrap();
     }
 
     #[test]

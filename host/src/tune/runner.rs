@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
+use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
 use super::backend::{CheckpointInfo, Step, TrialBackend, TrialFailure, TrialLaunch, TrialSession};
@@ -209,6 +210,9 @@ pub enum RunError {
         /// Its error.
         reason: String,
     },
+    /// Interrupted twice: the run ended without waiting for running trials.
+    #[error("interrupted; the experiment's state is saved")]
+    Interrupted,
     /// A runner task panicked: a bug in wtune.
     #[error("internal error: {0}")]
     Internal(String),
@@ -221,6 +225,7 @@ pub struct Runner<B: TrialBackend> {
     scheduler: Box<dyn Scheduler>,
     callbacks: Vec<Box<dyn Callback>>,
     trials: Option<Vec<Trial>>,
+    interrupts: Option<mpsc::UnboundedReceiver<()>>,
 }
 
 /// What a blocking task hands back to the runner's loop.
@@ -261,7 +266,18 @@ impl<B: TrialBackend> Runner<B> {
             scheduler,
             callbacks: Vec::new(),
             trials: None,
+            interrupts: None,
         }
+    }
+
+    /// Each message on `interrupts` is one interrupt (Ctrl-C, say). The
+    /// first stops new trials, checkpoints the running ones after their
+    /// current step and releases them PAUSED, and ends the run (`halted` in
+    /// the summary); a second ends it at once with
+    /// [`RunError::Interrupted`], the state saved.
+    pub fn interrupts(mut self, interrupts: mpsc::UnboundedReceiver<()>) -> Self {
+        self.interrupts = Some(interrupts);
+        self
     }
 
     /// Continues an earlier experiment: `trials` replace the ones the spec's
@@ -319,6 +335,7 @@ impl<B: TrialBackend> Runner<B> {
         let mut tasks: JoinSet<(usize, Event<B::Session>)> = JoinSet::new();
         let mut live = 0;
         let mut halted: Option<String> = None;
+        let mut interrupted = false;
         loop {
             while live < max_concurrent && halted.is_none() {
                 let Some(index) = self.scheduler.choose_next(&trials) else {
@@ -345,7 +362,23 @@ impl<B: TrialBackend> Runner<B> {
             }
 
             self.persist(&trials);
-            let Some(joined) = tasks.join_next().await else {
+            let joined = tokio::select! {
+                joined = tasks.join_next() => joined,
+                () = next_interrupt(&mut self.interrupts) => {
+                    if halted.is_some() && interrupted {
+                        // A second interrupt: leave now. The state on disk
+                        // lists every trial; running ones resume from their
+                        // newest checkpoints.
+                        self.persist_now(&trials, "interrupted twice");
+                        tasks.detach_all();
+                        return Err(RunError::Interrupted);
+                    }
+                    interrupted = true;
+                    halted = Some("interrupted".into());
+                    continue;
+                }
+            };
+            let Some(joined) = joined else {
                 break;
             };
             let (index, event) = joined.map_err(|e| RunError::Internal(e.to_string()))?;
@@ -421,10 +454,16 @@ impl<B: TrialBackend> Runner<B> {
                             tasks.spawn_blocking(move || (index, stop(session, false)));
                             Some(reason)
                         }
-                        Ok(_) if halted.is_some() => {
-                            let reason = halted.clone().unwrap_or_default();
-                            self.halt_trial(&mut trials, index, &reason);
-                            tasks.spawn_blocking(move || (index, stop(session, false)));
+                        // Halting: checkpoint the trial so that `wtune
+                        // resume` loses none of its work, then release it.
+                        Ok(decision) if halted.is_some() && decision != Decision::Stop => {
+                            self.after_step(
+                                &mut tasks,
+                                &mut trials,
+                                index,
+                                session,
+                                Decision::Pause,
+                            );
                             None
                         }
                         Ok(decision) => {
@@ -432,6 +471,20 @@ impl<B: TrialBackend> Runner<B> {
                             None
                         }
                     }
+                }
+                Event::Saved {
+                    session,
+                    saved: Err(failure),
+                    ..
+                } if halted.is_some() => {
+                    // Not the trial's fault that the run is ending: it is
+                    // released without the checkpoint, and resumes from its
+                    // previous one.
+                    tracing::warn!(trial = %trials[index].trial_id, "checkpoint while halting failed: {}", failure.reason);
+                    let reason = halted.clone().unwrap_or_default();
+                    self.halt_trial(&mut trials, index, &reason);
+                    tasks.spawn_blocking(move || (index, stop(session, false)));
+                    None
                 }
                 Event::Saved {
                     session,
@@ -488,7 +541,7 @@ impl<B: TrialBackend> Runner<B> {
                         ));
                     }
                     FailFast::Raise => {
-                        self.persist_now(&trials);
+                        self.persist_now(&trials, "a trial failed and fail_fast = \"raise\"");
                         // Sessions still running finish their current call
                         // on their blocking threads and are dropped.
                         tasks.detach_all();
@@ -804,7 +857,7 @@ impl<B: TrialBackend> Runner<B> {
 
     /// Persists state before the run ends abnormally: the state hook is
     /// throttled, so end-of-experiment hooks get the final word.
-    fn persist_now(&mut self, trials: &[Trial]) {
+    fn persist_now(&mut self, trials: &[Trial], why: &str) {
         let summary = ExperimentSummary {
             name: self.spec.name.clone(),
             output_dir: self.spec.output_dir.clone(),
@@ -813,7 +866,7 @@ impl<B: TrialBackend> Runner<B> {
             trials: trials.to_vec(),
             best: None,
             wall_time: Duration::ZERO,
-            halted: Some("a trial failed and fail_fast = \"raise\"".into()),
+            halted: Some(why.to_string()),
             scheduler: (self.scheduler.name().to_string(), self.scheduler.state()),
         };
         for cb in &mut self.callbacks {
@@ -858,6 +911,19 @@ fn save<S: TrialSession>(
         crate::persist::create_dir(parent).map_err(TrialFailure::new)?;
     }
     session.save(&path, info)
+}
+
+/// The next interrupt; never, without a channel or once it is closed.
+async fn next_interrupt(interrupts: &mut Option<mpsc::UnboundedReceiver<()>>) {
+    match interrupts {
+        Some(rx) => {
+            if rx.recv().await.is_none() {
+                *interrupts = None;
+                std::future::pending::<()>().await;
+            }
+        }
+        None => std::future::pending::<()>().await,
+    }
 }
 
 fn step<S: TrialSession>(mut session: S) -> Event<S> {
