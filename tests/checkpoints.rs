@@ -485,3 +485,27 @@ fn an_interrupt_checkpoints_running_trials_and_a_second_one_exits_at_once() {
     assert_eq!(saved.status, "halted");
     assert_eq!(saved.trials[0].status, TrialStatus::Running);
 }
+
+#[test]
+fn permanent_failures_are_not_retried_even_under_minus_one() {
+    let backend = FnBackend::new(|_: &Value| {
+        Ok(|it: u64| {
+            if it == 2 {
+                return Err(TrialFailure::permanent("fuel budget of 1e9 spent"));
+            }
+            Ok(Step {
+                metrics: vec![("score".into(), 1.0)],
+                done: false,
+                fuel: 1,
+            })
+        })
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let mut spec = spec(dir.path(), vec![json!({})], 5);
+    spec.failure.max_failures = None;
+    let summary = run(backend, spec);
+    let trial = &summary.trials[0];
+    assert_eq!(trial.status, TrialStatus::Error);
+    assert_eq!(trial.num_failures, 0);
+    assert_eq!(trial.error.as_deref(), Some("fuel budget of 1e9 spent"));
+}

@@ -343,12 +343,17 @@ fn execute(
     scheduler: Box<dyn Scheduler>,
     setup: &Setup,
 ) -> Result<(), Failure> {
+    let _lock = lock(&spec.output_dir)?;
     let setup_json = serde_json::to_value(setup).expect("the setup serializes");
+    let state = StateFile::new(setup_json)
+        .initial_scheduler(scheduler.name().to_string(), scheduler.state());
+    // The state first: it must be saved even if another callback fails at
+    // the end.
     let runner = Runner::new(backend, spec, scheduler)
         .with_trials(trials)
+        .callback(state)
         .callback(TrialFiles::new())
         .callback(ExperimentFile::new(setup.run_info.clone()))
-        .callback(StateFile::new(setup_json))
         .callback(Progress::new());
     let runtime = tokio::runtime::Runtime::new()
         .map_err(|e| Failure::runtime(format!("cannot start the runtime: {e}")))?;
@@ -371,23 +376,26 @@ fn execute(
         }
     });
     let outcome = runtime.block_on(runner.run());
-    if let Err(RunError::Interrupted) = outcome {
-        // Blocking threads may still be inside a trial's call; do not wait.
+    if outcome.is_err() {
+        // Blocking threads may still be inside other trials' calls; the
+        // state is saved, so do not wait for them.
         runtime.shutdown_background();
-        return Err(Failure {
-            message: format!(
-                "interrupted; continue the experiment with `wtune resume {}`",
-                dir.display()
-            ),
-            status: 130,
-        });
     }
     let summary = match outcome {
         Ok(summary) => summary,
+        Err(RunError::Interrupted) => {
+            return Err(Failure {
+                message: format!(
+                    "interrupted; continue the experiment with `wtune resume {}`",
+                    dir.display()
+                ),
+                status: 130,
+            });
+        }
         Err(err @ RunError::TrialFailed { .. }) => {
             return Err(Failure::runtime(format!(
                 "{err}\nthe experiment stopped; continue it with `wtune resume {}`",
-                setup.spec.output_dir.display()
+                dir.display()
             )));
         }
         Err(err) => return Err(Failure::runtime(err)),
@@ -413,6 +421,30 @@ fn execute(
         )));
     }
     Ok(())
+}
+
+/// Holds `<dir>/.wtune.lock` for as long as the returned file lives, so
+/// that two `wtune` processes never run the same experiment directory.
+fn lock(dir: &Path) -> Result<std::fs::File, Failure> {
+    crate::persist::create_dir(dir).map_err(Failure::runtime)?;
+    let path = dir.join(".wtune.lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| Failure::runtime(format!("cannot create {}: {e}", path.display())))?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => Err(Failure::user(format!(
+            "another wtune process is running the experiment in {}; wait for it to end",
+            dir.display()
+        ))),
+        Err(std::fs::TryLockError::Error(e)) => Err(Failure::runtime(format!(
+            "cannot lock {}: {e}",
+            path.display()
+        ))),
+    }
 }
 
 fn snapshot_key(file: Option<&Path>) -> Result<Option<SnapshotKey>, Failure> {
@@ -442,13 +474,29 @@ fn resume_experiment(args: ResumeArgs) -> Result<(), Failure> {
         };
         Failure::user(format!("{e}{hint}"))
     })?;
+    if args.previous_state {
+        // Keep the damaged newest state out of the way: the first write of
+        // this run would otherwise make it the "previous" one, replacing
+        // the good state being resumed from.
+        let current = args.dir.join(state::STATE_FILE);
+        if current.exists() {
+            let aside = args.dir.join("experiment_state.damaged.json");
+            std::fs::rename(&current, &aside).map_err(|e| {
+                Failure::runtime(format!("moving {} aside: {e}", current.display()))
+            })?;
+            eprintln!("note: the damaged state is kept as {}", aside.display());
+        }
+    }
     let mut setup: Setup = serde_json::from_value(state.setup).map_err(|e| {
         Failure::user(format!(
             "{}: the saved setup cannot be read by this wtune: {e}",
             args.dir.display()
         ))
     })?;
-    let model = args.model.unwrap_or_else(|| setup.model.clone());
+    let model = args
+        .model
+        .map(|m| std::path::absolute(&m).unwrap_or(m))
+        .unwrap_or_else(|| setup.model.clone());
     let sandbox = sandbox(args.cache, setup.max_wasm_stack)?;
     let program: Program = sandbox.load(&model).map_err(Failure::user)?;
     if program.digest() != setup.model_blake3 {

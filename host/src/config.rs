@@ -245,7 +245,8 @@ pub fn plan(
         stop_table.insert(key.trim().to_string(), value);
     }
     let mut stop = StopCriteria::from_json(&stop_table).map_err(bad)?;
-    if stop == StopCriteria::default() {
+    // ASHA's max_t ends trials by itself.
+    if stop == StopCriteria::default() && !matches!(scheduler, SchedulerSpec::Asha(_)) {
         stop.training_iteration = Some(DEFAULT_ITERATIONS);
         notes.push(format!(
             "no stopping criteria given; each trial stops after {DEFAULT_ITERATIONS} iterations"
@@ -687,6 +688,11 @@ mod tests {
     fn schedulers_by_name_or_table() {
         let plan = plan_of("seed = 1\nmetric = \"a\"\nscheduler = \"asha\"").unwrap();
         assert_eq!(plan.scheduler, SchedulerSpec::Asha(Default::default()));
+        assert_eq!(
+            plan.spec.stop,
+            StopCriteria::default(),
+            "max_t bounds trials, not the default stop"
+        );
         let plan = plan_of(
             "seed = 1\nmetric = \"a\"\n[scheduler]\ntype = \"asha\"\nmax_t = 27\n\
              reduction_factor = 3\ntime_attr = \"fuel_total\"\nbrackets = 2",

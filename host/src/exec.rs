@@ -117,11 +117,15 @@ impl WasmBackend {
         launch: &TrialLaunch,
         path: &Path,
     ) -> Result<(TrialInstance, f64), TrialFailure> {
-        let (meta, payload) = self.read_checkpoint(path).map_err(TrialFailure::new)?;
+        // A checkpoint that cannot be read or restored fails the same way on
+        // every retry.
+        let (meta, payload) = self
+            .read_checkpoint(path)
+            .map_err(TrialFailure::permanent)?;
         let instance = match payload {
             Payload::Memory(image) => {
                 if meta.config != launch.config {
-                    return Err(TrialFailure::new(format!(
+                    return Err(TrialFailure::permanent(format!(
                         "checkpoint {} is a host snapshot of a trial with config {}; a snapshot \
                          continues with its own configuration, so it cannot start config {} \
                          (guest checkpoints, checkpoint = \"guest\", can)",
@@ -132,11 +136,15 @@ impl WasmBackend {
                 }
                 self.program
                     .restore(env, &self.limits, &image, meta.iteration, meta.fuel_total)
-                    .map_err(|e| TrialFailure::new(format!("restoring {}: {e}", path.display())))?
+                    .map_err(|e| {
+                        TrialFailure::permanent(format!("restoring {}: {e}", path.display()))
+                    })?
             }
             Payload::Guest(state) => {
                 let mut instance = self.start(env, &launch.config)?;
-                instance.restore(&state).map_err(failure)?;
+                instance
+                    .restore(&state)
+                    .map_err(|fault| TrialFailure::permanent(fault.to_string()))?;
                 instance.continue_counts(meta.iteration, meta.fuel_total);
                 instance
             }
@@ -164,7 +172,11 @@ pub struct WasmSession {
 }
 
 fn failure(fault: TrialFault) -> TrialFailure {
-    TrialFailure::new(fault.to_string())
+    match fault {
+        // Continuing from a checkpoint does not refill the budget.
+        TrialFault::FuelBudget { .. } => TrialFailure::permanent(fault.to_string()),
+        _ => TrialFailure::new(fault.to_string()),
+    }
 }
 
 impl TrialBackend for WasmBackend {

@@ -265,11 +265,10 @@ impl Callback for Progress {
         let of = self
             .max_failures
             .map_or("unlimited".to_string(), |m| m.to_string());
+        // The reason names the call and the iteration.
         let line = format!(
-            "{} failed at iteration {}: {reason}; continuing from {from} (failure {} of {of})",
-            t.trial_id,
-            t.iterations + 1,
-            t.num_failures
+            "{} failed: {reason}; continuing from {from} (failure {} of {of})",
+            t.trial_id, t.num_failures
         );
         self.event(&line, trials);
         Ok(())

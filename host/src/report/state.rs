@@ -209,6 +209,7 @@ pub struct StateFile {
     interval: Duration,
     background: Option<(mpsc::Sender<Vec<u8>>, JoinHandle<()>)>,
     stats: Arc<StateStats>,
+    initial_scheduler: SchedulerState,
 }
 
 /// What state persistence has cost so far (for benchmarks and logs).
@@ -232,7 +233,19 @@ impl StateFile {
             interval: MIN_INTERVAL,
             background: None,
             stats: Arc::default(),
+            initial_scheduler: SchedulerState {
+                name: String::new(),
+                state: Value::Null,
+            },
         }
+    }
+
+    /// The scheduler state to write before the run has one of its own: a
+    /// resumed experiment's saved state, so that the first write does not
+    /// replace it with nothing.
+    pub fn initial_scheduler(mut self, name: String, state: Value) -> Self {
+        self.initial_scheduler = SchedulerState { name, state };
+        self
     }
 
     /// A live view of what persisting state has cost.
@@ -274,14 +287,13 @@ impl Callback for StateFile {
         persist::create_dir(&spec.output_dir)?;
         self.dir = spec.output_dir.clone();
         // Synchronous, so an unwritable directory stops the run before any
-        // trial starts. The scheduler's state is not known yet; the next
-        // write has it.
+        // trial starts.
         let bytes = self.bytes(
             "running",
             trials,
             SchedulerStateRef {
-                name: "",
-                state: Value::Null,
+                name: &self.initial_scheduler.name,
+                state: self.initial_scheduler.state.clone(),
             },
         );
         write_file(&self.dir, &bytes)?;

@@ -498,6 +498,24 @@ mod tests {
     }
 
     #[test]
+    fn configs_come_back_as_the_same_floats() {
+        // A restore compares the stored config with the trial's: sampled
+        // floats must survive JSON exactly (serde_json's float_roundtrip).
+        let (mut meta, payload) = sample();
+        let mut x = 0.123_456_789_012_345_67_f64;
+        let values: Vec<f64> = (0..2000)
+            .map(|i| {
+                x = (x * 3.999_999_7 * (1.0 - x)).abs();
+                x * 10f64.powi(i % 9 - 4)
+            })
+            .collect();
+        meta.config = serde_json::json!({ "values": values });
+        let bytes = encode(&meta, &payload, None);
+        let (read, _) = decode(&bytes, &meta.component, None).unwrap();
+        assert_eq!(read.config, meta.config);
+    }
+
+    #[test]
     fn guest_checkpoints_round_trip_and_are_checked_like_snapshots() {
         let (meta, _) = sample();
         let payload = Payload::Guest(b"model weights".repeat(100));

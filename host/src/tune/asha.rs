@@ -5,9 +5,11 @@
 //! of `time_attr`) below `max_t`. When a trial first reaches a rung, its
 //! result is recorded there and compared with the `1 - 1/reduction_factor`
 //! quantile of the results recorded at that rung so far: below it, the trial
-//! stops. Trials that reach `max_t` stop. Decisions depend only on results,
-//! so with `time_attr = "fuel_total"` and a seed the same experiment makes
-//! the same decisions on any machine.
+//! stops. Trials that reach `max_t` stop. Decisions depend only on results
+//! and the order they arrive in: with `time_attr = "fuel_total"`, a seed and
+//! one trial at a time, the same experiment makes the same decisions on any
+//! machine (with more at once, which trial reaches a rung first depends on
+//! speed, as in every asynchronous scheduler).
 
 use std::collections::BTreeMap;
 
@@ -68,9 +70,43 @@ impl AshaConfig {
         if self.brackets == 0 {
             return Err("scheduler.brackets must be at least 1".into());
         }
+        let rungs = self.rungs(0);
+        if rungs > MAX_RUNGS {
+            return Err(format!(
+                "scheduler: max_t / grace_period = {} with reduction_factor {} gives {rungs} \
+                 rungs; at most {MAX_RUNGS} are useful (raise reduction_factor)",
+                self.max_t / self.grace_period,
+                self.reduction_factor
+            ));
+        }
+        if self.brackets > rungs.max(1) {
+            return Err(format!(
+                "scheduler.brackets is {}, but these parameters give only {} rungs, so at \
+                 most {} brackets",
+                self.brackets,
+                rungs,
+                rungs.max(1)
+            ));
+        }
         Ok(())
     }
+
+    /// Ray's count of rungs in bracket `s`: int(log(max_t / grace) /
+    /// log(rf) - s + 1), the lowest at grace * rf^s.
+    fn rungs(&self, s: usize) -> usize {
+        let count =
+            (self.max_t / self.grace_period).ln() / self.reduction_factor.ln() - s as f64 + 1.0;
+        if count.is_finite() && count > 0.0 {
+            count.floor().min(u32::MAX as f64) as usize
+        } else {
+            0
+        }
+    }
 }
+
+/// More rungs than this means a reduction factor too close to 1 to be
+/// meant (and a state that grows with every rung).
+const MAX_RUNGS: usize = 64;
 
 /// One rung: a milestone and the rewards recorded there, by trial id.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -107,12 +143,7 @@ impl Asha {
         let rf = config.reduction_factor;
         let brackets = (0..config.brackets)
             .map(|s| {
-                // Ray: int(log(max_t / grace) / log(rf) - s + 1) rungs, the
-                // lowest at grace * rf^s.
-                let count = ((config.max_t / config.grace_period).ln() / rf.ln() - s as f64 + 1.0)
-                    .floor()
-                    .max(0.0) as i32;
-                (0..count)
+                (0..config.rungs(s) as i32)
                     .rev()
                     .map(|k| Rung {
                         milestone: config.grace_period * rf.powi(k + s as i32),
@@ -180,6 +211,41 @@ fn percentile(values: &mut [f64], q: f64) -> f64 {
     values[lo] + (values[hi] - values[lo]) * (pos - lo as f64)
 }
 
+impl Asha {
+    /// Records `result` at the first rung it reaches that has no result of
+    /// this trial yet, and says whether it falls below that rung's cutoff.
+    fn record(&mut self, trial: &Trial, t: f64, result: &Map<String, Value>) -> Decision {
+        // A missing or NaN metric (JSON null) is recorded as NaN, marking
+        // the rung as passed; cutoffs ignore NaN (numpy's nanpercentile).
+        let reward = match result.get(&self.metric).and_then(Value::as_f64) {
+            Some(v) if self.mode == Mode::Min => -v,
+            Some(v) => v,
+            None => f64::NAN,
+        };
+        let bracket = self.bracket_for(&trial.trial_id);
+        let keep = 1.0 - 1.0 / self.config.reduction_factor;
+        for rung in &mut self.brackets[bracket] {
+            if t < rung.milestone || rung.recorded.contains_key(&trial.trial_id) {
+                continue;
+            }
+            let mut seen: Vec<f64> = rung
+                .recorded
+                .values()
+                .copied()
+                .filter(|v| !v.is_nan())
+                .collect();
+            let stop = !seen.is_empty() && reward < percentile(&mut seen, keep * 100.0);
+            rung.recorded.insert(trial.trial_id.clone(), reward);
+            return if stop {
+                Decision::Stop
+            } else {
+                Decision::Continue
+            };
+        }
+        Decision::Continue
+    }
+}
+
 impl Scheduler for Asha {
     fn on_result(&mut self, trial: &Trial, result: &Map<String, Value>) -> Decision {
         let Some(t) = result.get(&self.config.time_attr).and_then(Value::as_f64) else {
@@ -188,33 +254,15 @@ impl Scheduler for Asha {
         if t >= self.config.max_t {
             return Decision::Stop;
         }
-        let reward = result
-            .get(&self.metric)
-            .and_then(Value::as_f64)
-            .filter(|v| !v.is_nan())
-            .map(|v| match self.mode {
-                Mode::Max => v,
-                Mode::Min => -v,
-            });
-        let bracket = self.bracket_for(&trial.trial_id);
-        let keep = 1.0 - 1.0 / self.config.reduction_factor;
-        for rung in &mut self.brackets[bracket] {
-            if t < rung.milestone || rung.recorded.contains_key(&trial.trial_id) {
-                continue;
-            }
-            let mut decision = Decision::Continue;
-            if let Some(reward) = reward {
-                if !rung.recorded.is_empty() {
-                    let mut seen: Vec<f64> = rung.recorded.values().copied().collect();
-                    if reward < percentile(&mut seen, keep * 100.0) {
-                        decision = Decision::Stop;
-                    }
-                }
-                rung.recorded.insert(trial.trial_id.clone(), reward);
-            }
-            return decision;
+        self.record(trial, t, result)
+    }
+
+    fn on_trial_complete(&mut self, trial: &Trial, result: &Map<String, Value>) {
+        // As Ray does: a trial that ended on its own still counts at the
+        // rung its last result reached.
+        if let Some(t) = result.get(&self.config.time_attr).and_then(Value::as_f64) {
+            self.record(trial, t, result);
         }
-        Decision::Continue
     }
 
     fn choose_next(&mut self, trials: &[Trial]) -> Option<usize> {
@@ -347,6 +395,23 @@ mod tests {
         let other = Asha::new(AshaConfig::default(), "score", Mode::Min, 0).unwrap();
         let mut other = other;
         assert!(other.restore_state(&s.state()).is_err());
+    }
+
+    #[test]
+    fn completed_trials_and_nan_results_count_as_in_ray() {
+        let mut s = asha(8.0, 1.0, 2.0, 1);
+        // Ended by a stopping criterion at t = 1: still recorded at rung 1.
+        s.on_trial_complete(&trial(0), &result(1, 5.0));
+        assert_eq!(s.on_result(&trial(1), &result(1, 3.0)), Decision::Stop);
+        // A NaN (null) result passes its rung without moving the cutoff.
+        let nan = json!({"training_iteration": 1, "score": null});
+        assert_eq!(
+            s.on_result(&trial(2), nan.as_object().unwrap()),
+            Decision::Continue
+        );
+        // Cutoff over {5, 3}, NaN ignored: 4.
+        assert_eq!(s.on_result(&trial(3), &result(1, 3.9)), Decision::Stop);
+        assert_eq!(s.on_result(&trial(4), &result(1, 4.1)), Decision::Continue);
     }
 
     #[test]

@@ -52,13 +52,27 @@ pub struct Step {
 pub struct TrialFailure {
     /// One line naming the call and the cause.
     pub reason: String,
+    /// Whether trying again (from a checkpoint, under `max_failures`) can
+    /// succeed. A spent fuel budget or a checkpoint that cannot be restored
+    /// fails the same way every time.
+    pub retryable: bool,
 }
 
 impl TrialFailure {
-    /// A failure with the given reason.
+    /// A failure with the given reason that a retry may get past (a trap,
+    /// a limit hit in one call, a guest error).
     pub fn new(reason: impl Into<String>) -> Self {
         Self {
             reason: reason.into(),
+            retryable: true,
+        }
+    }
+
+    /// A failure no retry can get past.
+    pub fn permanent(reason: impl Into<String>) -> Self {
+        Self {
+            reason: reason.into(),
+            retryable: false,
         }
     }
 }

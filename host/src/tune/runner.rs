@@ -381,7 +381,16 @@ impl<B: TrialBackend> Runner<B> {
             let Some(joined) = joined else {
                 break;
             };
-            let (index, event) = joined.map_err(|e| RunError::Internal(e.to_string()))?;
+            let (index, event) = match joined {
+                Ok(joined) => joined,
+                Err(err) => {
+                    // A panic in wtune's own code on a blocking thread: save
+                    // what is known before giving up.
+                    self.persist_now(&trials, "internal error");
+                    tasks.detach_all();
+                    return Err(RunError::Internal(err.to_string()));
+                }
+            };
             let failed = match event {
                 Event::Stopped { pausing } => {
                     live -= 1;
@@ -396,8 +405,8 @@ impl<B: TrialBackend> Runner<B> {
                     &mut trials,
                     index,
                     None,
-                    failure.reason,
-                    halted.is_some(),
+                    failure,
+                    halted.as_deref(),
                 ),
                 Event::Launched(Ok(session)) => {
                     let trial = &mut trials[index];
@@ -430,8 +439,8 @@ impl<B: TrialBackend> Runner<B> {
                         &mut trials,
                         index,
                         Some(session),
-                        failure.reason,
-                        halted.is_some(),
+                        failure,
+                        halted.as_deref(),
                     )
                 }
                 Event::Stepped {
@@ -475,14 +484,19 @@ impl<B: TrialBackend> Runner<B> {
                 Event::Saved {
                     session,
                     saved: Err(failure),
-                    ..
+                    then,
                 } if halted.is_some() => {
                     // Not the trial's fault that the run is ending: it is
-                    // released without the checkpoint, and resumes from its
-                    // previous one.
+                    // released without the checkpoint (and resumes from its
+                    // previous one), or, having finished, ends as it would
+                    // have.
                     tracing::warn!(trial = %trials[index].trial_id, "checkpoint while halting failed: {}", failure.reason);
-                    let reason = halted.clone().unwrap_or_default();
-                    self.halt_trial(&mut trials, index, &reason);
+                    if then == Then::Stop {
+                        self.end(&mut trials, index);
+                    } else {
+                        let reason = halted.clone().unwrap_or_default();
+                        self.halt_trial(&mut trials, index, &reason);
+                    }
                     tasks.spawn_blocking(move || (index, stop(session, false)));
                     None
                 }
@@ -567,10 +581,19 @@ impl<B: TrialBackend> Runner<B> {
             halted,
             scheduler: (self.scheduler.name().to_string(), self.scheduler.state()),
         };
+        // Every callback gets the end, so one that cannot write (say,
+        // experiment.json on a full disk) does not keep the final state
+        // from being saved; the first error is reported.
+        let mut first_error = None;
         for cb in &mut self.callbacks {
-            cb.on_experiment_end(&summary).map_err(RunError::Callback)?;
+            if let Err(reason) = cb.on_experiment_end(&summary) {
+                first_error.get_or_insert(reason);
+            }
         }
-        Ok(summary)
+        match first_error {
+            Some(reason) => Err(RunError::Callback(reason)),
+            None => Ok(summary),
+        }
     }
 
     /// Starts `trial` on a blocking thread (from its newest checkpoint when
@@ -688,16 +711,35 @@ impl<B: TrialBackend> Runner<B> {
         trials: &mut [Trial],
         index: usize,
         session: Option<B::Session>,
-        reason: String,
-        halting: bool,
+        failure: TrialFailure,
+        halted: Option<&str>,
     ) -> Option<String> {
         let trial = &mut trials[index];
-        let retry = !halting
+        let allowed = failure.retryable
             && match self.spec.failure.max_failures {
                 None => true,
                 Some(max) => trial.num_failures < max,
             };
-        if retry {
+        let reason = failure.reason;
+        let release = |tasks: &mut JoinSet<(usize, Event<B::Session>)>, session| match session {
+            Some(session) => {
+                tasks.spawn_blocking(move || (index, stop(session, false)));
+            }
+            // Nothing to stop: free the slot through the same event.
+            None => {
+                tasks.spawn(async move { (index, Event::Stopped { pausing: false }) });
+            }
+        };
+        if allowed && let Some(halted) = halted {
+            // The run is ending: count the failure and leave the trial to
+            // be continued by `wtune resume`, as a retry would have.
+            trial.num_failures += 1;
+            tracing::debug!(trial = %trial.trial_id, "failed while halting: {reason}");
+            self.halt_trial(trials, index, halted);
+            release(tasks, session);
+            return None;
+        }
+        if allowed {
             trial.num_failures += 1;
             tracing::debug!(trial = %trial.trial_id, failures = trial.num_failures, "recovering: {reason}");
             self.notify(trials, index, |cb, t| {
@@ -707,15 +749,7 @@ impl<B: TrialBackend> Runner<B> {
             return None;
         }
         self.fail(trials, index, reason.clone());
-        match session {
-            Some(session) => {
-                tasks.spawn_blocking(move || (index, stop(session, false)));
-            }
-            // Nothing to stop: free the slot through the same event.
-            None => {
-                tasks.spawn(async move { (index, Event::Stopped { pausing: false }) });
-            }
-        }
+        release(tasks, session);
         Some(reason)
     }
 
@@ -790,7 +824,10 @@ impl<B: TrialBackend> Runner<B> {
             self.spec.stop.reached(&record)?
         };
         let decision = match stop_reason {
-            Some(_) => Decision::Stop,
+            Some(_) => {
+                self.scheduler.on_trial_complete(trial, &record);
+                Decision::Stop
+            }
             None => self.scheduler.on_result(trial, &record),
         };
         if decision == Decision::Stop {

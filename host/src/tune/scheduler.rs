@@ -64,6 +64,13 @@ pub trait Scheduler: Send {
     /// criterion has ended.
     fn on_result(&mut self, trial: &Trial, result: &Map<String, Value>) -> Decision;
 
+    /// Called instead of [`Scheduler::on_result`] with the last result of a
+    /// trial that a stopping criterion or the trainable itself ended, so
+    /// the scheduler can still count it (ASHA records it at its rung).
+    fn on_trial_complete(&mut self, trial: &Trial, result: &Map<String, Value>) {
+        let _ = (trial, result);
+    }
+
     /// Picks the PENDING or PAUSED trial to run next, or `None` to start
     /// nothing now.
     fn choose_next(&mut self, trials: &[Trial]) -> Option<usize>;
