@@ -22,6 +22,65 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }
 
+/// A background thread that keeps one file current without making its
+/// callers wait for the disk: an atomic write ends in fsync, which can stall
+/// for hundreds of milliseconds. Each [`LatestWriter::send`] replaces the
+/// whole file, so when writes queue up only the newest is written.
+pub struct LatestWriter {
+    sender: Option<std::sync::mpsc::Sender<Vec<u8>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl LatestWriter {
+    /// Starts the thread `name`, which writes with `write`; failures are
+    /// logged (the caller's final, synchronous write reports a broken disk).
+    pub fn spawn(
+        name: &str,
+        write: impl Fn(&[u8]) -> Result<(), String> + Send + 'static,
+    ) -> io::Result<Self> {
+        let (sender, receiver) = std::sync::mpsc::channel::<Vec<u8>>();
+        let thread = std::thread::Builder::new()
+            .name(name.into())
+            .spawn(move || {
+                while let Ok(mut bytes) = receiver.recv() {
+                    while let Ok(newer) = receiver.try_recv() {
+                        bytes = newer;
+                    }
+                    if let Err(message) = write(&bytes) {
+                        tracing::warn!("{message}");
+                    }
+                }
+            })?;
+        Ok(Self {
+            sender: Some(sender),
+            thread: Some(thread),
+        })
+    }
+
+    /// Queues `bytes` as the file's next content.
+    pub fn send(&self, bytes: Vec<u8>) {
+        if let Some(sender) = &self.sender {
+            // Fails only if the thread is gone; the final write reports.
+            let _ = sender.send(bytes);
+        }
+    }
+
+    /// Waits until every queued write has landed, so that a synchronous
+    /// write after this one cannot be overwritten by an older state.
+    pub fn finish(&mut self) {
+        drop(self.sender.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for LatestWriter {
+    fn drop(&mut self) {
+        self.finish();
+    }
+}
+
 /// Pretty JSON text ending in a newline, as wtune writes its JSON files.
 pub fn json_bytes(value: &serde_json::Value) -> Vec<u8> {
     let mut bytes = serde_json::to_vec_pretty(value).expect("JSON values always serialize");

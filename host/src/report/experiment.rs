@@ -7,8 +7,6 @@
 //! synchronous so their failures are reported.
 
 use std::path::{Path, PathBuf};
-use std::sync::mpsc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::{Value, json};
@@ -28,7 +26,7 @@ pub struct ExperimentFile {
     started: SystemTime,
     last_write: Option<Instant>,
     extra: Value,
-    background: Option<(mpsc::Sender<Vec<u8>>, JoinHandle<()>)>,
+    background: Option<persist::LatestWriter>,
 }
 
 impl ExperimentFile {
@@ -91,25 +89,6 @@ fn write_file(path: &Path, bytes: &[u8]) -> Result<(), String> {
     persist::write_atomic(path, bytes).map_err(|e| format!("writing {}: {e}", path.display()))
 }
 
-/// Writes the newest of the snapshots it is sent; older queued ones are
-/// skipped because each replaces the whole file.
-fn writer_thread(path: PathBuf, snapshots: mpsc::Receiver<Vec<u8>>) -> JoinHandle<()> {
-    std::thread::Builder::new()
-        .name("wtune-experiment-json".into())
-        .spawn(move || {
-            while let Ok(mut bytes) = snapshots.recv() {
-                while let Ok(newer) = snapshots.try_recv() {
-                    bytes = newer;
-                }
-                if let Err(message) = write_file(&path, &bytes) {
-                    // The final synchronous write reports a broken disk.
-                    tracing::warn!("{message}");
-                }
-            }
-        })
-        .expect("spawning the experiment.json writer")
-}
-
 impl Callback for ExperimentFile {
     fn on_experiment_start(&mut self, spec: &RunSpec, trials: &[Trial]) -> Result<(), String> {
         persist::create_dir(&spec.output_dir)?;
@@ -121,8 +100,12 @@ impl Callback for ExperimentFile {
         // before any trial starts.
         write_file(&self.path, &self.document("running", trials, None, None))?;
         self.last_write = Some(Instant::now());
-        let (sender, receiver) = mpsc::channel();
-        self.background = Some((sender, writer_thread(self.path.clone(), receiver)));
+        let target = self.path.clone();
+        let writer = persist::LatestWriter::spawn("wtune-experiment-json", move |bytes| {
+            write_file(&target, bytes)
+        })
+        .map_err(|e| format!("starting the wtune-experiment-json writer: {e}"))?;
+        self.background = Some(writer);
         Ok(())
     }
 
@@ -136,9 +119,8 @@ impl Callback for ExperimentFile {
             return Ok(());
         }
         let bytes = self.document("running", trials, None, None);
-        if let Some((sender, _)) = &self.background {
-            // Fails only if the writer thread is gone; the final write reports.
-            let _ = sender.send(bytes);
+        if let Some(writer) = &self.background {
+            writer.send(bytes);
         }
         self.last_write = Some(Instant::now());
         Ok(())
@@ -146,9 +128,8 @@ impl Callback for ExperimentFile {
 
     fn on_experiment_end(&mut self, summary: &ExperimentSummary) -> Result<(), String> {
         // Queued snapshots land first so none can overwrite the final one.
-        if let Some((sender, thread)) = self.background.take() {
-            drop(sender);
-            let _ = thread.join();
+        if let Some(mut writer) = self.background.take() {
+            writer.finish();
         }
         let status = if summary.halted.is_some() {
             "halted"

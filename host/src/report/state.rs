@@ -21,8 +21,6 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
 use serde::{Deserialize, Serialize};
@@ -207,7 +205,7 @@ pub struct StateFile {
     dir: PathBuf,
     last_write: Instant,
     interval: Duration,
-    background: Option<(mpsc::Sender<Vec<u8>>, JoinHandle<()>)>,
+    background: Option<persist::LatestWriter>,
     stats: Arc<StateStats>,
     initial_scheduler: SchedulerState,
 }
@@ -264,24 +262,6 @@ impl StateFile {
     }
 }
 
-fn writer_thread(dir: PathBuf, states: mpsc::Receiver<Vec<u8>>) -> JoinHandle<()> {
-    std::thread::Builder::new()
-        .name("wtune-state".into())
-        .spawn(move || {
-            while let Ok(mut bytes) = states.recv() {
-                // Each state replaces the whole file: only the newest matters.
-                while let Ok(newer) = states.try_recv() {
-                    bytes = newer;
-                }
-                if let Err(message) = write_file(&dir, &bytes) {
-                    // The final synchronous write reports a broken disk.
-                    tracing::warn!("{message}");
-                }
-            }
-        })
-        .expect("spawning the experiment state writer")
-}
-
 impl Callback for StateFile {
     fn on_experiment_start(&mut self, spec: &RunSpec, trials: &[Trial]) -> Result<(), String> {
         persist::create_dir(&spec.output_dir)?;
@@ -298,8 +278,11 @@ impl Callback for StateFile {
         );
         write_file(&self.dir, &bytes)?;
         self.last_write = Instant::now();
-        let (sender, receiver) = mpsc::channel();
-        self.background = Some((sender, writer_thread(self.dir.clone(), receiver)));
+        let target = self.dir.clone();
+        let writer =
+            persist::LatestWriter::spawn("wtune-state", move |bytes| write_file(&target, bytes))
+                .map_err(|e| format!("starting the wtune-state writer: {e}"))?;
+        self.background = Some(writer);
         Ok(())
     }
 
@@ -327,18 +310,16 @@ impl Callback for StateFile {
             .store(bytes.len() as u64, Ordering::Relaxed);
         // Space writes so serializing stays a small share of the run.
         self.interval = MIN_INTERVAL.max(cost.div_f64(MAX_LOOP_SHARE));
-        if let Some((sender, _)) = &self.background {
-            // Fails only if the writer thread is gone; the final write reports.
-            let _ = sender.send(bytes);
+        if let Some(writer) = &self.background {
+            writer.send(bytes);
         }
         self.last_write = Instant::now();
         Ok(())
     }
 
     fn on_experiment_end(&mut self, summary: &ExperimentSummary) -> Result<(), String> {
-        if let Some((sender, thread)) = self.background.take() {
-            drop(sender);
-            let _ = thread.join();
+        if let Some(mut writer) = self.background.take() {
+            writer.finish();
         }
         let status = if summary.halted.is_some() {
             "halted"
