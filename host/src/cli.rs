@@ -538,7 +538,7 @@ fn resume_experiment(args: ResumeArgs) -> Result<(), Failure> {
         );
     }
     eprintln!(
-        "resuming {}: {} trials continue from checkpoints, {} start from scratch, {} not started yet, {} finished",
+        "resuming {}: {} trials continue from checkpoints, {} start over, {} not started yet, {} finished",
         output_dir.display(),
         plan.continued.len(),
         plan.restarted.len(),

@@ -131,11 +131,7 @@ impl Callback for ExperimentFile {
         if let Some(mut writer) = self.background.take() {
             writer.finish();
         }
-        let status = if summary.halted.is_some() {
-            "halted"
-        } else {
-            "finished"
-        };
+        let status = summary.status();
         let bytes = self.document(
             status,
             &summary.trials,

@@ -321,11 +321,7 @@ impl Callback for StateFile {
         if let Some(mut writer) = self.background.take() {
             writer.finish();
         }
-        let status = if summary.halted.is_some() {
-            "halted"
-        } else {
-            "finished"
-        };
+        let status = summary.status();
         let bytes = self.bytes(
             status,
             &summary.trials,

@@ -31,7 +31,8 @@ pub enum ErroredTrials {
 pub struct ResumePlan {
     /// Trials continuing from a checkpoint: `(trial_id, iteration)`.
     pub continued: Vec<(String, u64)>,
-    /// Trials starting from scratch (no checkpoint, or restarted).
+    /// Trials starting over (no checkpoint of their own, or restarted):
+    /// from scratch, or from their `restore_from` checkpoint.
     pub restarted: Vec<String>,
     /// Trials not yet started.
     pub pending: usize,

@@ -189,6 +189,16 @@ impl ExperimentSummary {
         self.best.map(|i| &self.trials[i])
     }
 
+    /// `finished`, or `halted` when the run stopped early; the status
+    /// wtune's files record.
+    pub fn status(&self) -> &'static str {
+        if self.halted.is_some() {
+            "halted"
+        } else {
+            "finished"
+        }
+    }
+
     /// How many trials ended with `status`.
     pub fn count(&self, status: TrialStatus) -> usize {
         self.trials.iter().filter(|t| t.status == status).count()
