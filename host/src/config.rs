@@ -707,6 +707,15 @@ mod tests {
         );
         assert_eq!(asha.time_attr, "fuel_total");
         assert_eq!(plan_of("seed = 1").unwrap().scheduler, SchedulerSpec::Fifo);
+        let plan = plan_of(
+            "seed = 1\nmetric = \"a\"\n[scheduler]\ntype = \"median_stopping\"\n\
+             grace_period = 5\ntime_attr = \"training_iteration\"",
+        )
+        .unwrap();
+        let SchedulerSpec::MedianStopping(median) = plan.scheduler else {
+            panic!("median_stopping expected")
+        };
+        assert_eq!((median.grace_period, median.min_samples_required), (5.0, 3));
     }
 
     #[test]

@@ -5,6 +5,7 @@
 
 pub mod asha;
 mod backend;
+pub mod median;
 mod native;
 mod result;
 pub mod resume;
@@ -18,6 +19,7 @@ pub use asha::{Asha, AshaConfig};
 pub use backend::{
     CheckpointInfo, CheckpointMeta, Step, TrialBackend, TrialFailure, TrialLaunch, TrialSession,
 };
+pub use median::{MedianStopping, MedianStoppingConfig};
 pub use native::FnBackend;
 pub use result::{AUTO_FIELDS, Mode};
 pub use runner::{

@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use super::asha::{Asha, AshaConfig};
+use super::median::{MedianStopping, MedianStoppingConfig};
 use super::result::Mode;
 use super::trial::{Trial, TrialStatus};
 
@@ -20,11 +21,14 @@ pub enum SchedulerSpec {
     Fifo,
     /// [`Asha`].
     Asha(AshaConfig),
+    /// [`MedianStopping`].
+    #[serde(rename = "median_stopping")]
+    MedianStopping(MedianStoppingConfig),
 }
 
 impl SchedulerSpec {
     /// The names known, for error messages.
-    pub const NAMES: [&'static str; 2] = ["fifo", "asha"];
+    pub const NAMES: [&'static str; 3] = ["fifo", "asha", "median_stopping"];
 
     /// Builds the scheduler for an experiment ranking by `metric`/`mode`.
     pub fn build(
@@ -40,6 +44,13 @@ impl SchedulerSpec {
                     "the asha scheduler ranks trials by the experiment's metric; set `metric`",
                 )?;
                 Box::new(Asha::new(config.clone(), metric, mode, seed)?)
+            }
+            SchedulerSpec::MedianStopping(config) => {
+                let metric = metric.ok_or(
+                    "the median_stopping scheduler ranks trials by the experiment's metric; \
+                     set `metric`",
+                )?;
+                Box::new(MedianStopping::new(config.clone(), metric, mode)?)
             }
         })
     }
