@@ -183,20 +183,27 @@ pub fn load(dir: &Path, previous: bool) -> Result<ExperimentState, StateError> {
 
 /// Keeps the current state as the previous one, then replaces it.
 fn write_file(dir: &Path, bytes: &[u8]) -> Result<(), String> {
+    keep_previous(dir)?;
     let current = dir.join(STATE_FILE);
-    if current.exists() {
-        // A hard link keeps the current file in place while the previous
-        // one is replaced, so a crash never leaves the directory without a
-        // state file.
-        let staging = dir.join(".wtune-prev-state");
-        let _ = std::fs::remove_file(&staging);
-        std::fs::hard_link(&current, &staging)
-            .or_else(|_| std::fs::copy(&current, &staging).map(drop))
-            .and_then(|()| std::fs::rename(&staging, dir.join(PREVIOUS_STATE_FILE)))
-            .map_err(|e| format!("keeping the previous experiment state: {e}"))?;
-    }
     persist::write_atomic(&current, bytes)
         .map_err(|e| format!("writing {}: {e}", current.display()))
+}
+
+/// Makes a copy of the current state file, if any, the previous one.
+fn keep_previous(dir: &Path) -> Result<(), String> {
+    let current = dir.join(STATE_FILE);
+    if current.exists() {
+        // A copy, not a rename, keeps the current file in place while the
+        // previous one is replaced, so a crash never leaves the directory
+        // without a state file; and not a hard link, which would share one
+        // inode between the two, so that damage to one (an in-place write)
+        // would be damage to both.
+        let staging = dir.join(".wtune-prev-state");
+        std::fs::copy(&current, &staging)
+            .and_then(|_| std::fs::rename(&staging, dir.join(PREVIOUS_STATE_FILE)))
+            .map_err(|e| format!("keeping the previous experiment state: {e}"))?;
+    }
+    Ok(())
 }
 
 /// The callback that keeps `<output_dir>/experiment_state.json` current.
@@ -400,6 +407,14 @@ mod tests {
         ));
         let previous = load(dir.path(), true).unwrap();
         assert_eq!(previous.trials.len(), 1);
+        // Damage written in place into the newest file leaves the previous
+        // one intact: they are separate files.
+        // (Here the process dies after keeping the previous state and
+        // before writing the new one.)
+        write_file(dir.path(), &first).unwrap();
+        keep_previous(dir.path()).unwrap();
+        std::fs::write(dir.path().join(STATE_FILE), b"garbage").unwrap();
+        assert!(load(dir.path(), true).is_ok());
         let names: Vec<String> = std::fs::read_dir(dir.path())
             .unwrap()
             .map(|e| e.unwrap().file_name().into_string().unwrap())
