@@ -38,13 +38,13 @@ fn run_with(
     backend: FnBackend,
     spec: RunSpec,
     scheduler: Box<dyn Scheduler>,
-    extra: Option<Box<dyn Callback>>,
+    log: Option<Log>,
 ) -> Result<ExperimentSummary, RunError> {
     let mut runner = Runner::new(backend, spec, scheduler)
         .callback(TrialFiles::new())
         .callback(StateFile::new(json!({"test": true})));
-    if let Some(extra) = extra {
-        runner = runner.callback(Boxed(extra));
+    if let Some(log) = log {
+        runner = runner.callback(log);
     }
     tokio::runtime::Runtime::new()
         .unwrap()
@@ -53,21 +53,6 @@ fn run_with(
 
 fn run(backend: FnBackend, spec: RunSpec) -> ExperimentSummary {
     run_with(backend, spec, Box::new(Fifo::default()), None).unwrap()
-}
-
-/// Adapts a boxed callback to `impl Callback`.
-struct Boxed(Box<dyn Callback>);
-
-impl Callback for Boxed {
-    fn on_result(&mut self, t: &[Trial], i: usize, r: &Map<String, Value>) -> Result<(), String> {
-        self.0.on_result(t, i, r)
-    }
-    fn on_trial_recover(&mut self, t: &[Trial], i: usize, why: &str) -> Result<(), String> {
-        self.0.on_trial_recover(t, i, why)
-    }
-    fn on_trial_pause(&mut self, t: &[Trial], i: usize) -> Result<(), String> {
-        self.0.on_trial_pause(t, i)
-    }
 }
 
 /// score = a deterministic function of (x, iteration) that goes up and down.
@@ -191,7 +176,7 @@ fn a_trial_that_fails_once_recovers_from_its_checkpoint_under_max_failures() {
         wavy(Arc::default(), 5),
         spec,
         Box::new(Fifo::default()),
-        Some(Box::new(log.clone())),
+        Some(log.clone()),
     )
     .unwrap();
     let trial = &summary.trials[0];
@@ -330,7 +315,7 @@ fn a_paused_trial_releases_its_slot_and_continues_from_its_checkpoint() {
         wavy(Arc::default(), 0),
         spec,
         Box::new(PauseOnce::default()),
-        Some(Box::new(log.clone())),
+        Some(log.clone()),
     )
     .unwrap();
     for trial in &summary.trials {

@@ -145,10 +145,31 @@ struct Setup {
     snapshot_key_file: Option<PathBuf>,
     scheduler: SchedulerSpec,
     seed: u64,
-    run_info: Value,
+    num_samples: u64,
 }
 
 impl Setup {
+    /// How the results were produced, for `experiment.json`'s `run`.
+    fn run_info(&self) -> Value {
+        let limits = &self.limits;
+        json!({
+            "model": self.model.display().to_string(),
+            "model_blake3": self.model_blake3,
+            "seed": self.seed,
+            "num_samples": self.num_samples,
+            "checkpoint": self.checkpoint,
+            "limits": {
+                "fuel_per_call": limits.fuel_per_call,
+                "fuel_per_trial": limits.fuel_per_trial,
+                "memory_bytes": limits.memory_bytes,
+                "call_timeout_s": limits.call_timeout.map(|d| d.as_secs_f64()),
+                "max_wasm_stack": self.max_wasm_stack,
+            },
+            "data": self.data.iter().map(|(n, d)| (n.clone(), d.display().to_string())).collect::<std::collections::BTreeMap<_, _>>(),
+            "wtune_version": env!("CARGO_PKG_VERSION"),
+        })
+    }
+
     fn scheduler(&self) -> Result<Box<dyn Scheduler>, Failure> {
         self.scheduler
             .build(self.spec.metric.as_deref(), self.spec.mode, self.seed)
@@ -285,22 +306,6 @@ fn run(args: RunArgs) -> Result<(), Failure> {
 
     let limits = &plan.limits;
     let model = std::path::absolute(&args.model).unwrap_or_else(|_| args.model.clone());
-    let run_info = json!({
-        "model": model.display().to_string(),
-        "model_blake3": program.digest(),
-        "seed": plan.seed,
-        "num_samples": plan.num_samples,
-        "checkpoint": backend.mode(),
-        "limits": {
-            "fuel_per_call": limits.fuel_per_call,
-            "fuel_per_trial": limits.fuel_per_trial,
-            "memory_bytes": limits.memory_bytes,
-            "call_timeout_s": limits.call_timeout.map(|d| d.as_secs_f64()),
-            "max_wasm_stack": plan.max_wasm_stack,
-        },
-        "data": plan.data.iter().map(|(n, d)| (n.clone(), d.display().to_string())).collect::<std::collections::BTreeMap<_, _>>(),
-        "wtune_version": env!("CARGO_PKG_VERSION"),
-    });
     eprintln!(
         "limits per trial: memory {}, fuel {} per call{}, deadline {} per call",
         human_bytes(limits.memory_bytes),
@@ -329,7 +334,7 @@ fn run(args: RunArgs) -> Result<(), Failure> {
             .map(|p| std::path::absolute(&p).unwrap_or(p)),
         scheduler: plan.scheduler,
         seed: plan.seed,
-        run_info,
+        num_samples: plan.num_samples,
     };
     let scheduler = setup.scheduler()?;
     execute(backend, spec, trials, scheduler, &setup)
@@ -353,7 +358,7 @@ fn execute(
         .with_trials(trials)
         .callback(state)
         .callback(TrialFiles::new())
-        .callback(ExperimentFile::new(setup.run_info.clone()))
+        .callback(ExperimentFile::new(setup.run_info()))
         .callback(Progress::new());
     let runtime = tokio::runtime::Runtime::new()
         .map_err(|e| Failure::runtime(format!("cannot start the runtime: {e}")))?;

@@ -245,8 +245,7 @@ pub fn plan(
         stop_table.insert(key.trim().to_string(), value);
     }
     let mut stop = StopCriteria::from_json(&stop_table).map_err(bad)?;
-    // ASHA's max_t ends trials by itself.
-    if stop == StopCriteria::default() && !matches!(scheduler, SchedulerSpec::Asha(_)) {
+    if stop == StopCriteria::default() && !scheduler.ends_trials() {
         stop.training_iteration = Some(DEFAULT_ITERATIONS);
         notes.push(format!(
             "no stopping criteria given; each trial stops after {DEFAULT_ITERATIONS} iterations"

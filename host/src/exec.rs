@@ -185,7 +185,16 @@ impl TrialBackend for WasmBackend {
     const CHECKPOINT_EXTENSION: &'static str = "wtsnap";
 
     fn describe_checkpoint(&self, path: &Path) -> Result<CheckpointMeta, TrialFailure> {
-        self.describe(path).map_err(TrialFailure::new)
+        let (meta, _) = self.read_checkpoint(path).map_err(TrialFailure::new)?;
+        Ok(CheckpointMeta {
+            iteration: meta.iteration,
+            time_total_s: meta.time_total_s,
+            fuel_total: meta.fuel_total,
+            result: match meta.result {
+                Value::Object(map) => Some(map),
+                _ => None,
+            },
+        })
     }
 
     fn launch(&self, launch: &TrialLaunch) -> Result<WasmSession, TrialFailure> {
@@ -210,21 +219,6 @@ impl TrialBackend for WasmBackend {
             mode: self.mode,
             key: self.key.clone(),
             time_restored_s,
-        })
-    }
-}
-
-impl WasmBackend {
-    fn describe(&self, path: &Path) -> Result<CheckpointMeta, String> {
-        let (meta, _) = self.read_checkpoint(path)?;
-        Ok(CheckpointMeta {
-            iteration: meta.iteration,
-            time_total_s: meta.time_total_s,
-            fuel_total: meta.fuel_total,
-            result: match meta.result {
-                Value::Object(map) => Some(map),
-                _ => None,
-            },
         })
     }
 }

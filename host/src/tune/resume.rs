@@ -11,7 +11,7 @@
 use std::path::{Path, PathBuf};
 
 use super::backend::TrialBackend;
-use super::runner::{CHECKPOINT_DIR, CheckpointPolicy};
+use super::runner::{CHECKPOINT_DIR, CheckpointPolicy, checkpoint_iteration, checkpoint_path};
 use super::trial::{Checkpoint, Trial, TrialStatus};
 
 /// What happens to trials that ended in ERROR.
@@ -128,14 +128,8 @@ fn newest_intact<B: TrialBackend>(
         .flatten()
         .flatten()
         .filter_map(|entry| {
-            let name = entry.file_name().into_string().ok()?;
-            let iteration = name
-                .strip_prefix("checkpoint_")?
-                .split_once('.')?
-                .0
-                .parse()
-                .ok()?;
-            Some((iteration, Path::new(CHECKPOINT_DIR).join(name)))
+            let iteration = checkpoint_iteration::<B>(entry.file_name().to_str()?)?;
+            Some((iteration, checkpoint_path::<B>(iteration)))
         })
         .collect();
     files.sort();
@@ -158,10 +152,7 @@ fn newest_intact<B: TrialBackend>(
         trial.checkpoints.retain(|c| {
             c.iteration < iteration && c.path != path && trial.dir.join(&c.path).is_file()
         });
-        let score = policy.score_attr.as_deref().and_then(|attr| {
-            let field = attr.strip_prefix("min-").unwrap_or(attr);
-            meta.result.as_ref()?.get(field)?.as_f64()
-        });
+        let score = policy.score(meta.result.as_ref());
         let bytes = std::fs::metadata(trial.dir.join(&path)).map_or(0, |m| m.len());
         trial.checkpoints.push(Checkpoint {
             path,

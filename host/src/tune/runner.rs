@@ -42,6 +42,12 @@ impl CheckpointPolicy {
             None => (attr, true),
         })
     }
+
+    /// The score `result` gives a checkpoint taken with it.
+    pub(crate) fn score(&self, result: Option<&Map<String, Value>>) -> Option<f64> {
+        let (field, _) = self.score_field()?;
+        result?.get(field)?.as_f64()
+    }
 }
 
 /// What the experiment does when a trial fails.
@@ -661,10 +667,8 @@ impl<B: TrialBackend> Runner<B> {
             Then::Pause => true,
         } && !already;
         if due {
-            let path = checkpoint_path::<B>(trial);
-            let score = policy
-                .score_field()
-                .and_then(|(field, _)| trial.last_result.as_ref()?.get(field)?.as_f64());
+            let path = checkpoint_path::<B>(trial.iterations);
+            let score = policy.score(trial.last_result.as_ref());
             let trial_id = trial.trial_id.clone();
             let config = trial.config.clone();
             let result = trial.last_result.clone();
@@ -936,12 +940,20 @@ impl<B: TrialBackend> Runner<B> {
 }
 
 /// `checkpoints/checkpoint_000012.<ext>`, relative to the trial's directory.
-fn checkpoint_path<B: TrialBackend>(trial: &Trial) -> PathBuf {
+pub(crate) fn checkpoint_path<B: TrialBackend>(iteration: u64) -> PathBuf {
     Path::new(CHECKPOINT_DIR).join(format!(
-        "checkpoint_{:06}.{}",
-        trial.iterations,
+        "checkpoint_{iteration:06}.{}",
         B::CHECKPOINT_EXTENSION
     ))
+}
+
+/// The iteration in a file name [`checkpoint_path`] made, if it is one.
+pub(crate) fn checkpoint_iteration<B: TrialBackend>(name: &str) -> Option<u64> {
+    name.strip_prefix("checkpoint_")?
+        .strip_suffix(B::CHECKPOINT_EXTENSION)?
+        .strip_suffix('.')?
+        .parse()
+        .ok()
 }
 
 /// The directory, inside each trial's directory, that holds its checkpoints.

@@ -30,6 +30,12 @@ impl SchedulerSpec {
     /// The names known, for error messages.
     pub const NAMES: [&'static str; 3] = ["fifo", "asha", "median_stopping"];
 
+    /// Whether the scheduler ends every trial by itself (ASHA at `max_t`),
+    /// so that no default stopping criterion is needed.
+    pub fn ends_trials(&self) -> bool {
+        matches!(self, SchedulerSpec::Asha(_))
+    }
+
     /// Builds the scheduler for an experiment ranking by `metric`/`mode`.
     pub fn build(
         &self,
