@@ -11,6 +11,7 @@ mod result;
 pub mod resume;
 mod runner;
 mod scheduler;
+pub mod search;
 pub mod space;
 mod stop;
 mod trial;
@@ -27,6 +28,7 @@ pub use runner::{
     RunError, RunSpec, Runner,
 };
 pub use scheduler::{Decision, Fifo, Scheduler, SchedulerSpec};
+pub use search::{Searcher, Suggestion};
 pub use space::{SearchSpace, SpaceError};
 pub use stop::{Bound, StopCriteria, Threshold};
 pub use trial::{Checkpoint, Trial, TrialStatus};

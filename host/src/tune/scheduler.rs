@@ -81,6 +81,25 @@ pub trait Scheduler: Send {
     /// criterion has ended.
     fn on_result(&mut self, trial: &Trial, result: &Map<String, Value>) -> Decision;
 
+    /// A new trial was created (PENDING). Called once per trial, before
+    /// [`Scheduler::choose_next`] can see it; trials restored by `wtune
+    /// resume` are already known through [`Scheduler::restore_state`].
+    fn on_trial_add(&mut self, trial: &Trial) {
+        let _ = trial;
+    }
+
+    /// A trial ended without a final result the scheduler was told about
+    /// through [`Scheduler::on_trial_complete`]: it failed (ERROR). A
+    /// scheduler that waits for groups of trials (synchronous HyperBand)
+    /// must stop waiting for it.
+    fn on_trial_remove(&mut self, trial: &Trial) {
+        let _ = trial;
+    }
+
+    /// The searcher will create no more trials: a scheduler holding trials
+    /// back until a group fills up must now decide with the trials it has.
+    fn on_no_more_trials(&mut self) {}
+
     /// Called instead of [`Scheduler::on_result`] with the last result of a
     /// trial that a stopping criterion or the trainable itself ended, so
     /// the scheduler can still count it (ASHA records it at its rung).
