@@ -459,7 +459,7 @@ fn limits(file: LimitsToml, overrides: &Overrides) -> Result<(Limits, usize), Co
 }
 
 /// `5e9`, `5_000_000_000`, `"5e9"`, or `"unlimited"`.
-fn fuel(value: &toml::Value, key: &str) -> Result<Option<u64>, ConfigError> {
+pub(crate) fn fuel(value: &toml::Value, key: &str) -> Result<Option<u64>, ConfigError> {
     let err = || {
         bad(format!(
             "{key} must be a positive amount of fuel such as 5e9, or \"unlimited\"; got {value}"
@@ -523,7 +523,7 @@ pub(crate) fn parse_size(text: &str) -> Option<u64> {
 }
 
 /// `30` (seconds), `"30s"`, `"2m"`, `"1h 30m"`, or `"none"`.
-fn duration(value: &toml::Value, key: &str) -> Result<Option<Duration>, ConfigError> {
+pub(crate) fn duration(value: &toml::Value, key: &str) -> Result<Option<Duration>, ConfigError> {
     let err = || {
         bad(format!(
             "{key} must be a duration such as \"30s\" or \"5m\", a number of seconds, or \"none\"; got {value}"

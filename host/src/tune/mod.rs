@@ -5,8 +5,11 @@
 
 pub mod asha;
 mod backend;
+pub mod hyperband;
 pub mod median;
 mod native;
+pub mod replay;
+pub mod resources;
 mod result;
 pub mod resume;
 mod runner;
@@ -14,21 +17,29 @@ mod scheduler;
 pub mod search;
 pub mod space;
 mod stop;
+pub mod stopper;
 mod trial;
 
-pub use asha::{Asha, AshaConfig};
+pub use asha::{Asha, AshaConfig, AshaVariant};
 pub use backend::{
     CheckpointInfo, CheckpointMeta, Step, TrialBackend, TrialFailure, TrialLaunch, TrialSession,
 };
+pub use hyperband::{HyperBand, HyperBandConfig};
 pub use median::{MedianStopping, MedianStoppingConfig};
 pub use native::FnBackend;
+pub use replay::{CurveSet, replay_backend};
+pub use resources::{Acquire, PoolSpec, ResourcePool, Resources};
 pub use result::{AUTO_FIELDS, Mode};
 pub use runner::{
     CHECKPOINT_DIR, Callback, CheckpointPolicy, ExperimentSummary, FailFast, FailurePolicy,
     RunError, RunSpec, Runner,
 };
 pub use scheduler::{Decision, Fifo, Scheduler, SchedulerSpec};
-pub use search::{Searcher, Suggestion};
+pub use search::{
+    BasicVariant, ConcurrencyLimiter, GridConfig, SearchAlgorithm, SearchSpec, Searcher,
+    Suggestion, Tpe, TpeConfig,
+};
 pub use space::{SearchSpace, SpaceError};
 pub use stop::{Bound, StopCriteria, Threshold};
+pub use stopper::{ExperimentStop, ExperimentStopper, PlateauConfig, Totals};
 pub use trial::{Checkpoint, Trial, TrialStatus};

@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use super::asha::{Asha, AshaConfig};
+use super::hyperband::{HyperBand, HyperBandConfig};
 use super::median::{MedianStopping, MedianStoppingConfig};
 use super::result::Mode;
 use super::trial::{Trial, TrialStatus};
@@ -24,16 +25,24 @@ pub enum SchedulerSpec {
     /// [`MedianStopping`].
     #[serde(rename = "median_stopping")]
     MedianStopping(MedianStoppingConfig),
+    /// [`HyperBand`] (synchronous).
+    #[serde(rename = "hyperband")]
+    HyperBand(HyperBandConfig),
 }
 
 impl SchedulerSpec {
     /// The names known, for error messages.
-    pub const NAMES: [&'static str; 3] = ["fifo", "asha", "median_stopping"];
+    pub const NAMES: [&'static str; 4] = ["fifo", "asha", "median_stopping", "hyperband"];
 
-    /// Whether the scheduler ends every trial by itself (ASHA at `max_t`),
-    /// so that no default stopping criterion is needed.
+    /// Whether the scheduler ends every trial by itself (ASHA at `max_t`,
+    /// HyperBand at `max_t` unless `stop_last_trials = false`), so that no
+    /// default stopping criterion is needed.
     pub fn ends_trials(&self) -> bool {
-        matches!(self, SchedulerSpec::Asha(_))
+        match self {
+            SchedulerSpec::Asha(_) => true,
+            SchedulerSpec::HyperBand(config) => config.stop_last_trials,
+            SchedulerSpec::Fifo | SchedulerSpec::MedianStopping(_) => false,
+        }
     }
 
     /// Builds the scheduler for an experiment ranking by `metric`/`mode`.
@@ -58,6 +67,12 @@ impl SchedulerSpec {
                 )?;
                 Box::new(MedianStopping::new(config.clone(), metric, mode)?)
             }
+            SchedulerSpec::HyperBand(config) => {
+                let metric = metric.ok_or(
+                    "the hyperband scheduler ranks trials by the experiment's metric; set `metric`",
+                )?;
+                Box::new(HyperBand::new(config.clone(), metric, mode)?)
+            }
         })
     }
 }
@@ -71,7 +86,7 @@ pub enum Decision {
     Stop,
     /// Checkpoint the trial and release its instance; it stays PAUSED until
     /// [`Scheduler::choose_next`] picks it again, and then continues from
-    /// that checkpoint.
+    /// that checkpoint, or until [`Scheduler::take_stops`] ends it.
     Pause,
 }
 
@@ -98,6 +113,10 @@ pub trait Scheduler: Send {
 
     /// The searcher will create no more trials: a scheduler holding trials
     /// back until a group fills up must now decide with the trials it has.
+    /// The runner calls it once, when `choose_next` has nothing and the
+    /// searcher has nothing more, and then goes on as usual
+    /// ([`Scheduler::take_stops`], then [`Scheduler::choose_next`]) before
+    /// deciding whether the experiment is over.
     fn on_no_more_trials(&mut self) {}
 
     /// Called instead of [`Scheduler::on_result`] with the last result of a
@@ -110,6 +129,32 @@ pub trait Scheduler: Send {
     /// Picks the PENDING or PAUSED trial to run next, or `None` to start
     /// nothing now.
     fn choose_next(&mut self, trials: &[Trial]) -> Option<usize>;
+
+    /// Trials the scheduler has ended although they are not running: the
+    /// indices, into `trials`, of PENDING or PAUSED trials that must end
+    /// TERMINATED without training again. [`Decision`] only reaches the
+    /// trial whose result is being handled, so this is how a scheduler
+    /// ends the others: synchronous HyperBand stops the losers of a rung
+    /// that were paused waiting for it, and ASHA's promotion variant stops
+    /// the paused trials that nothing can promote any more once the
+    /// experiment has nothing else to run.
+    ///
+    /// The runner calls this before every call to
+    /// [`Scheduler::choose_next`] (so also right after
+    /// [`Scheduler::on_no_more_trials`], which it follows with a
+    /// `choose_next`), but not while it is halting, and ends each trial
+    /// returned: TERMINATED, `stop_reason` "stopped by the NAME scheduler",
+    /// callbacks told as for any other end, nothing else asked of the
+    /// scheduler about it ([`Scheduler::on_trial_complete`] is not called:
+    /// the scheduler already counts it as ended). Every index returned is
+    /// returned once. A trial the scheduler wants ended while it is still
+    /// RUNNING (its pause not yet complete) is kept back by the scheduler
+    /// and returned by a later call, once `trials` shows it PAUSED, so the
+    /// runner need not remember anything.
+    fn take_stops(&mut self, trials: &[Trial]) -> Vec<usize> {
+        let _ = trials;
+        Vec::new()
+    }
 
     /// The name shown to users.
     fn name(&self) -> &'static str;
@@ -158,5 +203,232 @@ impl Scheduler for Fifo {
 
     fn name(&self) -> &'static str {
         "fifo"
+    }
+}
+
+/// A runner in miniature for scheduler tests: creates trials lazily (one
+/// at a time, when a slot is free and `choose_next` has nothing), steps the
+/// running trials round robin, asks `take_stops` before every
+/// `choose_next`, and applies decisions as the runner does.
+#[cfg(test)]
+pub(crate) mod sim {
+    use std::collections::VecDeque;
+
+    use serde_json::{Value, json};
+
+    use super::{Decision, Scheduler};
+    use crate::tune::trial::{Trial, TrialStatus};
+
+    /// An experiment in progress.
+    pub(crate) struct Sim {
+        /// Every trial created so far, `trial_0000` first.
+        pub trials: Vec<Trial>,
+        num_samples: usize,
+        slots: usize,
+        /// A stopping criterion: trials end after this many iterations,
+        /// reported through `on_trial_complete`.
+        pub stop_at: Option<u64>,
+        /// PAUSED trials chosen again: (index, iterations done), in order.
+        pub resumed: Vec<(usize, u64)>,
+        /// Trials ended through `take_stops`, in order.
+        pub taken: Vec<usize>,
+        running: VecDeque<usize>,
+        told: bool,
+        steps: usize,
+    }
+
+    impl Sim {
+        /// An experiment of `num_samples` trials, `slots` at a time.
+        pub(crate) fn new(num_samples: usize, slots: usize) -> Self {
+            Self {
+                trials: Vec::new(),
+                num_samples,
+                slots,
+                stop_at: None,
+                resumed: Vec::new(),
+                taken: Vec::new(),
+                running: VecDeque::new(),
+                told: false,
+                steps: 0,
+            }
+        }
+
+        /// Runs until the experiment is over (true) or `steps` more
+        /// iterations have been trained (false). Trial `i` reports `score`
+        /// = `curve(i, t)` at iteration `t` (NaN as null), with
+        /// `fuel_total` = 1000 t and `time_total_s` = t / 2.
+        pub(crate) fn run(
+            &mut self,
+            scheduler: &mut dyn Scheduler,
+            curve: &dyn Fn(usize, u64) -> f64,
+            steps: Option<usize>,
+        ) -> bool {
+            let mut budget = steps.unwrap_or(usize::MAX);
+            loop {
+                while self.running.len() < self.slots {
+                    self.take_stops(scheduler);
+                    match scheduler.choose_next(&self.trials) {
+                        Some(i) => {
+                            let trial = &mut self.trials[i];
+                            assert!(
+                                matches!(trial.status, TrialStatus::Pending | TrialStatus::Paused),
+                                "chose {} which is {}",
+                                trial.trial_id,
+                                trial.status
+                            );
+                            if trial.status == TrialStatus::Paused {
+                                self.resumed.push((i, trial.iterations));
+                            }
+                            trial.status = TrialStatus::Running;
+                            self.running.push_back(i);
+                        }
+                        None if self.trials.len() < self.num_samples => {
+                            let id = format!("trial_{:04}", self.trials.len());
+                            let trial = Trial::new(id, json!({}), "/tmp".into());
+                            scheduler.on_trial_add(&trial);
+                            self.trials.push(trial);
+                        }
+                        None if !self.told => {
+                            self.told = true;
+                            scheduler.on_no_more_trials();
+                        }
+                        None => break,
+                    }
+                }
+                let Some(i) = self.running.pop_front() else {
+                    return true;
+                };
+                if budget == 0 {
+                    self.running.push_front(i);
+                    return false;
+                }
+                budget -= 1;
+                self.steps += 1;
+                assert!(self.steps < 100_000, "the experiment does not end");
+                let trial = &mut self.trials[i];
+                trial.iterations += 1;
+                let t = trial.iterations;
+                trial.fuel_total = 1000 * t;
+                trial.time_total_s = t as f64 / 2.0;
+                let score = curve(i, t);
+                let result = json!({
+                    "score": if score.is_nan() { Value::Null } else { json!(score) },
+                    "training_iteration": t,
+                    "fuel_total": trial.fuel_total,
+                    "time_total_s": trial.time_total_s,
+                });
+                let result = result.as_object().expect("an object").clone();
+                trial.last_result = Some(result.clone());
+                if self.stop_at.is_some_and(|n| t >= n) {
+                    scheduler.on_trial_complete(&self.trials[i], &result);
+                    self.trials[i].status = TrialStatus::Terminated;
+                    continue;
+                }
+                match scheduler.on_result(&self.trials[i], &result) {
+                    Decision::Continue => self.running.push_back(i),
+                    Decision::Stop => self.trials[i].status = TrialStatus::Terminated,
+                    Decision::Pause => self.trials[i].status = TrialStatus::Paused,
+                }
+            }
+        }
+
+        fn take_stops(&mut self, scheduler: &mut dyn Scheduler) {
+            for i in scheduler.take_stops(&self.trials) {
+                let trial = &mut self.trials[i];
+                assert!(
+                    matches!(trial.status, TrialStatus::Pending | TrialStatus::Paused),
+                    "take_stops returned {} which is {}",
+                    trial.trial_id,
+                    trial.status
+                );
+                trial.status = TrialStatus::Terminated;
+                self.taken.push(i);
+            }
+        }
+
+        /// Each trial's completed iterations.
+        pub(crate) fn iterations(&self) -> Vec<u64> {
+            self.trials.iter().map(|t| t.iterations).collect()
+        }
+
+        /// The ids of trials that did not end TERMINATED.
+        pub(crate) fn unfinished(&self) -> Vec<&str> {
+            self.trials
+                .iter()
+                .filter(|t| t.status != TrialStatus::Terminated)
+                .map(|t| t.trial_id.as_str())
+                .collect()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    use super::super::asha::AshaVariant;
+
+    fn spec(value: Value) -> Result<SchedulerSpec, String> {
+        serde_json::from_value(value).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn specs_name_hyperband_and_the_asha_variant() {
+        assert!(SchedulerSpec::NAMES.contains(&"hyperband"));
+        let hb = spec(json!({"type": "hyperband", "max_t": 9, "time_attr": "fuel_total"})).unwrap();
+        let SchedulerSpec::HyperBand(config) = &hb else {
+            panic!("hyperband expected, got {hb:?}")
+        };
+        assert_eq!(
+            (
+                config.max_t,
+                config.reduction_factor,
+                config.stop_last_trials
+            ),
+            (9.0, 3.0, true)
+        );
+        assert_eq!(config.time_attr, "fuel_total");
+        assert!(hb.ends_trials(), "max_t ends every trial");
+        let open_ended = spec(json!({"type": "hyperband", "stop_last_trials": false})).unwrap();
+        assert!(!open_ended.ends_trials());
+        assert_eq!(
+            hb.build(Some("loss"), Mode::Min, 0).unwrap().name(),
+            "hyperband"
+        );
+        let message = hb.build(None, Mode::Min, 0).err().unwrap();
+        assert!(message.contains("`metric`"), "{message}");
+        let message = spec(json!({"type": "hyperband", "max_t": 0}))
+            .unwrap()
+            .build(Some("loss"), Mode::Min, 0)
+            .err()
+            .unwrap();
+        assert!(message.contains("max_t"), "{message}");
+        let message = spec(json!({"type": "hyperband", "brackets": 2})).unwrap_err();
+        assert!(message.contains("brackets"), "{message}");
+
+        let asha = spec(json!({"type": "asha", "variant": "promotion"})).unwrap();
+        let SchedulerSpec::Asha(config) = &asha else {
+            panic!("asha expected, got {asha:?}")
+        };
+        assert_eq!(config.variant, AshaVariant::Promotion);
+        assert!(asha.ends_trials());
+        let SchedulerSpec::Asha(default) = spec(json!({"type": "asha"})).unwrap() else {
+            panic!("asha expected")
+        };
+        assert_eq!(default.variant, AshaVariant::Stopping);
+        let message = spec(json!({"type": "asha", "variant": "eager"})).unwrap_err();
+        assert!(message.contains("scheduler.variant"), "{message}");
+    }
+
+    #[test]
+    fn fifo_runs_trials_in_order_and_ends_none_itself() {
+        let mut fifo = Fifo::default();
+        let mut sim = sim::Sim::new(4, 2);
+        sim.stop_at = Some(3);
+        assert!(sim.run(&mut fifo, &|i, t| (i as u64 * t) as f64, None));
+        assert_eq!(sim.iterations(), [3, 3, 3, 3]);
+        assert!(sim.unfinished().is_empty());
+        assert!(sim.resumed.is_empty() && sim.taken.is_empty());
     }
 }

@@ -20,6 +20,10 @@
 //! sample repeats the full grid, with random domains drawn afresh per trial.
 //! Draws come from a ChaCha8 generator seeded by the experiment's seed, so the
 //! same seed gives the same configurations on every machine.
+//!
+//! That is what the default searcher (`search = "random"`) hands out; other
+//! searchers (see [`super::search`]) walk an [`SearchSpace::enumerated`]
+//! grid or choose values themselves through [`SearchSpace::build`].
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -129,39 +133,131 @@ impl SearchSpace {
 
     /// All trial configurations, in order: sample by sample, each sample
     /// walking the grid with the last grid parameter varying fastest.
+    /// Collects [`SearchSpace::configs`]; searchers use that instead, so
+    /// large experiments never hold every configuration at once.
     pub fn generate(&self, num_samples: u64, seed: u64) -> Result<Vec<Value>, SpaceError> {
-        let count = self.trial_count(num_samples)?;
-        let grids = self.grids();
-        let mut rng = ChaCha8Rng::seed_from_u64(seed);
-        let mut configs = Vec::with_capacity(count as usize);
-        for _ in 0..num_samples {
-            for index in 0..self.grid_size() {
-                let picks = grid_picks(&grids, index);
-                let mut next_grid = 0;
-                configs.push(Value::Object(sample_table(
-                    &self.root,
-                    &picks,
-                    &mut next_grid,
-                    &mut rng,
-                )));
-            }
-        }
-        Ok(configs)
+        Ok(self.configs(num_samples, seed)?.collect())
     }
 
-    /// Grid lengths in the order `sample_table` visits them.
-    fn grids(&self) -> Vec<usize> {
-        fn walk(table: &BTreeMap<String, Node>, out: &mut Vec<usize>) {
-            for node in table.values() {
+    /// The configurations [`SearchSpace::generate`] returns, one at a time.
+    pub fn configs(&self, num_samples: u64, seed: u64) -> Result<Configs, SpaceError> {
+        let total = self.trial_count(num_samples)?;
+        let mut random = Vec::new();
+        self.visit_domains(|_, domain| {
+            if !matches!(domain, Domain::GridSearch(_)) {
+                random.push(domain.clone());
+            }
+        });
+        Ok(Configs {
+            grids: self.grids(),
+            grid_size: self.grid_size(),
+            space: self.clone(),
+            random,
+            rng: ChaCha8Rng::seed_from_u64(seed),
+            next: 0,
+            total,
+        })
+    }
+
+    /// Every domain with its dotted path (`param_space.optimizer.lr`), in
+    /// the order configurations are built: the order [`SearchSpace::build`]
+    /// asks for values in.
+    pub fn domains(&self) -> Vec<(String, &Domain)> {
+        let mut out = Vec::new();
+        self.visit_domains(|path, domain| out.push((path.to_string(), domain)));
+        out
+    }
+
+    /// A configuration with the fixed values and nested tables of this
+    /// space, and `value(i, domain)` for the `i`-th domain of
+    /// [`SearchSpace::domains`]; for searchers that choose values
+    /// themselves.
+    pub fn build(&self, mut value: impl FnMut(usize, &Domain) -> Value) -> Value {
+        fn walk(
+            table: &BTreeMap<String, Node>,
+            next: &mut usize,
+            value: &mut dyn FnMut(usize, &Domain) -> Value,
+        ) -> Map<String, Value> {
+            let mut out = Map::new();
+            for (name, node) in table {
+                let v = match node {
+                    Node::Fixed(v) => v.clone(),
+                    Node::Table(children) => Value::Object(walk(children, next, value)),
+                    Node::Domain(domain) => {
+                        *next += 1;
+                        value(*next - 1, domain)
+                    }
+                };
+                out.insert(name.clone(), v);
+            }
+            out
+        }
+        Value::Object(walk(&self.root, &mut 0, &mut value))
+    }
+
+    /// The space a grid search walks: every `choice` becomes a grid, and
+    /// continuous domains become grids of `points` values (an error naming
+    /// the parameter when `points` is not given). Grids stay as they are.
+    ///
+    /// `points` values are evenly spaced with both ends included (log-spaced
+    /// for loguniform); randint keeps the distinct integers among them, and
+    /// quniform rounds them to multiples of `q` within its bounds, keeping
+    /// distinct values. One point is the domain's middle.
+    pub fn enumerated(&self, points: Option<usize>) -> Result<SearchSpace, SpaceError> {
+        fn walk(
+            table: &BTreeMap<String, Node>,
+            path: &str,
+            points: Option<usize>,
+        ) -> Result<BTreeMap<String, Node>, SpaceError> {
+            let mut out = BTreeMap::new();
+            for (name, node) in table {
+                let child = format!("{path}.{name}");
+                let node = match node {
+                    Node::Fixed(_) => node.clone(),
+                    Node::Table(children) => Node::Table(walk(children, &child, points)?),
+                    Node::Domain(domain) => {
+                        Node::Domain(Domain::GridSearch(enumerate(domain, &child, points)?))
+                    }
+                };
+                out.insert(name.clone(), node);
+            }
+            Ok(out)
+        }
+        if points == Some(0) {
+            return Err(err("search.points", "must be at least 1".into()));
+        }
+        Ok(SearchSpace {
+            root: walk(&self.root, "param_space", points)?,
+        })
+    }
+
+    /// Calls `f` with each domain's dotted path, in visiting order.
+    fn visit_domains<'a>(&'a self, mut f: impl FnMut(&str, &'a Domain)) {
+        fn walk<'a>(
+            table: &'a BTreeMap<String, Node>,
+            path: &str,
+            f: &mut dyn FnMut(&str, &'a Domain),
+        ) {
+            for (name, node) in table {
+                let child = format!("{path}.{name}");
                 match node {
-                    Node::Domain(Domain::GridSearch(values)) => out.push(values.len()),
-                    Node::Table(children) => walk(children, out),
-                    _ => {}
+                    Node::Fixed(_) => {}
+                    Node::Table(children) => walk(children, &child, f),
+                    Node::Domain(domain) => f(&child, domain),
                 }
             }
         }
+        walk(&self.root, "param_space", &mut f);
+    }
+
+    /// Grid lengths in visiting order.
+    fn grids(&self) -> Vec<usize> {
         let mut out = Vec::new();
-        walk(&self.root, &mut out);
+        self.visit_domains(|_, domain| {
+            if let Domain::GridSearch(values) = domain {
+                out.push(values.len());
+            }
+        });
         out
     }
 }
@@ -176,43 +272,165 @@ fn grid_picks(grids: &[usize], mut index: u64) -> Vec<usize> {
     picks
 }
 
-fn sample_table(
-    table: &BTreeMap<String, Node>,
-    picks: &[usize],
-    next_grid: &mut usize,
-    rng: &mut ChaCha8Rng,
-) -> Map<String, Value> {
-    let mut out = Map::new();
-    for (name, node) in table {
-        let value = match node {
-            Node::Fixed(value) => value.clone(),
-            Node::Table(children) => Value::Object(sample_table(children, picks, next_grid, rng)),
-            Node::Domain(Domain::GridSearch(values)) => {
-                let value = values[picks[*next_grid]].clone();
-                *next_grid += 1;
-                value
-            }
-            Node::Domain(domain) => sample(domain, rng),
-        };
-        out.insert(name.clone(), value);
-    }
-    out
+/// The configurations of one experiment, drawn lazily: the iterator
+/// [`SearchSpace::configs`] returns.
+#[derive(Debug, Clone)]
+pub struct Configs {
+    space: SearchSpace,
+    grids: Vec<usize>,
+    grid_size: u64,
+    /// The non-grid domains in visiting order, so that skipping can draw
+    /// without walking the tree or building values.
+    random: Vec<Domain>,
+    rng: ChaCha8Rng,
+    next: u64,
+    total: u64,
 }
 
-fn sample(domain: &Domain, rng: &mut ChaCha8Rng) -> Value {
-    match *domain {
-        Domain::GridSearch(_) => unreachable!("grid values are picked, not sampled"),
-        Domain::Choice(ref values) => values[rng.random_range(0..values.len())].clone(),
-        Domain::Uniform { low, high } => float(rng.random_range(low..high)),
-        Domain::LogUniform { low, high } => {
-            float(rng.random_range(low.ln()..high.ln()).exp().clamp(low, high))
+impl Configs {
+    /// How many configurations were produced (or skipped) so far.
+    pub fn position(&self) -> u64 {
+        self.next
+    }
+
+    /// How many configurations there are in all.
+    pub fn total(&self) -> u64 {
+        self.total
+    }
+
+    /// Moves past `n` configurations (fewer if fewer are left) without
+    /// building them. The generator must still make every draw those
+    /// configurations would have made, since each draw moves it on by an
+    /// amount that depends on the value drawn; but drawing alone is cheap
+    /// (microseconds for thousands of configurations).
+    pub fn skip_configs(&mut self, n: u64) {
+        let n = n.min(self.total - self.next);
+        for _ in 0..n {
+            for domain in &self.random {
+                draw(domain, &mut self.rng);
+            }
         }
-        Domain::RandInt { low, high } => Value::from(rng.random_range(low..high)),
+        self.next += n;
+    }
+}
+
+impl Iterator for Configs {
+    type Item = Value;
+
+    fn next(&mut self) -> Option<Value> {
+        if self.next >= self.total {
+            return None;
+        }
+        let picks = grid_picks(&self.grids, self.next % self.grid_size);
+        self.next += 1;
+        let (mut next_grid, rng) = (0, &mut self.rng);
+        Some(self.space.build(|_, domain| match domain {
+            Domain::GridSearch(values) => {
+                next_grid += 1;
+                values[picks[next_grid - 1]].clone()
+            }
+            _ => value_of(domain, draw(domain, rng)),
+        }))
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let left = (self.total - self.next) as usize;
+        (left, Some(left))
+    }
+}
+
+impl ExactSizeIterator for Configs {}
+
+/// One random draw, before it becomes a JSON value: [`Configs::skip_configs`]
+/// makes exactly the draws that building configurations makes, without
+/// cloning choice values.
+enum Drawn {
+    Index(usize),
+    Float(f64),
+    Int(i64),
+}
+
+fn draw(domain: &Domain, rng: &mut ChaCha8Rng) -> Drawn {
+    // The argument types and the order of calls fix the configurations of
+    // every experiment ever run with a seed; keep them as they are.
+    match *domain {
+        Domain::GridSearch(_) => unreachable!("grid values are picked, not drawn"),
+        Domain::Choice(ref values) => Drawn::Index(rng.random_range(0..values.len())),
+        Domain::Uniform { low, high } => Drawn::Float(rng.random_range(low..high)),
+        Domain::LogUniform { low, high } => {
+            Drawn::Float(rng.random_range(low.ln()..high.ln()).exp().clamp(low, high))
+        }
+        Domain::RandInt { low, high } => Drawn::Int(rng.random_range(low..high)),
         Domain::QUniform { low, high, q } => {
             let x = (rng.random_range(low..high) / q).round() * q;
-            float(x.clamp(low, high))
+            Drawn::Float(x.clamp(low, high))
         }
     }
+}
+
+fn value_of(domain: &Domain, drawn: Drawn) -> Value {
+    match (domain, drawn) {
+        (Domain::Choice(values), Drawn::Index(i)) => values[i].clone(),
+        (_, Drawn::Float(x)) => float(x),
+        (_, Drawn::Int(n)) => Value::from(n),
+        (_, Drawn::Index(_)) => unreachable!("only choices draw indices"),
+    }
+}
+
+/// The values a grid search tries for `domain` (see
+/// [`SearchSpace::enumerated`]).
+fn enumerate(domain: &Domain, path: &str, points: Option<usize>) -> Result<Vec<Value>, SpaceError> {
+    let name = match domain {
+        Domain::GridSearch(values) | Domain::Choice(values) => return Ok(values.clone()),
+        Domain::Uniform { .. } => "uniform",
+        Domain::LogUniform { .. } => "loguniform",
+        Domain::RandInt { .. } => "randint",
+        Domain::QUniform { .. } => "quniform",
+    };
+    let Some(n) = points else {
+        return Err(err(
+            path,
+            format!(
+                "grid search cannot enumerate a {name} domain; give `points` in [search] \
+                 or use grid_search/choice"
+            ),
+        ));
+    };
+    // Position of point i of n in [0, 1], both ends included.
+    let at = |i: usize| {
+        if n == 1 {
+            0.5
+        } else {
+            i as f64 / (n - 1) as f64
+        }
+    };
+    let mut values: Vec<Value> = Vec::with_capacity(n);
+    let mut push = |v: Value| {
+        // Consecutive points can round to the same integer or multiple.
+        if values.last() != Some(&v) {
+            values.push(v);
+        }
+    };
+    for i in 0..n {
+        let t = at(i);
+        match *domain {
+            Domain::Uniform { low, high } => push(float(low + (high - low) * t)),
+            Domain::LogUniform { low, high } => {
+                let x = (low.ln() + (high.ln() - low.ln()) * t).exp();
+                push(float(x.clamp(low, high)))
+            }
+            Domain::RandInt { low, high } => {
+                let top = high - 1;
+                push(Value::from(low + ((top - low) as f64 * t).round() as i64))
+            }
+            Domain::QUniform { low, high, q } => {
+                let x = ((low + (high - low) * t) / q).round() * q;
+                push(float(x.clamp(low, high)))
+            }
+            Domain::GridSearch(_) | Domain::Choice(_) => unreachable!("returned above"),
+        }
+    }
+    Ok(values)
 }
 
 fn float(x: f64) -> Value {
@@ -504,5 +722,173 @@ mod tests {
     fn empty_space_gives_empty_configs() {
         let configs = SearchSpace::default().generate(3, 0).unwrap();
         assert_eq!(configs, vec![json!({}), json!({}), json!({})]);
+    }
+
+    fn rich_space() -> SearchSpace {
+        space(json!({
+            "u": {"uniform": [-1.0, 2.0]},
+            "l": {"loguniform": [1e-4, 1e-1]},
+            "g": {"grid_search": [1, 2]},
+            "r": {"randint": [3, 7]},
+            "q": {"quniform": [0.0, 1.0, 0.25]},
+            "c": {"choice": [16, 32, "big"]},
+            "nested": {
+                "deep": {"x": {"uniform": [0, 1]}, "h": {"grid_search": ["a", "b", "c"]}},
+                "fixed": true
+            },
+        }))
+    }
+
+    #[test]
+    fn configurations_match_those_drawn_before_generation_became_lazy() {
+        // Recorded with the eager generator this crate shipped first:
+        // experiments started then must get the same configurations now.
+        let configs = rich_space().generate(3, 7).unwrap();
+        assert_eq!(configs.len(), 18);
+        assert_eq!(
+            configs[0],
+            json!({"c":16,"g":1,"l":0.00035169420222122777,
+                   "nested":{"deep":{"h":"a","x":0.270089458946136},"fixed":true},
+                   "q":0.0,"r":3,"u":1.432830479881674})
+        );
+        assert_eq!(
+            configs[5],
+            json!({"c":16,"g":2,"l":0.000272837886352264,
+                   "nested":{"deep":{"h":"c","x":0.9771053247537282},"fixed":true},
+                   "q":0.75,"r":4,"u":0.7199582480628335})
+        );
+        assert_eq!(
+            configs[17],
+            json!({"c":"big","g":2,"l":0.004525495656839182,
+                   "nested":{"deep":{"h":"c","x":0.4171363013124645},"fixed":true},
+                   "q":0.75,"r":4,"u":0.927445823160413})
+        );
+    }
+
+    #[test]
+    fn skipping_lands_where_iterating_would() {
+        let s = rich_space();
+        let all = s.generate(40, 11).unwrap();
+        for k in [0, 1, 5, 6, 59, 240] {
+            let mut configs = s.configs(40, 11).unwrap();
+            configs.skip_configs(k);
+            assert_eq!(configs.position(), k);
+            assert_eq!(configs.len(), 240 - k as usize);
+            assert_eq!(configs.collect::<Vec<_>>(), all[k as usize..], "skip {k}");
+        }
+        let mut configs = s.configs(1, 0).unwrap();
+        configs.skip_configs(1000);
+        assert_eq!((configs.position(), configs.next()), (6, None));
+    }
+
+    #[test]
+    fn huge_experiments_are_not_materialized() {
+        let s = space(json!({"u": {"uniform": [0, 1]}}));
+        let mut configs = s.configs(MAX_TRIALS, 3).unwrap();
+        assert_eq!(configs.total(), MAX_TRIALS);
+        let first: Vec<Value> = configs.by_ref().take(3).collect();
+        assert_eq!(first, s.generate(3, 3).unwrap());
+        let started = std::time::Instant::now();
+        configs.skip_configs(10_000);
+        assert_eq!(configs.position(), 10_003);
+        assert!(started.elapsed().as_secs_f64() < 1.0, "skipping is cheap");
+    }
+
+    #[test]
+    fn domains_and_build_follow_the_visiting_order() {
+        let s = rich_space();
+        let paths: Vec<String> = s.domains().into_iter().map(|(p, _)| p).collect();
+        assert_eq!(
+            paths,
+            [
+                "param_space.c",
+                "param_space.g",
+                "param_space.l",
+                "param_space.nested.deep.h",
+                "param_space.nested.deep.x",
+                "param_space.q",
+                "param_space.r",
+                "param_space.u",
+            ]
+        );
+        let config = s.build(|i, _| Value::from(i));
+        assert_eq!(
+            config["nested"],
+            json!({"deep": {"h": 3, "x": 4}, "fixed": true})
+        );
+        assert_eq!((&config["c"], &config["u"]), (&json!(0), &json!(7)));
+    }
+
+    #[test]
+    fn enumerated_spaces_turn_choices_and_points_into_grids() {
+        let s = space(json!({
+            "c": {"choice": ["a", "b"]},
+            "g": {"grid_search": [1, 2, 3]},
+            "fixed": 5,
+        }));
+        let grid = s.enumerated(None).unwrap();
+        assert_eq!(grid.grid_size(), 6);
+        assert_eq!(
+            grid.generate(1, 0).unwrap()[1],
+            json!({"c": "a", "fixed": 5, "g": 2})
+        );
+
+        let values = |domain: Value, points: usize| -> Vec<Value> {
+            space(json!({ "x": domain }))
+                .enumerated(Some(points))
+                .unwrap()
+                .generate(1, 0)
+                .unwrap()
+                .into_iter()
+                .map(|c| c["x"].clone())
+                .collect()
+        };
+        assert_eq!(
+            values(json!({"uniform": [0, 1]}), 5),
+            json!([0.0, 0.25, 0.5, 0.75, 1.0])
+                .as_array()
+                .unwrap()
+                .clone()
+        );
+        assert_eq!(values(json!({"uniform": [2, 4]}), 1), [json!(3.0)]);
+        let logs: Vec<f64> = values(json!({"loguniform": [1e-4, 1.0]}), 5)
+            .iter()
+            .map(|v| v.as_f64().unwrap())
+            .collect();
+        for (x, expected) in logs.iter().zip([1e-4, 1e-3, 1e-2, 1e-1, 1.0]) {
+            assert!((x / expected - 1.0).abs() < 1e-9, "{logs:?}");
+        }
+        assert_eq!(
+            values(json!({"randint": [0, 3]}), 10),
+            [json!(0), json!(1), json!(2)]
+        );
+        assert_eq!(
+            values(json!({"randint": [0, 10]}), 3),
+            [json!(0), json!(5), json!(9)]
+        );
+        assert_eq!(
+            values(json!({"quniform": [0, 1, 0.5]}), 5),
+            [json!(0.0), json!(0.5), json!(1.0)]
+        );
+    }
+
+    #[test]
+    fn enumerating_a_continuous_domain_needs_points() {
+        let s = space(json!({"opt": {"lr": {"loguniform": [1e-4, 1e-1]}}, "c": {"choice": [1]}}));
+        assert_eq!(
+            s.enumerated(None).unwrap_err().to_string(),
+            "param_space.opt.lr: grid search cannot enumerate a loguniform domain; \
+             give `points` in [search] or use grid_search/choice"
+        );
+        assert!(s.enumerated(Some(0)).is_err());
+        let big: Vec<i64> = (0..10_000).collect();
+        let s = space(json!({"a": {"choice": big}, "b": {"uniform": [0, 1]}}));
+        let grid = s.enumerated(Some(10_000)).unwrap();
+        assert!(
+            grid.configs(1, 0)
+                .unwrap_err()
+                .message
+                .contains("more than")
+        );
     }
 }

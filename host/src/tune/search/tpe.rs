@@ -1,0 +1,960 @@
+//! Tree-structured Parzen Estimator (Bergstra, Bardenet, Bengio and Kégl,
+//! "Algorithms for Hyper-Parameter Optimization", NeurIPS 2011), as hyperopt
+//! and Optuna's univariate `TPESampler` implement it.
+//!
+//! After `n_initial_points` random configurations, the completed trials are
+//! split by their metric: the best `gamma` fraction are "good", the rest
+//! "bad". Each parameter gets two Parzen estimators, `l(x)` fitted to the
+//! good trials' values and `g(x)` to the bad ones'; the next value is the
+//! one among `n_candidates` draws from `l` that maximizes `l(x) / g(x)`
+//! (which maximizes expected improvement under the TPE model). Parameters
+//! are modeled independently.
+//!
+//! The estimators:
+//! - uniform: a mixture of Gaussians truncated to `[low, high)`, one per
+//!   observation, plus a prior component (centered, as wide as the range)
+//!   weighted `prior_weight`. Each observation's width is the larger gap to
+//!   its neighbours, clipped to `[range / min(100, n + 2), range]`.
+//! - loguniform: the same in `ln` space.
+//! - randint and quniform: the same over the values' range, with the
+//!   probability of a value being the mixture's mass over the interval that
+//!   rounds to it.
+//! - choice: each value's probability is the weight of the observations
+//!   that took it, plus `prior_weight` spread evenly over the values.
+//!
+//! With more than 25 observations in a group, older ones weigh less
+//! (linearly, from `1/n` up to 1 for the 25 newest), as in hyperopt, so the
+//! model follows the search as it narrows.
+//!
+//! Observations are completed trials' final results. Intermediate results
+//! are not used: one trial's early iterations say little about a different
+//! configuration's final value, and mixing iterations would rank short
+//! trials against long ones. A trial stopped early by a scheduler counts
+//! with its last result, as in Ray Tune's TPE searchers. Trials that ended
+//! in error, or whose last result lacks a finite metric, teach nothing.
+//!
+//! Suggestion `k` draws from a ChaCha8 generator seeded with the
+//! experiment's seed on stream `k`, so the saved state is just the
+//! observations, the suggestions not yet complete and the count: a resumed
+//! search makes exactly the suggestions the uninterrupted one would have.
+
+use std::collections::BTreeMap;
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Number, Value};
+
+use super::{Searcher, Suggestion};
+use crate::tune::result::Mode;
+use crate::tune::space::{Domain, SearchSpace};
+
+/// TPE's parameters, with the defaults of hyperopt and Optuna (which call
+/// the first and third `n_startup_trials` and `n_ei_candidates`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TpeConfig {
+    /// Completed trials drawn at random before the model is used.
+    pub n_initial_points: u64,
+    /// The fraction of completed trials that make up the "good" group: the
+    /// best `ceil(gamma * n)` of `n`, the paper's quantile (hyperopt takes
+    /// `gamma * sqrt(n)`, Optuna `min(ceil(0.1 * n), 25)`; with the trial
+    /// counts of typical experiments the fraction learns faster).
+    pub gamma: f64,
+    /// Draws from the good-group estimator compared per suggestion.
+    pub n_candidates: usize,
+    /// Weight of the prior (the whole range) against one observation;
+    /// higher explores more.
+    pub prior_weight: f64,
+}
+
+impl Default for TpeConfig {
+    fn default() -> Self {
+        Self {
+            n_initial_points: 10,
+            gamma: 0.25,
+            n_candidates: 24,
+            prior_weight: 1.0,
+        }
+    }
+}
+
+/// More candidates than this cost time without improving suggestions; a
+/// larger number is most likely a typo.
+const MAX_CANDIDATES: usize = 100_000;
+
+/// Observations beyond the newest this many in a group weigh less.
+const FULL_WEIGHT_NEWEST: usize = 25;
+
+impl TpeConfig {
+    /// The keys a `[search]` table with `type = "tpe"` takes.
+    pub const FIELDS: [&'static str; 4] =
+        ["n_initial_points", "gamma", "n_candidates", "prior_weight"];
+
+    /// Checks the parameters, naming the first bad one.
+    pub fn validate(&self) -> Result<(), String> {
+        if !(self.gamma > 0.0 && self.gamma < 1.0) {
+            return Err(format!(
+                "search.gamma must be in (0, 1), got {}",
+                self.gamma
+            ));
+        }
+        if !(1..=MAX_CANDIDATES).contains(&self.n_candidates) {
+            return Err(format!(
+                "search.n_candidates must be between 1 and {MAX_CANDIDATES}, got {}",
+                self.n_candidates
+            ));
+        }
+        if !(self.prior_weight > 0.0 && self.prior_weight.is_finite()) {
+            return Err(format!(
+                "search.prior_weight must be a positive number, got {}",
+                self.prior_weight
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// One parameter as the model sees it. Values live in "model space": the
+/// value itself, its `ln` for loguniform, its index for choice.
+#[derive(Debug, Clone)]
+enum Param {
+    /// uniform (`log` false) or loguniform (`log` true, `lo`/`hi` are the
+    /// logs of the bounds, `low`/`high` the bounds).
+    Float {
+        lo: f64,
+        hi: f64,
+        log: bool,
+        low: f64,
+        high: f64,
+    },
+    /// randint and quniform: model values in `[lo, hi)` round to multiples
+    /// of `q` kept within `[min, max]`.
+    Quantized {
+        lo: f64,
+        hi: f64,
+        q: f64,
+        min: f64,
+        max: f64,
+        int: bool,
+    },
+    Categorical(Vec<Value>),
+}
+
+impl Param {
+    fn new(path: &str, domain: &Domain) -> Result<Self, String> {
+        Ok(match *domain {
+            Domain::GridSearch(_) => {
+                return Err(format!(
+                    "{path}: the tpe searcher cannot use grid_search domains (it chooses every \
+                     value itself); use choice, or search = \"random\" or \"grid\""
+                ));
+            }
+            Domain::Choice(ref values) => Param::Categorical(values.clone()),
+            Domain::Uniform { low, high } => Param::Float {
+                lo: low,
+                hi: high,
+                log: false,
+                low,
+                high,
+            },
+            Domain::LogUniform { low, high } => Param::Float {
+                lo: low.ln(),
+                hi: high.ln(),
+                log: true,
+                low,
+                high,
+            },
+            // Integer k owns [k - 1/2, k + 1/2), so every integer in
+            // [low, high) is equally likely under the prior.
+            Domain::RandInt { low, high } => Param::Quantized {
+                lo: low as f64 - 0.5,
+                hi: high as f64 - 0.5,
+                q: 1.0,
+                min: low as f64,
+                max: (high - 1) as f64,
+                int: true,
+            },
+            // As random search draws it: uniform in [low, high), rounded.
+            Domain::QUniform { low, high, q } => Param::Quantized {
+                lo: low,
+                hi: high,
+                q,
+                min: low,
+                max: high,
+                int: false,
+            },
+        })
+    }
+
+    /// A model value drawn as random search would draw it.
+    fn random(&self, rng: &mut ChaCha8Rng) -> f64 {
+        match *self {
+            Param::Float { lo, hi, .. } => rng.random_range(lo..hi),
+            Param::Quantized { lo, hi, .. } => self.quantize(rng.random_range(lo..hi)),
+            Param::Categorical(ref values) => rng.random_range(0..values.len()) as f64,
+        }
+    }
+
+    fn quantize(&self, x: f64) -> f64 {
+        match *self {
+            Param::Quantized { q, min, max, .. } => ((x / q).round() * q).clamp(min, max),
+            _ => x,
+        }
+    }
+
+    fn to_value(&self, x: f64) -> Value {
+        match *self {
+            Param::Float {
+                log: true,
+                low,
+                high,
+                ..
+            } => float(x.exp().clamp(low, high)),
+            Param::Float { .. } => float(x),
+            Param::Quantized { int: true, .. } => Value::from(x as i64),
+            Param::Quantized { .. } => float(x),
+            Param::Categorical(ref values) => values[x as usize].clone(),
+        }
+    }
+
+    /// Whether a saved model value could have come from this parameter.
+    fn admits(&self, x: f64) -> bool {
+        match *self {
+            Param::Float { lo, hi, .. } => (lo..=hi).contains(&x),
+            Param::Quantized { min, max, .. } => (min..=max).contains(&x),
+            Param::Categorical(ref values) => {
+                x.fract() == 0.0 && (0.0..values.len() as f64).contains(&x)
+            }
+        }
+    }
+
+    /// The value among `n_candidates` draws from the estimator fitted to
+    /// `good` that is likeliest under it relative to the one fitted to
+    /// `bad`. Each group is in chronological order.
+    fn choose(&self, good: &[f64], bad: &[f64], config: &TpeConfig, rng: &mut ChaCha8Rng) -> f64 {
+        let (w_good, w_bad) = (recency_weights(good.len()), recency_weights(bad.len()));
+        let mut best = (f64::NEG_INFINITY, f64::NAN);
+        match *self {
+            Param::Categorical(ref values) => {
+                let l = categorical(values.len(), good, &w_good, config.prior_weight);
+                let g = categorical(values.len(), bad, &w_bad, config.prior_weight);
+                for _ in 0..config.n_candidates {
+                    let k = pick(&l, rng);
+                    let score = l[k].ln() - g[k].ln();
+                    if score > best.0 {
+                        best = (score, k as f64);
+                    }
+                }
+            }
+            Param::Float { lo, hi, .. } | Param::Quantized { lo, hi, .. } => {
+                let l = Parzen::fit(good, &w_good, lo, hi, config.prior_weight);
+                let g = Parzen::fit(bad, &w_bad, lo, hi, config.prior_weight);
+                for _ in 0..config.n_candidates {
+                    let x = self.quantize(l.sample(rng));
+                    let score = match *self {
+                        Param::Quantized { q, .. } => {
+                            let (a, b) = ((x - q / 2.0).max(lo), (x + q / 2.0).min(hi));
+                            l.log_mass(a, b) - g.log_mass(a, b)
+                        }
+                        _ => l.log_pdf(x) - g.log_pdf(x),
+                    };
+                    if score > best.0 {
+                        best = (score, x);
+                    }
+                }
+            }
+        }
+        if best.1.is_nan() {
+            // Scores are finite (the prior puts mass everywhere), so this
+            // only guards against arithmetic surprises.
+            return self.random(rng);
+        }
+        best.1
+    }
+}
+
+/// Hyperopt's linear forgetting: the newest observations weigh 1, older
+/// ones ramp up from `1/n`.
+fn recency_weights(n: usize) -> Vec<f64> {
+    if n <= FULL_WEIGHT_NEWEST {
+        return vec![1.0; n];
+    }
+    let old = n - FULL_WEIGHT_NEWEST;
+    let first = 1.0 / n as f64;
+    (0..old)
+        .map(|i| {
+            if old == 1 {
+                first
+            } else {
+                first + (1.0 - first) * i as f64 / (old - 1) as f64
+            }
+        })
+        .chain(std::iter::repeat_n(1.0, FULL_WEIGHT_NEWEST))
+        .collect()
+}
+
+/// Probabilities of each of `n` choices given the observed indices.
+fn categorical(n: usize, observed: &[f64], weights: &[f64], prior_weight: f64) -> Vec<f64> {
+    let mut p = vec![prior_weight / n as f64; n];
+    for (&k, &w) in observed.iter().zip(weights) {
+        p[k as usize] += w;
+    }
+    let total: f64 = p.iter().sum();
+    p.iter_mut().for_each(|x| *x /= total);
+    p
+}
+
+/// An index drawn with probability proportional to `weights`.
+fn pick(weights: &[f64], rng: &mut ChaCha8Rng) -> usize {
+    let total: f64 = weights.iter().sum();
+    let mut u = rng.random::<f64>() * total;
+    for (i, &w) in weights.iter().enumerate() {
+        if u < w {
+            return i;
+        }
+        u -= w;
+    }
+    weights.len() - 1
+}
+
+/// A mixture of Gaussians truncated to `[lo, hi)`.
+struct Parzen {
+    lo: f64,
+    hi: f64,
+    weights: Vec<f64>,
+    mus: Vec<f64>,
+    sigmas: Vec<f64>,
+    /// `ln` of each normalized weight divided by the component's mass
+    /// inside the bounds: the truncated component's log scale.
+    log_scale: Vec<f64>,
+}
+
+impl Parzen {
+    fn fit(observed: &[f64], weights: &[f64], lo: f64, hi: f64, prior_weight: f64) -> Self {
+        let range = hi - lo;
+        let prior_mu = 0.5 * (lo + hi);
+        let n = observed.len();
+        // Widths from the gaps between sorted centers (the prior's center
+        // included, the bounds as outer neighbours); the outermost centers
+        // use only their inner gap, so that empty space out to a bound does
+        // not widen them (the prior already covers it), as in Optuna.
+        let mut order: Vec<(f64, usize)> = observed
+            .iter()
+            .copied()
+            .chain([prior_mu])
+            .enumerate()
+            .map(|(i, x)| (x, i))
+            .collect();
+        order.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        let mut sorted = Vec::with_capacity(order.len() + 2);
+        sorted.push(lo);
+        sorted.extend(order.iter().map(|&(x, _)| x));
+        sorted.push(hi);
+        let m = order.len();
+        let min_sigma = range / (100.0f64).min(n as f64 + 2.0);
+        let mut sigmas = vec![0.0; m];
+        for (j, &(_, i)) in order.iter().enumerate() {
+            let (left, right) = (sorted[j + 1] - sorted[j], sorted[j + 2] - sorted[j + 1]);
+            let sigma = if m >= 2 && j == 0 {
+                right
+            } else if m >= 2 && j == m - 1 {
+                left
+            } else {
+                left.max(right)
+            };
+            sigmas[i] = sigma.clamp(min_sigma, range);
+        }
+        sigmas[n] = range;
+        let mut mixture_weights: Vec<f64> = weights.to_vec();
+        mixture_weights.push(prior_weight);
+        let total: f64 = mixture_weights.iter().sum();
+        let mus: Vec<f64> = observed.iter().copied().chain([prior_mu]).collect();
+        let log_scale = mus
+            .iter()
+            .zip(&sigmas)
+            .zip(&mixture_weights)
+            .map(|((&mu, &sigma), &w)| {
+                (w / total).ln() - normal_mass((lo - mu) / sigma, (hi - mu) / sigma).ln()
+            })
+            .collect();
+        Self {
+            lo,
+            hi,
+            weights: mixture_weights,
+            mus,
+            sigmas,
+            log_scale,
+        }
+    }
+
+    fn sample(&self, rng: &mut ChaCha8Rng) -> f64 {
+        let k = pick(&self.weights, rng);
+        let (mu, sigma) = (self.mus[k], self.sigmas[k]);
+        // Every center lies within the bounds and no width exceeds the
+        // range, so at least about a third of the draws land inside.
+        for _ in 0..1000 {
+            let x = mu + sigma * standard_normal(rng);
+            if x >= self.lo && x < self.hi {
+                return x;
+            }
+        }
+        mu
+    }
+
+    fn log_pdf(&self, x: f64) -> f64 {
+        log_sum_exp(self.components().map(|(log_scale, mu, sigma)| {
+            let z = (x - mu) / sigma;
+            log_scale - 0.5 * z * z - sigma.ln() - LN_SQRT_2PI
+        }))
+    }
+
+    /// `ln` of the mixture's mass over `[a, b]`.
+    fn log_mass(&self, a: f64, b: f64) -> f64 {
+        log_sum_exp(self.components().map(|(log_scale, mu, sigma)| {
+            log_scale + normal_mass((a - mu) / sigma, (b - mu) / sigma).ln()
+        }))
+    }
+
+    fn components(&self) -> impl Iterator<Item = (f64, f64, f64)> + '_ {
+        self.log_scale
+            .iter()
+            .zip(&self.mus)
+            .zip(&self.sigmas)
+            .map(|((&s, &mu), &sigma)| (s, mu, sigma))
+    }
+}
+
+const LN_SQRT_2PI: f64 = 0.918_938_533_204_672_8;
+
+fn log_sum_exp(terms: impl Iterator<Item = f64>) -> f64 {
+    let terms: Vec<f64> = terms.collect();
+    let max = terms.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    if max == f64::NEG_INFINITY {
+        return max;
+    }
+    max + terms.iter().map(|t| (t - max).exp()).sum::<f64>().ln()
+}
+
+/// Box–Muller; one normal per call keeps the draw count per value fixed.
+fn standard_normal(rng: &mut ChaCha8Rng) -> f64 {
+    let u1 = 1.0 - rng.random::<f64>();
+    let u2 = rng.random::<f64>();
+    (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
+}
+
+/// P(a <= Z <= b) for a standard normal Z and `a <= b`.
+fn normal_mass(a: f64, b: f64) -> f64 {
+    let width = b - a;
+    if width < 1e-2 {
+        // The CDF difference would cancel to noise; the midpoint rule is
+        // accurate to about width² here.
+        let mid = 0.5 * (a + b);
+        return width * (-0.5 * mid * mid - LN_SQRT_2PI).exp();
+    }
+    let s = std::f64::consts::FRAC_1_SQRT_2;
+    // Work in the tail the interval is in, where erfc keeps its precision.
+    if a >= 0.0 {
+        0.5 * (erfc(a * s) - erfc(b * s))
+    } else if b <= 0.0 {
+        0.5 * (erfc(-b * s) - erfc(-a * s))
+    } else {
+        1.0 - 0.5 * (erfc(b * s) + erfc(-a * s))
+    }
+}
+
+/// Complementary error function, with a relative error below 1.2e-7
+/// (the Chebyshev fit in Press et al., Numerical Recipes, §6.2).
+fn erfc(x: f64) -> f64 {
+    let z = x.abs();
+    let t = 1.0 / (1.0 + 0.5 * z);
+    let poly = -z * z - 1.265_512_23
+        + t * (1.000_023_68
+            + t * (0.374_091_96
+                + t * (0.096_784_18
+                    + t * (-0.186_288_06
+                        + t * (0.278_868_07
+                            + t * (-1.135_203_98
+                                + t * (1.488_515_87 + t * (-0.822_152_23 + t * 0.170_872_77))))))));
+    let r = t * poly.exp();
+    if x >= 0.0 { r } else { 2.0 - r }
+}
+
+fn float(x: f64) -> Value {
+    Number::from_f64(x).map_or(Value::Null, Value::Number)
+}
+
+/// A completed trial's model values and metric.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Observation {
+    values: Vec<f64>,
+    metric: f64,
+}
+
+/// What [`Tpe`] saves.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TpeState {
+    suggested: u64,
+    /// In completion order, which the recency weights depend on.
+    observations: Vec<Observation>,
+    /// Suggested trials not yet complete, with their model values.
+    pending: BTreeMap<String, Vec<f64>>,
+}
+
+/// The TPE searcher.
+#[derive(Debug, Clone)]
+pub struct Tpe {
+    config: TpeConfig,
+    space: SearchSpace,
+    params: Vec<Param>,
+    metric: String,
+    mode: Mode,
+    seed: u64,
+    num_samples: u64,
+    suggested: u64,
+    observations: Vec<Observation>,
+    pending: BTreeMap<String, Vec<f64>>,
+}
+
+impl Tpe {
+    /// A search of `num_samples` trials over `space`, learning from
+    /// `metric` (lower is better under [`Mode::Min`]).
+    pub fn new(
+        config: TpeConfig,
+        space: &SearchSpace,
+        num_samples: u64,
+        metric: &str,
+        mode: Mode,
+        seed: u64,
+    ) -> Result<Self, String> {
+        config.validate()?;
+        let params = space
+            .domains()
+            .into_iter()
+            .map(|(path, domain)| Param::new(&path, domain))
+            .collect::<Result<_, _>>()?;
+        Ok(Self {
+            config,
+            space: space.clone(),
+            params,
+            metric: metric.to_string(),
+            mode,
+            seed,
+            num_samples,
+            suggested: 0,
+            observations: Vec::new(),
+            pending: BTreeMap::new(),
+        })
+    }
+
+    /// The model values of the next configuration.
+    fn next_values(&self) -> Vec<f64> {
+        let mut rng = ChaCha8Rng::seed_from_u64(self.seed);
+        rng.set_stream(self.suggested);
+        let n = self.observations.len();
+        if n < self.config.n_initial_points.max(1) as usize {
+            return self.params.iter().map(|p| p.random(&mut rng)).collect();
+        }
+        // Lower loss first; ties go to the earlier observation so the split
+        // does not depend on sort internals.
+        let sign = match self.mode {
+            Mode::Min => 1.0,
+            Mode::Max => -1.0,
+        };
+        let mut ranked: Vec<usize> = (0..n).collect();
+        ranked.sort_by(|&a, &b| {
+            let (la, lb) = (
+                sign * self.observations[a].metric,
+                sign * self.observations[b].metric,
+            );
+            la.total_cmp(&lb).then(a.cmp(&b))
+        });
+        let n_good = ((self.config.gamma * n as f64).ceil() as usize).clamp(1, n);
+        let mut is_good = vec![false; n];
+        ranked[..n_good].iter().for_each(|&i| is_good[i] = true);
+        self.params
+            .iter()
+            .enumerate()
+            .map(|(j, param)| {
+                let (mut good, mut bad) = (Vec::new(), Vec::new());
+                for (obs, &g) in self.observations.iter().zip(&is_good) {
+                    if g { &mut good } else { &mut bad }.push(obs.values[j]);
+                }
+                param.choose(&good, &bad, &self.config, &mut rng)
+            })
+            .collect()
+    }
+}
+
+impl Searcher for Tpe {
+    fn suggest(&mut self, trial_id: &str) -> Suggestion {
+        if self.suggested >= self.num_samples {
+            return Suggestion::Finished;
+        }
+        let values = self.next_values();
+        self.suggested += 1;
+        let config = self.space.build(|i, _| self.params[i].to_value(values[i]));
+        self.pending.insert(trial_id.to_string(), values);
+        Suggestion::Config(config)
+    }
+
+    fn on_trial_complete(
+        &mut self,
+        trial_id: &str,
+        result: Option<&Map<String, Value>>,
+        error: bool,
+    ) {
+        let Some(values) = self.pending.remove(trial_id) else {
+            return;
+        };
+        let metric = result
+            .and_then(|r| r.get(&self.metric))
+            .and_then(Value::as_f64)
+            .filter(|m| m.is_finite());
+        if let (false, Some(metric)) = (error, metric) {
+            self.observations.push(Observation { values, metric });
+        }
+    }
+
+    fn total(&self) -> Option<u64> {
+        Some(self.num_samples)
+    }
+
+    fn name(&self) -> &'static str {
+        "tpe"
+    }
+
+    fn state(&self) -> Value {
+        serde_json::json!(TpeState {
+            suggested: self.suggested,
+            observations: self.observations.clone(),
+            pending: self.pending.clone(),
+        })
+    }
+
+    fn restore_state(&mut self, state: &Value) -> Result<(), String> {
+        if state.is_null() {
+            return Ok(());
+        }
+        let saved: TpeState = serde_json::from_value(state.clone())
+            .map_err(|e| format!("the saved TPE state cannot be read: {e}"))?;
+        let fits = |values: &Vec<f64>| {
+            values.len() == self.params.len()
+                && values.iter().zip(&self.params).all(|(&x, p)| p.admits(x))
+        };
+        if !(saved.observations.iter().all(|o| fits(&o.values)) && saved.pending.values().all(fits))
+        {
+            return Err(
+                "the saved TPE state does not fit this search space; was param_space changed?"
+                    .into(),
+            );
+        }
+        self.suggested = saved.suggested;
+        self.observations = saved.observations;
+        self.pending = saved.pending;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tune::search::BasicVariant;
+    use serde_json::json;
+
+    fn space(value: Value) -> SearchSpace {
+        SearchSpace::from_json(&value).unwrap()
+    }
+
+    fn tpe(space: &SearchSpace, n: u64, mode: Mode, seed: u64) -> Tpe {
+        Tpe::new(TpeConfig::default(), space, n, "loss", mode, seed).unwrap()
+    }
+
+    fn result(loss: f64) -> Map<String, Value> {
+        json!({"loss": loss}).as_object().unwrap().clone()
+    }
+
+    fn bowl() -> SearchSpace {
+        space(json!({"x": {"uniform": [0, 1]}, "y": {"loguniform": [1e-4, 1.0]}}))
+    }
+
+    fn bowl_loss(config: &Value) -> f64 {
+        let (x, y) = (config["x"].as_f64().unwrap(), config["y"].as_f64().unwrap());
+        (x - 0.3).powi(2) + (y.log10() + 2.0).powi(2)
+    }
+
+    /// Runs trials one at a time, each completing before the next starts;
+    /// returns the configurations and their losses.
+    fn run(
+        searcher: &mut dyn Searcher,
+        trials: usize,
+        loss: impl Fn(&Value) -> f64,
+    ) -> Vec<(Value, f64)> {
+        let mut out = Vec::new();
+        for i in 0..trials {
+            let id = format!("trial_{i:04}");
+            let Suggestion::Config(config) = searcher.suggest(&id) else {
+                panic!("expected a configuration");
+            };
+            let value = loss(&config);
+            searcher.on_trial_complete(&id, Some(&result(value)), false);
+            out.push((config, value));
+        }
+        out
+    }
+
+    fn best(history: &[(Value, f64)]) -> f64 {
+        history.iter().map(|h| h.1).fold(f64::INFINITY, f64::min)
+    }
+
+    #[test]
+    fn finds_a_better_optimum_than_random_search() {
+        let seeds = 0..10u64;
+        let (mut tpe_sum, mut random_sum, mut tpe_wins) = (0.0, 0.0, 0);
+        for seed in seeds.clone() {
+            let s = bowl();
+            let t = best(&run(&mut tpe(&s, 60, Mode::Min, seed), 60, bowl_loss));
+            let r = best(&run(
+                &mut BasicVariant::random(&s, 60, seed).unwrap(),
+                60,
+                bowl_loss,
+            ));
+            tpe_sum += t;
+            random_sum += r;
+            tpe_wins += usize::from(t < r);
+        }
+        let n = seeds.count() as f64;
+        let (tpe_mean, random_mean) = (tpe_sum / n, random_sum / n);
+        assert!(
+            tpe_mean < 0.5 * random_mean,
+            "tpe {tpe_mean} vs random {random_mean}"
+        );
+        assert!(tpe_wins >= 7, "tpe won {tpe_wins} of 10");
+    }
+
+    #[test]
+    fn learns_discrete_and_categorical_parameters_when_maximizing() {
+        let s = space(json!({
+            "act": {"choice": ["relu", "tanh", "gelu", "none"]},
+            "layers": {"randint": [1, 9]},
+            "drop": {"quniform": [0.0, 0.5, 0.1]},
+            "fixed": {"width": 64},
+        }));
+        let score = |c: &Value| {
+            let act = if c["act"] == json!("gelu") { 1.0 } else { 0.0 };
+            let layers = c["layers"].as_i64().unwrap() as f64;
+            let drop = c["drop"].as_f64().unwrap();
+            act - 0.1 * (layers - 6.0).abs() - (drop - 0.2).abs()
+        };
+        let mut searcher = tpe(&s, 80, Mode::Max, 4);
+        let history = run(&mut searcher, 80, score);
+        for (config, _) in &history {
+            let layers = config["layers"].as_i64().unwrap();
+            assert!((1..9).contains(&layers));
+            let drop = config["drop"].as_f64().unwrap();
+            assert!((0.0..=0.5).contains(&drop));
+            assert!(((drop * 10.0).round() - drop * 10.0).abs() < 1e-9);
+            assert_eq!(config["fixed"], json!({"width": 64}));
+        }
+        let late = &history[40..];
+        let gelu = late
+            .iter()
+            .filter(|(c, _)| c["act"] == json!("gelu"))
+            .count();
+        assert!(gelu >= 25, "gelu in {gelu} of the last 40");
+        let near = late
+            .iter()
+            .filter(|(c, _)| (c["layers"].as_i64().unwrap() - 6).abs() <= 1)
+            .count();
+        assert!(near >= 25, "layers near 6 in {near} of the last 40");
+        assert_eq!(searcher.suggest("extra"), Suggestion::Finished);
+    }
+
+    #[test]
+    fn same_seed_same_suggestions() {
+        let s = bowl();
+        let a = run(&mut tpe(&s, 30, Mode::Min, 9), 30, bowl_loss);
+        let b = run(&mut tpe(&s, 30, Mode::Min, 9), 30, bowl_loss);
+        assert_eq!(a, b);
+        let c = run(&mut tpe(&s, 30, Mode::Min, 10), 30, bowl_loss);
+        assert_ne!(a, c);
+    }
+
+    #[test]
+    fn a_resumed_search_continues_identically() {
+        let s = space(json!({
+            "x": {"uniform": [0, 1]},
+            "y": {"loguniform": [1e-4, 1.0]},
+            "c": {"choice": [1, 2, 3]},
+            "n": {"randint": [0, 5]},
+        }));
+        let loss = |c: &Value| bowl_loss(c) + c["n"].as_f64().unwrap() * 0.01;
+        let mut first = tpe(&s, 40, Mode::Min, 5);
+        run(&mut first, 15, loss);
+        // Two trials still running when the experiment is interrupted.
+        let Suggestion::Config(a) = first.suggest("open_a") else {
+            panic!()
+        };
+        let Suggestion::Config(b) = first.suggest("open_b") else {
+            panic!()
+        };
+        let state: Value = serde_json::from_str(&first.state().to_string()).unwrap();
+        let mut resumed = tpe(&s, 40, Mode::Min, 5);
+        resumed.restore_state(&state).unwrap();
+        for searcher in [&mut first as &mut dyn Searcher, &mut resumed] {
+            searcher.on_trial_complete("open_b", Some(&result(loss(&b))), false);
+            searcher.on_trial_complete("open_a", Some(&result(loss(&a))), false);
+        }
+        assert_eq!(run(&mut first, 23, loss), run(&mut resumed, 23, loss));
+        assert_eq!(first.suggest("x"), Suggestion::Finished);
+        assert_eq!(first.state(), resumed.state());
+    }
+
+    #[test]
+    fn errors_and_missing_metrics_teach_nothing() {
+        let s = bowl();
+        let mut searcher = tpe(&s, 10, Mode::Min, 1);
+        for id in ["a", "b", "c", "d"] {
+            searcher.suggest(id);
+        }
+        searcher.on_trial_complete("a", Some(&result(1.0)), true);
+        searcher.on_trial_complete("b", None, false);
+        let nan = json!({"loss": null}).as_object().unwrap().clone();
+        searcher.on_trial_complete("c", Some(&nan), false);
+        searcher.on_trial_complete("unknown", Some(&result(1.0)), false);
+        assert!(searcher.observations.is_empty());
+        searcher.on_trial_complete("d", Some(&result(0.5)), false);
+        assert_eq!(searcher.observations.len(), 1);
+        assert!(searcher.pending.is_empty());
+    }
+
+    #[test]
+    fn refuses_grid_search_and_bad_parameters() {
+        let s = space(json!({"opt": {"bs": {"grid_search": [16, 32]}}}));
+        let message = Tpe::new(TpeConfig::default(), &s, 5, "loss", Mode::Min, 0).unwrap_err();
+        assert!(
+            message.starts_with("param_space.opt.bs: the tpe searcher cannot use grid_search"),
+            "{message}"
+        );
+        let cases = [
+            (
+                TpeConfig {
+                    gamma: 1.0,
+                    ..Default::default()
+                },
+                "search.gamma must be in (0, 1)",
+            ),
+            (
+                TpeConfig {
+                    gamma: f64::NAN,
+                    ..Default::default()
+                },
+                "search.gamma must be in (0, 1)",
+            ),
+            (
+                TpeConfig {
+                    n_candidates: 0,
+                    ..Default::default()
+                },
+                "search.n_candidates must be between 1",
+            ),
+            (
+                TpeConfig {
+                    prior_weight: 0.0,
+                    ..Default::default()
+                },
+                "search.prior_weight must be a positive number",
+            ),
+        ];
+        for (config, expected) in cases {
+            let message = Tpe::new(config, &bowl(), 5, "loss", Mode::Min, 0).unwrap_err();
+            assert!(message.starts_with(expected), "{message}");
+        }
+    }
+
+    #[test]
+    fn states_from_another_space_are_refused() {
+        let mut searcher = tpe(&bowl(), 10, Mode::Min, 1);
+        run(&mut searcher, 3, bowl_loss);
+        let state = searcher.state();
+        let other = space(json!({"x": {"uniform": [0, 1]}}));
+        let message = tpe(&other, 10, Mode::Min, 1)
+            .restore_state(&state)
+            .unwrap_err();
+        assert!(
+            message.contains("does not fit this search space"),
+            "{message}"
+        );
+        let narrower =
+            space(json!({"x": {"uniform": [0, 0.001]}, "y": {"loguniform": [1e-4, 1.0]}}));
+        assert!(
+            tpe(&narrower, 10, Mode::Min, 1)
+                .restore_state(&state)
+                .is_err()
+        );
+        assert!(
+            tpe(&bowl(), 10, Mode::Min, 1)
+                .restore_state(&json!({"suggested": 1}))
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn normal_masses_are_accurate() {
+        // Reference values of the standard normal CDF.
+        let phi = [
+            (-3.0, 0.001_349_898),
+            (-1.0, 0.158_655_254),
+            (0.5, 0.691_462_461),
+            (2.0, 0.977_249_868),
+        ];
+        for (x, p) in phi {
+            assert!((normal_mass(-40.0, x) - p).abs() < 1e-7, "{x}");
+        }
+        assert!((normal_mass(-1.0, 1.0) - 0.682_689_492).abs() < 1e-7);
+        // Far in a tail, and in a narrow interval, the mass stays positive
+        // and close to density x width.
+        let tail = normal_mass(6.0, 7.0);
+        assert!((tail / 9.853_078_3e-10 - 1.0).abs() < 1e-6, "{tail}");
+        let narrow = normal_mass(1.0, 1.0 + 1e-9);
+        assert!(
+            (narrow / (1e-9 * 0.241_970_725) - 1.0).abs() < 1e-6,
+            "{narrow}"
+        );
+    }
+
+    #[test]
+    fn parzen_estimators_are_normalized_densities() {
+        let observed = [0.1, 0.15, 0.8];
+        let weights = recency_weights(observed.len());
+        let p = Parzen::fit(&observed, &weights, 0.0, 1.0, 1.0);
+        let steps = 20_000;
+        let integral: f64 = (0..steps)
+            .map(|i| p.log_pdf((i as f64 + 0.5) / steps as f64).exp() / steps as f64)
+            .sum();
+        assert!((integral - 1.0).abs() < 1e-4, "{integral}");
+        assert!((p.log_mass(0.0, 1.0).exp() - 1.0).abs() < 1e-6);
+        assert!(
+            p.log_pdf(0.12) > p.log_pdf(0.5),
+            "mass gathers at observations"
+        );
+        let mut rng = ChaCha8Rng::seed_from_u64(0);
+        let draws: Vec<f64> = (0..4000).map(|_| p.sample(&mut rng)).collect();
+        assert!(draws.iter().all(|x| (0.0..1.0).contains(x)));
+        let low = draws.iter().filter(|&&x| x < 0.3).count() as f64 / 4000.0;
+        let expected = p.log_mass(0.0, 0.3).exp();
+        assert!((low - expected).abs() < 0.03, "{low} vs {expected}");
+    }
+
+    #[test]
+    fn older_observations_weigh_less_past_the_newest_25() {
+        assert_eq!(recency_weights(3), [1.0; 3]);
+        let w = recency_weights(30);
+        assert_eq!(w.len(), 30);
+        assert!((w[0] - 1.0 / 30.0).abs() < 1e-12);
+        assert!(w[..5].windows(2).all(|p| p[0] < p[1]));
+        assert!(w[5..].iter().all(|&x| x == 1.0));
+    }
+}

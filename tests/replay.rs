@@ -1,0 +1,361 @@
+//! The replay guest (`examples/replay`) through the real sandbox and runner,
+//! checked against the native replay (`wtune::tune::replay`): the same
+//! numbers, bit for bit, and fuel that is the same on every run. Then the
+//! native replay doing what it is for: comparing schedulers on a table with
+//! a known optimum, in milliseconds.
+
+mod common;
+
+use std::path::Path;
+
+use serde_json::{Map, Value, json};
+use wtune::config::{Overrides, plan};
+use wtune::report::{ExperimentFile, TrialFiles};
+use wtune::sandbox::{Limits, TrialEnv};
+use wtune::tune::replay::{CurveSet, Sampling, replay_backend};
+use wtune::tune::space::SearchSpace;
+use wtune::tune::{
+    AshaConfig, ExperimentSummary, Fifo, Mode, RunSpec, Runner, Scheduler, SchedulerSpec,
+    StopCriteria, TrialStatus,
+};
+
+/// The set the guest embeds.
+fn shipped() -> CurveSet {
+    CurveSet::load(&common::workspace().join("examples/replay/curves/synthetic.json")).unwrap()
+}
+
+fn spec(out: &Path, configs: Vec<Value>, max_concurrent: usize) -> RunSpec {
+    RunSpec {
+        name: "replay".into(),
+        output_dir: out.to_path_buf(),
+        metric: Some("val_loss".into()),
+        mode: Mode::Min,
+        stop: StopCriteria::default(),
+        max_concurrent,
+        configs,
+        checkpoint: Default::default(),
+        failure: Default::default(),
+        restore_from: None,
+    }
+}
+
+/// Runs the native replay of `set` with the result files written.
+fn run_native(set: CurveSet, spec: RunSpec, scheduler: Box<dyn Scheduler>) -> ExperimentSummary {
+    let runner = Runner::new(replay_backend(set), spec, scheduler)
+        .callback(TrialFiles::new())
+        .callback(ExperimentFile::new(Value::Null));
+    tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(runner.run())
+        .unwrap()
+}
+
+fn results(dir: &Path) -> Vec<Map<String, Value>> {
+    std::fs::read_to_string(dir.join("result.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect()
+}
+
+fn column(lines: &[Map<String, Value>], key: &str) -> Vec<Value> {
+    lines.iter().map(|line| line[key].clone()).collect()
+}
+
+fn configs() -> Vec<Value> {
+    vec![
+        json!({"lr": 0.3, "width": 16}),
+        json!({"lr": 0.03, "width": 128}),
+        json!({"lr": 0.001, "width": 32}),
+        json!({"lr": 0.01, "width": 64}),
+    ]
+}
+
+#[test]
+fn the_guest_reports_exactly_what_the_native_replay_does_with_fuel_that_tracks_the_table() {
+    let set = shipped();
+    let run_guest = |out: &Path| {
+        common::run_trials(
+            common::load("replay"),
+            configs(),
+            Limits::default(),
+            StopCriteria::default(),
+            vec![],
+            out,
+        )
+    };
+    let (first, second, native) = (
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+    );
+    let guest = run_guest(first.path());
+    let again = run_guest(second.path());
+    let native = run_native(
+        set.clone(),
+        spec(native.path(), configs(), 4),
+        Box::new(Fifo::default()),
+    );
+
+    let mut per_epoch = Vec::new();
+    for (i, config) in configs().iter().enumerate() {
+        let (g, n) = (&guest.trials[i], &native.trials[i]);
+        assert_eq!(g.status, TrialStatus::Terminated, "{:?}", g.error);
+        assert_eq!(g.config, *config);
+        assert_eq!(g.iterations, 81);
+        assert_eq!(
+            g.stop_reason.as_deref(),
+            Some("the trainable reported done")
+        );
+        assert_eq!(n.stop_reason, g.stop_reason);
+
+        let (g_lines, n_lines) = (results(&g.dir), results(&n.dir));
+        assert_eq!(g_lines.len(), 81);
+        for key in ["val_loss", "epoch", "training_iteration", "done"] {
+            assert_eq!(
+                column(&g_lines, key),
+                column(&n_lines, key),
+                "{key} of {config}"
+            );
+        }
+        let curve = set.lookup(config).unwrap();
+        let reported: Vec<f64> = g_lines
+            .iter()
+            .map(|l| l["val_loss"].as_f64().unwrap())
+            .collect();
+        assert_eq!(reported, curve.metric("val_loss").unwrap(), "{config}");
+        assert_eq!(n.fuel_total, 81 * curve.fuel_per_epoch);
+
+        // Fuel counts WebAssembly operations, so a second run burns the same,
+        // call by call (and so does any other machine).
+        let a = &again.trials[i];
+        assert_eq!(a.fuel_total, g.fuel_total, "{config}");
+        let fuel = column(&g_lines, "fuel_this_iter");
+        assert_eq!(column(&results(&a.dir), "fuel_this_iter"), fuel, "{config}");
+        let fuel: Vec<u64> = fuel.iter().map(|f| f.as_u64().unwrap()).collect();
+        // Every epoch of a curve costs the same.
+        assert!(
+            fuel[1..].iter().all(|&f| f == fuel[1]),
+            "{config}: {fuel:?}"
+        );
+        per_epoch.push((curve.fuel_per_epoch as f64, fuel[1] as f64));
+    }
+    // ... and what it costs is the table's cost times a constant, plus a
+    // small fixed overhead per call.
+    per_epoch.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let (low, high) = (per_epoch[0], per_epoch[per_epoch.len() - 1]);
+    let slope = (high.1 - low.1) / (high.0 - low.0);
+    let overhead = low.1 - slope * low.0;
+    assert!(
+        slope >= 1.0,
+        "at least one unit of fuel per tabulated unit: {slope}"
+    );
+    assert!(
+        overhead.abs() < 0.05 * low.1,
+        "overhead {overhead} vs {low:?}"
+    );
+    for (cost, fuel) in &per_epoch {
+        let predicted = overhead + slope * cost;
+        assert!(
+            (fuel - predicted).abs() < 1e-3 * fuel,
+            "fuel {fuel} for cost {cost}, predicted {predicted}: {per_epoch:?}"
+        );
+    }
+}
+
+#[test]
+fn guest_checkpoints_keep_the_epoch_and_reset_switches_the_curve() {
+    let set = shipped();
+    let program = common::load("replay");
+    let dir = tempfile::tempdir().unwrap();
+    let work_dir = dir.path().join("work");
+    std::fs::create_dir_all(&work_dir).unwrap();
+    let env = TrialEnv {
+        work_dir,
+        log_dir: dir.path().to_path_buf(),
+        data: vec![],
+    };
+    let start = |config: &Value| {
+        let mut instance = program.instantiate(&env, &Limits::default()).unwrap();
+        instance.setup(&config.to_string()).unwrap();
+        instance
+    };
+    let table = |config: &Value, epoch: usize| {
+        set.lookup(config).unwrap().metric("val_loss").unwrap()[epoch - 1]
+    };
+    let reported = |report: &wtune::sandbox::GuestReport| -> (f64, f64) {
+        let get = |name: &str| {
+            report
+                .metrics
+                .iter()
+                .find(|(n, _)| n == name)
+                .unwrap_or_else(|| panic!("no {name} in {report:?}"))
+                .1
+        };
+        (get("val_loss"), get("epoch"))
+    };
+
+    let (a, b, c) = (
+        json!({"lr": 0.1, "width": 16}),
+        json!({"lr": 0.003, "width": 128}),
+        json!({"lr": 0.03, "width": 32}),
+    );
+    let mut first = start(&a);
+    for _ in 0..5 {
+        first.train().unwrap();
+    }
+    let (state, _) = first.save().unwrap();
+
+    // Population based training's exploit with guest checkpoints: a new
+    // config, set up fresh, restored from another trial's state.
+    let mut second = start(&b);
+    second.restore(&state).unwrap();
+    let (report, _) = second.train().unwrap();
+    assert_eq!(reported(&report), (table(&b, 6), 6.0));
+
+    // The same on a live instance: reset keeps the epoch, switches the curve.
+    let (reused, _) = first.reset(&c.to_string()).unwrap();
+    assert!(reused);
+    let (report, _) = first.train().unwrap();
+    assert_eq!(reported(&report), (table(&c, 6), 6.0));
+    let err = first.reset(r#"{"lr": 0.5, "width": 32}"#).unwrap_err();
+    assert!(
+        err.to_string().contains("lr = 0.5 is not tabulated"),
+        "{err}"
+    );
+}
+
+#[test]
+fn an_untabulated_config_fails_with_the_valid_values() {
+    let out = tempfile::tempdir().unwrap();
+    let summary = common::run_trials(
+        common::load("replay"),
+        vec![
+            json!({"lr": 0.02, "width": 64}),
+            json!({"lr": 0.01, "width": 64}),
+        ],
+        Limits::default(),
+        StopCriteria {
+            training_iteration: Some(2),
+            ..Default::default()
+        },
+        vec![],
+        out.path(),
+    );
+    let error = summary.trials[0].error.as_deref().unwrap();
+    assert!(
+        error.contains("lr = 0.02 is not tabulated")
+            && error.contains("valid values: 0.0001, 0.0003, 0.001, 0.003, 0.01, 0.03, 0.1, 0.3"),
+        "{error}"
+    );
+    assert_eq!(summary.trials[1].status, TrialStatus::Terminated);
+}
+
+#[test]
+fn the_example_experiment_covers_the_table() {
+    let set = shipped();
+    let file = common::workspace().join("examples/replay/experiment.toml");
+    let plan = plan(Path::new("replay.wasm"), Some(&file), &Overrides::default()).unwrap();
+    assert_eq!(plan.spec.metric.as_deref(), Some(set.metric()));
+    assert_eq!(plan.spec.mode, set.mode());
+    assert_eq!(plan.spec.configs.len(), set.curves().len());
+    for config in &plan.spec.configs {
+        set.lookup(config).unwrap();
+    }
+    let SchedulerSpec::Asha(asha) = &plan.scheduler else {
+        panic!("the example uses ASHA: {:?}", plan.scheduler);
+    };
+    assert_eq!(asha.max_t, set.epochs() as f64);
+
+    // The experiment, replayed natively: ASHA spends a fraction of a grid
+    // search's fuel and still lands close to the optimum.
+    let out = tempfile::tempdir().unwrap();
+    let mut spec = plan.spec.clone();
+    spec.output_dir = out.path().to_path_buf();
+    // One trial at a time, so ASHA sees results in the same order on every
+    // run (with more, the order depends on thread timing).
+    spec.max_concurrent = 1;
+    let scheduler = plan
+        .scheduler
+        .build(spec.metric.as_deref(), spec.mode, plan.seed)
+        .unwrap();
+    let summary = run_native(set.clone(), spec, scheduler);
+    let fuel: u64 = summary.trials.iter().map(|t| t.fuel_total).sum();
+    assert!(
+        fuel * 10 < set.grid_fuel() * 6,
+        "{fuel} of {}",
+        set.grid_fuel()
+    );
+    let best = summary.best_trial().unwrap();
+    assert!(set.regret(&best.config).unwrap() < 0.03, "{}", best.config);
+}
+
+/// What the table is for: the trade-off between early stopping and
+/// finding the optimum, measured in milliseconds. The curves cross, so ASHA
+/// with a one-epoch grace period keeps the fast starters and stops the
+/// optimum; waiting nine epochs finds it, for more fuel. One trial at a
+/// time, in a fixed mixed order, so every run decides the same.
+#[test]
+fn schedulers_compare_on_the_native_replay_in_milliseconds() {
+    let set = shipped();
+    let grid = SearchSpace::from_json(&set.param_space(Sampling::Grid))
+        .unwrap()
+        .generate(1, 0)
+        .unwrap();
+    // The grid's own order runs the weakest configs first, which flatters
+    // asynchronous halving; a stride of 13 (coprime to 32) mixes it.
+    let mixed: Vec<Value> = (0..grid.len())
+        .map(|i| grid[i * 13 % grid.len()].clone())
+        .collect();
+    let run = |scheduler: Box<dyn Scheduler>| {
+        let out = tempfile::tempdir().unwrap();
+        let summary = run_native(set.clone(), spec(out.path(), mixed.clone(), 1), scheduler);
+        let fuel: u64 = summary.trials.iter().map(|t| t.fuel_total).sum();
+        (summary, fuel)
+    };
+    let asha = |grace_period: f64| {
+        let config = AshaConfig {
+            max_t: 81.0,
+            grace_period,
+            reduction_factor: 3.0,
+            ..Default::default()
+        };
+        run(SchedulerSpec::Asha(config)
+            .build(Some("val_loss"), Mode::Min, 0)
+            .unwrap())
+    };
+
+    let (fifo, fifo_fuel) = run(Box::<Fifo>::default());
+    let optimum = set.best_final();
+    let best = fifo.best_trial().unwrap();
+    assert_eq!(best.config, Value::Object(optimum.config.clone()));
+    assert_eq!(
+        best.last_result.as_ref().unwrap()["val_loss"],
+        json!(optimum.value)
+    );
+    assert_eq!(fifo_fuel, set.grid_fuel());
+
+    let (eager, eager_fuel) = asha(1.0);
+    let pick = &eager.best_trial().unwrap().config;
+    assert!(eager_fuel * 5 < fifo_fuel, "{eager_fuel} of {fifo_fuel}");
+    assert!(set.regret(pick).unwrap() > 0.04, "{pick}");
+    assert!(
+        pick["lr"].as_f64().unwrap() > 0.03,
+        "a fast starter wins: {pick}"
+    );
+    let iterations =
+        |s: &ExperimentSummary| -> Vec<u64> { s.trials.iter().map(|t| t.iterations).collect() };
+    assert_eq!(
+        iterations(&asha(1.0).0),
+        iterations(&eager),
+        "deterministic"
+    );
+
+    let (patient, patient_fuel) = asha(9.0);
+    let pick = &patient.best_trial().unwrap().config;
+    assert_eq!(set.regret(pick).unwrap(), 0.0, "{pick}");
+    assert!(
+        eager_fuel < patient_fuel && patient_fuel * 2 < fifo_fuel,
+        "{patient_fuel}"
+    );
+}
