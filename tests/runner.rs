@@ -8,8 +8,8 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use wtune::report::{ExperimentFile, TrialFiles};
 use wtune::tune::{
-    Bound, ExperimentSummary, Fifo, FnBackend, Mode, RunSpec, Runner, Step, StopCriteria,
-    Threshold, TrialFailure, TrialStatus,
+    Bound, ExperimentSummary, Fifo, FnBackend, Mode, RunSpec, Runner, Searcher, Step, StopCriteria,
+    Suggestion, Threshold, TrialFailure, TrialStatus,
 };
 
 fn spec(
@@ -320,5 +320,135 @@ fn asha_stops_exactly_the_trials_hand_computed_on_linear_curves() {
     assert_eq!(
         summary.trials[1].stop_reason.as_deref(),
         Some("stopped by the asha scheduler")
+    );
+}
+
+/// A searcher that proposes `x = best so far + 1` and logs what it hears,
+/// so the order of suggestions and results can be checked.
+struct Adaptive {
+    log: Arc<std::sync::Mutex<Vec<String>>>,
+    best: f64,
+    left: usize,
+    /// After this many suggestions, waits for every live trial to complete.
+    live: usize,
+    limit: usize,
+}
+
+impl Searcher for Adaptive {
+    fn suggest(&mut self, trial_id: &str) -> Suggestion {
+        if self.left == 0 {
+            return Suggestion::Finished;
+        }
+        if self.live >= self.limit {
+            return Suggestion::Wait;
+        }
+        self.left -= 1;
+        self.live += 1;
+        self.log.lock().unwrap().push(format!("suggest {trial_id}"));
+        Suggestion::Config(json!({ "x": self.best + 1.0 }))
+    }
+
+    fn on_result(&mut self, trial_id: &str, result: &serde_json::Map<String, Value>) {
+        let score = result["score"].as_f64().unwrap();
+        self.log
+            .lock()
+            .unwrap()
+            .push(format!("result {trial_id} {score}"));
+    }
+
+    fn on_trial_complete(
+        &mut self,
+        trial_id: &str,
+        result: Option<&serde_json::Map<String, Value>>,
+        error: bool,
+    ) {
+        let score = result.and_then(|r| r["score"].as_f64()).unwrap();
+        self.best = self.best.max(score);
+        self.live -= 1;
+        self.log
+            .lock()
+            .unwrap()
+            .push(format!("complete {trial_id} {score} error={error}"));
+    }
+
+    fn name(&self) -> &'static str {
+        "adaptive"
+    }
+}
+
+#[test]
+fn a_searcher_creates_trials_as_slots_free_and_learns_from_their_results() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let searcher = Adaptive {
+        log: log.clone(),
+        best: 0.0,
+        left: 3,
+        live: 0,
+        limit: 1,
+    };
+    let runner = Runner::new(
+        linear(),
+        spec(dir.path(), Vec::new(), iterations(2), 4),
+        Box::new(Fifo::default()),
+    )
+    .searcher(Box::new(searcher));
+    let summary = tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(runner.run())
+        .unwrap();
+    // One at a time (the searcher waits while a trial is live), each
+    // configured from the previous best: x = 1, then 1*2 + 1 = 3, then
+    // 3*2 + 1 = 7.
+    let xs: Vec<f64> = summary
+        .trials
+        .iter()
+        .map(|t| t.config["x"].as_f64().unwrap())
+        .collect();
+    assert_eq!(xs, [1.0, 3.0, 7.0]);
+    assert_eq!(
+        *log.lock().unwrap(),
+        [
+            "suggest trial_0000",
+            "result trial_0000 1",
+            "result trial_0000 2",
+            "complete trial_0000 2 error=false",
+            "suggest trial_0001",
+            "result trial_0001 3",
+            "result trial_0001 6",
+            "complete trial_0001 6 error=false",
+            "suggest trial_0002",
+            "result trial_0002 7",
+            "result trial_0002 14",
+            "complete trial_0002 14 error=false",
+        ]
+    );
+    assert_eq!(summary.decisions.searcher.unwrap().name, "adaptive");
+}
+
+#[test]
+fn a_searcher_that_waits_while_nothing_runs_is_reported_not_hung() {
+    let dir = tempfile::tempdir().unwrap();
+    let searcher = Adaptive {
+        log: Arc::default(),
+        best: 0.0,
+        left: 3,
+        live: 0,
+        limit: 0,
+    };
+    let runner = Runner::new(
+        linear(),
+        spec(dir.path(), Vec::new(), iterations(2), 4),
+        Box::new(Fifo::default()),
+    )
+    .searcher(Box::new(searcher));
+    let err = tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(runner.run())
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("the adaptive searcher suggests nothing while no trial runs"),
+        "{err}"
     );
 }

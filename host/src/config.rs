@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use serde::Deserialize;
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use crate::exec::CheckpointMode;
 use crate::sandbox::Limits;
@@ -138,6 +138,9 @@ pub struct Plan {
     /// Whether the search space was empty (trials started from a host
     /// snapshot then take its configuration).
     pub empty_space: bool,
+    /// `param_space` as JSON (`{}` when absent), kept so that `wtune
+    /// resume` can rebuild the search.
+    pub param_space: Value,
 }
 
 /// Reads the experiment file (if any), applies overrides, validates.
@@ -217,10 +220,11 @@ pub fn plan(
         .build(metric.as_deref(), mode, seed)
         .map_err(bad)?;
 
-    let space = match &file.param_space {
-        Some(table) => SearchSpace::from_json(&to_json(table)).map_err(|e| bad(e.to_string()))?,
-        None => SearchSpace::default(),
-    };
+    let param_space = file
+        .param_space
+        .as_ref()
+        .map_or_else(|| Value::Object(Map::new()), to_json);
+    let space = SearchSpace::from_json(&param_space).map_err(|e| bad(e.to_string()))?;
     let configs = space
         .generate(num_samples, seed)
         .map_err(|e| bad(e.to_string()))?;
@@ -394,6 +398,7 @@ pub fn plan(
         snapshot_key_file,
         scheduler,
         empty_space: file.param_space.as_ref().is_none_or(|t| t.is_empty()),
+        param_space,
     })
 }
 

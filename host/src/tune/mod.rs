@@ -5,6 +5,7 @@
 
 pub mod asha;
 mod backend;
+mod decisions;
 pub mod median;
 mod native;
 mod result;
@@ -20,6 +21,7 @@ pub use asha::{Asha, AshaConfig};
 pub use backend::{
     CheckpointInfo, CheckpointMeta, Step, TrialBackend, TrialFailure, TrialLaunch, TrialSession,
 };
+pub use decisions::{Deciders, DecisionState, SavedState};
 pub use median::{MedianStopping, MedianStoppingConfig};
 pub use native::FnBackend;
 pub use result::{AUTO_FIELDS, Mode};
@@ -28,7 +30,7 @@ pub use runner::{
     RunError, RunSpec, Runner,
 };
 pub use scheduler::{Decision, Fifo, Scheduler, SchedulerSpec};
-pub use search::{Searcher, Suggestion};
+pub use search::{Listed, Searcher, Suggestion};
 pub use space::{SearchSpace, SpaceError};
 pub use stop::{Bound, StopCriteria, Threshold};
 pub use trial::{Checkpoint, Trial, TrialStatus};

@@ -12,8 +12,10 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
 use super::backend::{CheckpointInfo, Step, TrialBackend, TrialFailure, TrialLaunch, TrialSession};
+use super::decisions::{Deciders, DecisionState};
 use super::result::{self, Mode};
 use super::scheduler::{Decision, Scheduler};
+use super::search::{Listed, Searcher, Suggestion};
 use super::stop::StopCriteria;
 use super::trial::{Checkpoint, Trial, TrialStatus};
 
@@ -98,7 +100,8 @@ pub struct RunSpec {
     pub stop: StopCriteria,
     /// Most trials live at once (at least 1).
     pub max_concurrent: usize,
-    /// One configuration per trial, in trial order.
+    /// One configuration per trial, in trial order, when no
+    /// [`Searcher`] is given ([`Runner::searcher`]).
     pub configs: Vec<Value>,
     /// When to checkpoint and what to keep.
     pub checkpoint: CheckpointPolicy,
@@ -153,10 +156,11 @@ pub trait Callback: Send {
     fn on_trial_pause(&mut self, trials: &[Trial], index: usize) -> Result<(), String> {
         Ok(())
     }
-    /// Called after every event the runner handles, with the scheduler for
-    /// its [`Scheduler::state`]: the hook that persists experiment state
-    /// (it decides itself how often to write).
-    fn on_state(&mut self, trials: &[Trial], scheduler: &dyn Scheduler) -> Result<(), String> {
+    /// Called once before any trial starts (an `Err` then stops the run),
+    /// and after every event the runner handles, with the decision makers
+    /// for their states: the hook that persists experiment state (it
+    /// decides itself how often to write).
+    fn on_state(&mut self, trials: &[Trial], deciders: &Deciders<'_>) -> Result<(), String> {
         Ok(())
     }
     /// Every trial has ended.
@@ -185,8 +189,8 @@ pub struct ExperimentSummary {
     /// Why the experiment stopped before every trial finished (a failed
     /// trial under `fail_fast`).
     pub halted: Option<String>,
-    /// The scheduler's name and final [`Scheduler::state`], for saving.
-    pub scheduler: (String, Value),
+    /// The final state of the scheduler and searcher, for saving.
+    pub decisions: DecisionState,
 }
 
 impl ExperimentSummary {
@@ -239,6 +243,13 @@ pub struct Runner<B: TrialBackend> {
     backend: Arc<B>,
     spec: RunSpec,
     scheduler: Box<dyn Scheduler>,
+    searcher: Box<dyn Searcher>,
+    /// Whether [`Runner::searcher`] replaced the spec's `configs`.
+    custom_searcher: bool,
+    /// The searcher finished (or `max_trials` was reached): no more trials.
+    search_over: bool,
+    /// Digits in new trial ids.
+    id_width: usize,
     callbacks: Vec<Box<dyn Callback>>,
     trials: Option<Vec<Trial>>,
     interrupts: Option<mpsc::UnboundedReceiver<()>>,
@@ -280,6 +291,10 @@ impl<B: TrialBackend> Runner<B> {
             backend: Arc::new(backend),
             spec,
             scheduler,
+            searcher: Box::new(Listed::default()),
+            custom_searcher: false,
+            search_over: false,
+            id_width: 4,
             callbacks: Vec::new(),
             trials: None,
             interrupts: None,
@@ -296,12 +311,21 @@ impl<B: TrialBackend> Runner<B> {
         self
     }
 
-    /// Continues an earlier experiment: `trials` replace the ones the spec's
-    /// configs would create (an interrupted experiment's saved trials, see
-    /// `report::state`). PENDING and PAUSED trials run; the rest are kept as
-    /// they are.
+    /// Continues an earlier experiment: its saved trials (see
+    /// `report::state`) come first, and new ones are numbered after them.
+    /// PENDING and PAUSED trials run; the rest are kept as they are. Give
+    /// the searcher its saved state too, or one that is finished.
     pub fn with_trials(mut self, trials: Vec<Trial>) -> Self {
         self.trials = Some(trials);
+        self
+    }
+
+    /// Creates trials lazily from `searcher`'s suggestions instead of the
+    /// spec's `configs`, one whenever a trial can start and the scheduler
+    /// has no waiting trial to run.
+    pub fn searcher(mut self, searcher: Box<dyn Searcher>) -> Self {
+        self.searcher = searcher;
+        self.custom_searcher = true;
         self
     }
 
@@ -311,39 +335,26 @@ impl<B: TrialBackend> Runner<B> {
         self
     }
 
-    /// The trials a fresh experiment starts with: one per config, named
-    /// `trial_0000`, ... (wider when there are more than 10,000).
-    pub fn fresh_trials(spec: &RunSpec) -> Vec<Trial> {
-        let width = spec
-            .configs
-            .len()
-            .saturating_sub(1)
-            .to_string()
-            .len()
-            .max(4);
-        spec.configs
-            .iter()
-            .enumerate()
-            .map(|(i, config)| {
-                let id = format!("trial_{i:0width$}");
-                let dir = spec.output_dir.join(&id);
-                let mut trial = Trial::new(id, config.clone(), dir);
-                trial.restore_from = spec.restore_from.clone();
-                trial
-            })
-            .collect()
-    }
-
     /// Runs every trial to completion. Must be called inside a tokio runtime.
     pub async fn run(mut self) -> Result<ExperimentSummary, RunError> {
         let started = Instant::now();
-        let mut trials = match self.trials.take() {
-            Some(trials) => trials,
-            None => Self::fresh_trials(&self.spec),
-        };
-        self.spec.configs = Vec::new();
+        let mut trials = self.trials.take().unwrap_or_default();
+        if !self.custom_searcher {
+            self.searcher = Box::new(Listed::new(std::mem::take(&mut self.spec.configs)));
+        }
+        self.id_width = trial_id_width(self.searcher.total(), trials.len());
         for cb in &mut self.callbacks {
             cb.on_experiment_start(&self.spec, &trials)
+                .map_err(RunError::Callback)?;
+        }
+        // The first state, before any trial starts: a callback that cannot
+        // save it stops the run now rather than after hours of training.
+        let deciders = Deciders {
+            scheduler: self.scheduler.as_ref(),
+            searcher: self.searcher.as_ref(),
+        };
+        for cb in &mut self.callbacks {
+            cb.on_state(&trials, &deciders)
                 .map_err(RunError::Callback)?;
         }
 
@@ -354,7 +365,11 @@ impl<B: TrialBackend> Runner<B> {
         let mut interrupted = false;
         loop {
             while live < max_concurrent && halted.is_none() {
-                let Some(index) = self.scheduler.choose_next(&trials) else {
+                let chosen = match self.scheduler.choose_next(&trials) {
+                    Some(index) => Some(index),
+                    None => self.create_trial(&mut trials),
+                };
+                let Some(index) = chosen else {
                     break;
                 };
                 if !matches!(
@@ -395,6 +410,20 @@ impl<B: TrialBackend> Runner<B> {
                 }
             };
             let Some(joined) = joined else {
+                if !self.search_over
+                    && halted.is_none()
+                    && trials
+                        .last()
+                        .is_none_or(|t| t.status != TrialStatus::Pending)
+                {
+                    // Nothing runs, so nothing will ever change the
+                    // searcher's mind.
+                    self.persist_now(&trials, "internal error");
+                    return Err(RunError::Internal(format!(
+                        "the {} searcher suggests nothing while no trial runs",
+                        self.searcher.name()
+                    )));
+                }
                 break;
             };
             let (index, event) = match joined {
@@ -595,7 +624,7 @@ impl<B: TrialBackend> Runner<B> {
             best,
             wall_time: started.elapsed(),
             halted,
-            scheduler: (self.scheduler.name().to_string(), self.scheduler.state()),
+            decisions: self.deciders().state(),
         };
         // Every callback gets the end, so one that cannot write (say,
         // experiment.json on a full disk) does not keep the final state
@@ -610,6 +639,36 @@ impl<B: TrialBackend> Runner<B> {
             Some(reason) => Err(RunError::Callback(reason)),
             None => Ok(summary),
         }
+    }
+
+    /// Asks the searcher for a new trial when the scheduler has nothing to
+    /// run, and returns the trial the scheduler then picks. Creates nothing
+    /// while the newest trial still waits to start, so that a scheduler
+    /// holding trials back cannot make the list grow without end.
+    fn create_trial(&mut self, trials: &mut Vec<Trial>) -> Option<usize> {
+        if self.search_over
+            || trials
+                .last()
+                .is_some_and(|t| t.status == TrialStatus::Pending)
+        {
+            return None;
+        }
+        let trial_id = format!("trial_{:0width$}", trials.len(), width = self.id_width);
+        match self.searcher.suggest(&trial_id) {
+            Suggestion::Config(config) => {
+                let dir = self.spec.output_dir.join(&trial_id);
+                let mut trial = Trial::new(trial_id, config, dir);
+                trial.restore_from = self.spec.restore_from.clone();
+                trials.push(trial);
+                self.scheduler.on_trial_add(&trials[trials.len() - 1]);
+            }
+            Suggestion::Wait => return None,
+            Suggestion::Finished => {
+                self.search_over = true;
+                self.scheduler.on_no_more_trials();
+            }
+        }
+        self.scheduler.choose_next(trials)
     }
 
     /// Starts `trial` on a blocking thread (from its newest checkpoint when
@@ -844,6 +903,7 @@ impl<B: TrialBackend> Runner<B> {
             }
             None => self.scheduler.on_result(trial, &record),
         };
+        self.searcher.on_result(&trial.trial_id, &record);
         if decision == Decision::Stop {
             record.insert("done".into(), true.into());
         }
@@ -864,6 +924,9 @@ impl<B: TrialBackend> Runner<B> {
     /// Ends a trial as TERMINATED (its stop reason is already set).
     fn end(&mut self, trials: &mut [Trial], index: usize) {
         trials[index].status = TrialStatus::Terminated;
+        let trial = &trials[index];
+        self.searcher
+            .on_trial_complete(&trial.trial_id, trial.last_result.as_ref(), false);
         self.notify(trials, index, |cb, t| cb.on_trial_end(t, index));
     }
 
@@ -882,6 +945,9 @@ impl<B: TrialBackend> Runner<B> {
         trial.status = TrialStatus::Error;
         trial.error = Some(reason);
         trial.stop_reason = None;
+        self.scheduler.on_trial_remove(trial);
+        self.searcher
+            .on_trial_complete(&trial.trial_id, trial.last_result.as_ref(), true);
         self.notify(trials, index, |cb, t| cb.on_trial_end(t, index));
     }
 
@@ -898,9 +964,20 @@ impl<B: TrialBackend> Runner<B> {
         }
     }
 
+    fn deciders(&self) -> Deciders<'_> {
+        Deciders {
+            scheduler: self.scheduler.as_ref(),
+            searcher: self.searcher.as_ref(),
+        }
+    }
+
     fn persist(&mut self, trials: &[Trial]) {
+        let deciders = Deciders {
+            scheduler: self.scheduler.as_ref(),
+            searcher: self.searcher.as_ref(),
+        };
         for cb in &mut self.callbacks {
-            if let Err(reason) = cb.on_state(trials, self.scheduler.as_ref()) {
+            if let Err(reason) = cb.on_state(trials, &deciders) {
                 tracing::warn!("{reason}");
             }
         }
@@ -918,7 +995,7 @@ impl<B: TrialBackend> Runner<B> {
             best: None,
             wall_time: Duration::ZERO,
             halted: Some(why.to_string()),
-            scheduler: (self.scheduler.name().to_string(), self.scheduler.state()),
+            decisions: self.deciders().state(),
         };
         for cb in &mut self.callbacks {
             if let Err(reason) = cb.on_experiment_end(&summary) {
@@ -1003,6 +1080,14 @@ fn stop<S: TrialSession>(session: S, pausing: bool) -> Event<S> {
         tracing::debug!("cleanup failed: {failure}");
     }
     Event::Stopped { pausing }
+}
+
+/// Digits in trial ids: enough for every trial the search will create
+/// (`trial_0000` ... `trial_9999` unless there are more), and never fewer
+/// than the ids of a resumed experiment already use.
+fn trial_id_width(total: Option<u64>, existing: usize) -> usize {
+    let count = total.unwrap_or(0).max(existing as u64);
+    count.saturating_sub(1).to_string().len().max(4)
 }
 
 fn best_trial(trials: &[Trial], metric: &str, mode: Mode) -> Option<usize> {

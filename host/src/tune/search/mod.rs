@@ -9,6 +9,10 @@
 
 use serde_json::{Map, Value};
 
+mod listed;
+
+pub use listed::Listed;
+
 /// What a searcher answers when asked for a new trial's configuration.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Suggestion {
