@@ -31,6 +31,9 @@ fn spec(dir: &Path, configs: Vec<Value>, iterations: u64) -> RunSpec {
         checkpoint: CheckpointPolicy::default(),
         failure: FailurePolicy::default(),
         restore_from: None,
+        resources_per_trial: Default::default(),
+        resources: Default::default(),
+        stop_experiment: Default::default(),
     }
 }
 

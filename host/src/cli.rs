@@ -362,7 +362,7 @@ fn run(args: RunArgs) -> Result<(), Failure> {
     };
     let scheduler = setup.scheduler()?;
     let searcher = setup.searcher()?;
-    execute(backend, spec, Vec::new(), scheduler, searcher, &setup)
+    execute(backend, spec, Vec::new(), scheduler, searcher, None, &setup)
 }
 
 /// Runs trials to the end and reports, for `run` and `resume` alike.
@@ -372,6 +372,7 @@ fn execute(
     trials: Vec<Trial>,
     scheduler: Box<dyn Scheduler>,
     searcher: Box<dyn Searcher>,
+    stopper: Option<Value>,
     setup: &Setup,
 ) -> Result<(), Failure> {
     let _lock = lock(&spec.output_dir)?;
@@ -379,8 +380,11 @@ fn execute(
     let state = StateFile::new(setup_json);
     // The state first: it must be saved even if another callback fails at
     // the end.
-    let runner = Runner::new(backend, spec, scheduler)
-        .searcher(searcher)
+    let mut runner = Runner::new(backend, spec, scheduler).searcher(searcher);
+    if let Some(state) = stopper {
+        runner = runner.stopper_state(state);
+    }
+    let runner = runner
         .with_trials(trials)
         .callback(state)
         .callback(TrialFiles::new())
@@ -610,7 +614,8 @@ fn resume_experiment(args: ResumeArgs) -> Result<(), Failure> {
     };
     setup.spec.output_dir = output_dir;
     let spec = setup.spec.clone();
-    execute(backend, spec, trials, scheduler, searcher, &setup)
+    let stopper = decisions.stopper.clone();
+    execute(backend, spec, trials, scheduler, searcher, stopper, &setup)
 }
 
 fn inspect(model: &Path) -> Result<(), Failure> {

@@ -15,8 +15,8 @@ use serde_json::{Map, Value};
 use crate::exec::CheckpointMode;
 use crate::sandbox::Limits;
 use crate::tune::{
-    CheckpointPolicy, FailFast, FailurePolicy, Mode, RunSpec, SchedulerSpec, SearchSpace,
-    StopCriteria,
+    CheckpointPolicy, ExperimentStop, ExperimentStopper, FailFast, FailurePolicy, Mode, PoolSpec,
+    Resources, RunSpec, SchedulerSpec, SearchSpace, StopCriteria,
 };
 
 /// Stop criterion applied when none is given, so `wtune run model.wasm`
@@ -56,6 +56,9 @@ struct ExperimentToml {
     fail_fast: Option<toml::Value>,
     restore_from: Option<PathBuf>,
     snapshot_key_file: Option<PathBuf>,
+    resources_per_trial: Option<toml::Table>,
+    resources: Option<toml::Table>,
+    stop_experiment: Option<toml::Table>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -258,6 +261,17 @@ pub fn plan(
 
     let (limits, max_wasm_stack) = limits(file.limits.unwrap_or_default(), overrides)?;
 
+    let resources_per_trial: Resources =
+        table_as("resources_per_trial", &file.resources_per_trial)?;
+    resources_per_trial.validate().map_err(bad)?;
+    let resources: PoolSpec = table_as("resources", &file.resources)?;
+    resources
+        .build()
+        .and_then(|pool| pool.check(&resources_per_trial))
+        .map_err(bad)?;
+    let stop_experiment: ExperimentStop = table_as("stop_experiment", &file.stop_experiment)?;
+    ExperimentStopper::new(&stop_experiment, metric.as_deref(), mode).map_err(bad)?;
+
     let checkpoint_mode = match overrides.checkpoint.clone().or(file.checkpoint) {
         Some(mode) => Some(mode.parse::<CheckpointMode>().map_err(bad)?),
         None => None,
@@ -387,6 +401,9 @@ pub fn plan(
             checkpoint,
             failure,
             restore_from,
+            resources_per_trial,
+            resources,
+            stop_experiment,
         },
         limits,
         max_wasm_stack,
@@ -464,7 +481,7 @@ fn limits(file: LimitsToml, overrides: &Overrides) -> Result<(Limits, usize), Co
 }
 
 /// `5e9`, `5_000_000_000`, `"5e9"`, or `"unlimited"`.
-fn fuel(value: &toml::Value, key: &str) -> Result<Option<u64>, ConfigError> {
+pub(crate) fn fuel(value: &toml::Value, key: &str) -> Result<Option<u64>, ConfigError> {
     let err = || {
         bad(format!(
             "{key} must be a positive amount of fuel such as 5e9, or \"unlimited\"; got {value}"
@@ -528,7 +545,7 @@ pub(crate) fn parse_size(text: &str) -> Option<u64> {
 }
 
 /// `30` (seconds), `"30s"`, `"2m"`, `"1h 30m"`, or `"none"`.
-fn duration(value: &toml::Value, key: &str) -> Result<Option<Duration>, ConfigError> {
+pub(crate) fn duration(value: &toml::Value, key: &str) -> Result<Option<Duration>, ConfigError> {
     let err = || {
         bad(format!(
             "{key} must be a duration such as \"30s\" or \"5m\", a number of seconds, or \"none\"; got {value}"
@@ -588,6 +605,20 @@ fn fresh_output_dir(name: &str) -> PathBuf {
         n += 1;
     }
     dir
+}
+
+/// A `[key]` table read into `T` (its default when absent); serde's
+/// message, which names the unknown or malformed field, is kept.
+fn table_as<T: serde::de::DeserializeOwned + Default>(
+    key: &str,
+    table: &Option<toml::Table>,
+) -> Result<T, ConfigError> {
+    match table {
+        None => Ok(T::default()),
+        Some(table) => {
+            serde_json::from_value(to_json(table)).map_err(|e| bad(format!("[{key}]: {e}")))
+        }
+    }
 }
 
 fn to_json(table: &toml::Table) -> Value {

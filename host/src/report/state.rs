@@ -317,6 +317,7 @@ mod tests {
                 state: Value::Null,
             },
             searcher: None,
+            stopper: None,
         };
         StateFile::new(json!({"model": "m.wasm"})).bytes("running", &trials, &decisions)
     }

@@ -7,6 +7,7 @@ use serde_json::Value;
 
 use super::scheduler::Scheduler;
 use super::search::Searcher;
+use super::stopper::ExperimentStopper;
 
 /// A decision maker's name and its own state.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -29,6 +30,9 @@ pub struct DecisionState {
     /// search is over.
     #[serde(default)]
     pub searcher: Option<SavedState>,
+    /// The experiment-level stopper's, when the experiment has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopper: Option<Value>,
 }
 
 /// The decision makers of a live run, lent to callbacks that save state.
@@ -39,6 +43,8 @@ pub struct Deciders<'a> {
     pub scheduler: &'a dyn Scheduler,
     /// The searcher.
     pub searcher: &'a dyn Searcher,
+    /// The experiment-level stopper, if any.
+    pub stopper: Option<&'a ExperimentStopper>,
 }
 
 impl Deciders<'_> {
@@ -53,6 +59,7 @@ impl Deciders<'_> {
                 name: self.searcher.name().to_string(),
                 state: self.searcher.state(),
             }),
+            stopper: self.stopper.map(ExperimentStopper::state),
         }
     }
 }

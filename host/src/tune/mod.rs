@@ -8,6 +8,7 @@ mod backend;
 mod decisions;
 pub mod median;
 mod native;
+pub mod resources;
 mod result;
 pub mod resume;
 mod runner;
@@ -15,6 +16,7 @@ mod scheduler;
 pub mod search;
 pub mod space;
 mod stop;
+pub mod stopper;
 mod trial;
 
 pub use asha::{Asha, AshaConfig};
@@ -24,6 +26,7 @@ pub use backend::{
 pub use decisions::{Deciders, DecisionState, SavedState};
 pub use median::{MedianStopping, MedianStoppingConfig};
 pub use native::FnBackend;
+pub use resources::{Acquire, PoolSpec, ResourcePool, Resources};
 pub use result::{AUTO_FIELDS, Mode};
 pub use runner::{
     CHECKPOINT_DIR, Callback, CheckpointPolicy, ExperimentSummary, FailFast, FailurePolicy,
@@ -33,4 +36,5 @@ pub use scheduler::{Decision, Fifo, Scheduler, SchedulerSpec};
 pub use search::{Listed, Searcher, Suggestion};
 pub use space::{SearchSpace, SpaceError};
 pub use stop::{Bound, StopCriteria, Threshold};
+pub use stopper::{ExperimentStop, ExperimentStopper, PlateauConfig, Totals};
 pub use trial::{Checkpoint, Trial, TrialStatus};

@@ -2,6 +2,7 @@
 //! steps them, records results, applies stopping criteria and the
 //! scheduler's decisions, and reports to callbacks (files, progress).
 
+use std::collections::{HashSet, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -13,10 +14,12 @@ use tokio::task::JoinSet;
 
 use super::backend::{CheckpointInfo, Step, TrialBackend, TrialFailure, TrialLaunch, TrialSession};
 use super::decisions::{Deciders, DecisionState};
+use super::resources::{Acquire, PoolSpec, ResourcePool, Resources};
 use super::result::{self, Mode};
 use super::scheduler::{Decision, Scheduler};
 use super::search::{Listed, Searcher, Suggestion};
 use super::stop::StopCriteria;
+use super::stopper::{ExperimentStop, ExperimentStopper, Totals};
 use super::trial::{Checkpoint, Trial, TrialStatus};
 
 /// When trials are checkpointed and which checkpoints are kept.
@@ -109,6 +112,16 @@ pub struct RunSpec {
     pub failure: FailurePolicy,
     /// A checkpoint every new trial starts from (`restore_from`).
     pub restore_from: Option<PathBuf>,
+    /// What each trial asks of the pool (a scheduler may change it per
+    /// trial).
+    #[serde(default)]
+    pub resources_per_trial: Resources,
+    /// What the experiment has; amounts left out are this machine's.
+    #[serde(default)]
+    pub resources: PoolSpec,
+    /// When the whole experiment stops (trial count, time, fuel, plateau).
+    #[serde(default)]
+    pub stop_experiment: ExperimentStop,
 }
 
 /// Observes the experiment. File loggers and progress displays are
@@ -187,8 +200,11 @@ pub struct ExperimentSummary {
     /// Wall-clock time of the whole run.
     pub wall_time: Duration,
     /// Why the experiment stopped before every trial finished (a failed
-    /// trial under `fail_fast`).
+    /// trial under `fail_fast`, an interrupt): it can be resumed.
     pub halted: Option<String>,
+    /// Why an experiment-level stopping criterion (`stop_experiment`) ended
+    /// the experiment; trials still running then were stopped.
+    pub stopped: Option<String>,
     /// The final state of the scheduler and searcher, for saving.
     pub decisions: DecisionState,
 }
@@ -233,6 +249,10 @@ pub enum RunError {
     /// Interrupted twice: the run ended without waiting for running trials.
     #[error("interrupted; the experiment's state is saved")]
     Interrupted,
+    /// The spec cannot run (say, its resource pool or stopping criteria
+    /// are invalid).
+    #[error("{0}")]
+    Spec(String),
     /// A runner task panicked: a bug in wtune.
     #[error("internal error: {0}")]
     Internal(String),
@@ -250,6 +270,21 @@ pub struct Runner<B: TrialBackend> {
     search_over: bool,
     /// Digits in new trial ids.
     id_width: usize,
+    /// What the experiment's trials may hold in all.
+    pool: ResourcePool,
+    /// Trials chosen to run that wait for resources, first come first
+    /// served: a trial that does not fit holds back the others, so that a
+    /// large request is not starved by small ones.
+    waiting: VecDeque<usize>,
+    /// Trials being paused only to change their resources; the runner
+    /// itself continues them.
+    resizing: HashSet<usize>,
+    /// The experiment-level stopping criteria, if any.
+    stopper: Option<ExperimentStopper>,
+    /// A saved stopper state to continue from.
+    stopper_state: Option<Value>,
+    /// Sum of every trial's `fuel_total`.
+    fuel_sum: u64,
     callbacks: Vec<Box<dyn Callback>>,
     trials: Option<Vec<Trial>>,
     interrupts: Option<mpsc::UnboundedReceiver<()>>,
@@ -295,6 +330,12 @@ impl<B: TrialBackend> Runner<B> {
             custom_searcher: false,
             search_over: false,
             id_width: 4,
+            pool: ResourcePool::detect(),
+            waiting: VecDeque::new(),
+            resizing: HashSet::new(),
+            stopper: None,
+            stopper_state: None,
+            fuel_sum: 0,
             callbacks: Vec::new(),
             trials: None,
             interrupts: None,
@@ -329,6 +370,14 @@ impl<B: TrialBackend> Runner<B> {
         self
     }
 
+    /// Continues the experiment-level stopper from its saved state
+    /// ([`DecisionState::stopper`]), so that time spent in earlier runs
+    /// counts toward `max_time`.
+    pub fn stopper_state(mut self, state: Value) -> Self {
+        self.stopper_state = Some(state);
+        self
+    }
+
     /// Adds an observer; callbacks run in the order added.
     pub fn callback(mut self, callback: impl Callback + 'static) -> Self {
         self.callbacks.push(Box::new(callback));
@@ -343,6 +392,27 @@ impl<B: TrialBackend> Runner<B> {
             self.searcher = Box::new(Listed::new(std::mem::take(&mut self.spec.configs)));
         }
         self.id_width = trial_id_width(self.searcher.total(), trials.len());
+        self.pool = self.spec.resources.build().map_err(RunError::Spec)?;
+        self.spec
+            .resources_per_trial
+            .validate()
+            .map_err(RunError::Spec)?;
+        self.pool
+            .check(&self.spec.resources_per_trial)
+            .map_err(RunError::Spec)?;
+        if !self.spec.stop_experiment.is_empty() {
+            let mut stopper = ExperimentStopper::new(
+                &self.spec.stop_experiment,
+                self.spec.metric.as_deref(),
+                self.spec.mode,
+            )
+            .map_err(RunError::Spec)?;
+            if let Some(state) = &self.stopper_state {
+                stopper.restore_state(state).map_err(RunError::Spec)?;
+            }
+            self.stopper = Some(stopper);
+        }
+        self.fuel_sum = trials.iter().map(|t| t.fuel_total).sum();
         for cb in &mut self.callbacks {
             cb.on_experiment_start(&self.spec, &trials)
                 .map_err(RunError::Callback)?;
@@ -352,6 +422,7 @@ impl<B: TrialBackend> Runner<B> {
         let deciders = Deciders {
             scheduler: self.scheduler.as_ref(),
             searcher: self.searcher.as_ref(),
+            stopper: self.stopper.as_ref(),
         };
         for cb in &mut self.callbacks {
             cb.on_state(&trials, &deciders)
@@ -362,12 +433,21 @@ impl<B: TrialBackend> Runner<B> {
         let mut tasks: JoinSet<(usize, Event<B::Session>)> = JoinSet::new();
         let mut live = 0;
         let mut halted: Option<String> = None;
+        let mut stopped: Option<String> = None;
         let mut interrupted = false;
         loop {
-            while live < max_concurrent && halted.is_none() {
-                let chosen = match self.scheduler.choose_next(&trials) {
-                    Some(index) => Some(index),
-                    None => self.create_trial(&mut trials),
+            if stopped.is_none()
+                && let Some(reason) = self.check_stopper(&trials, started)
+            {
+                stopped = Some(reason);
+            }
+            while live < max_concurrent && halted.is_none() && stopped.is_none() {
+                let chosen = match self.waiting.front() {
+                    Some(&index) => Some(index),
+                    None => match self.scheduler.choose_next(&trials) {
+                        Some(index) => Some(index),
+                        None => self.create_trial(&mut trials),
+                    },
                 };
                 let Some(index) = chosen else {
                     break;
@@ -383,8 +463,35 @@ impl<B: TrialBackend> Runner<B> {
                         trials[index].status
                     )));
                 }
+                if self.waiting.front() != Some(&index)
+                    && let Some(resources) = self.scheduler.resources(&trials[index])
+                {
+                    trials[index].resources = Some(resources);
+                }
+                let request = self.request(&trials[index]).clone();
+                match self.pool.acquire(&trials[index].trial_id, &request) {
+                    Ok(Acquire::Granted) => {
+                        if self.waiting.front() == Some(&index) {
+                            self.waiting.pop_front();
+                        }
+                    }
+                    Ok(Acquire::Wait) => {
+                        if self.waiting.front() != Some(&index) {
+                            self.waiting.push_back(index);
+                        }
+                        break;
+                    }
+                    Err(reason) => {
+                        if self.waiting.front() == Some(&index) {
+                            self.waiting.pop_front();
+                        }
+                        self.fail(&mut trials, index, reason);
+                        continue;
+                    }
+                }
                 trials[index].status = TrialStatus::Running;
                 if let Err(reason) = self.each(|cb, t| cb.on_trial_start(t, index), &trials) {
+                    self.pool.release(&trials[index].trial_id);
                     self.fail(&mut trials, index, reason);
                     continue;
                 }
@@ -393,8 +500,10 @@ impl<B: TrialBackend> Runner<B> {
             }
 
             self.persist(&trials);
+            let deadline = self.deadline(started);
             let joined = tokio::select! {
                 joined = tasks.join_next() => joined,
+                () = sleep_until(deadline), if live > 0 && stopped.is_none() => continue,
                 () = next_interrupt(&mut self.interrupts) => {
                     if halted.is_some() && interrupted {
                         // A second interrupt: leave now. The state on disk
@@ -410,7 +519,15 @@ impl<B: TrialBackend> Runner<B> {
                 }
             };
             let Some(joined) = joined else {
-                if !self.search_over
+                if let Some(&index) = self.waiting.front() {
+                    self.persist_now(&trials, "internal error");
+                    return Err(RunError::Internal(format!(
+                        "{} waits for resources while no trial holds any",
+                        trials[index].trial_id
+                    )));
+                }
+                if stopped.is_none()
+                    && !self.search_over
                     && halted.is_none()
                     && trials
                         .last()
@@ -439,9 +556,13 @@ impl<B: TrialBackend> Runner<B> {
             let failed = match event {
                 Event::Stopped { pausing } => {
                     live -= 1;
+                    self.pool.release(&trials[index].trial_id);
                     if pausing {
                         trials[index].status = TrialStatus::Paused;
                         self.notify(&trials, index, |cb, t| cb.on_trial_pause(t, index));
+                        if self.resizing.remove(&index) && halted.is_none() {
+                            self.waiting.push_back(index);
+                        }
                     }
                     None
                 }
@@ -454,14 +575,14 @@ impl<B: TrialBackend> Runner<B> {
                     halted.as_deref(),
                 ),
                 Event::Launched(Ok(session)) => {
+                    self.set_fuel(&mut trials[index], session.fuel_total());
                     let trial = &mut trials[index];
                     trial.iterations = session.iteration();
-                    trial.fuel_total = session.fuel_total();
                     trial.time_total_s = session.time_restored_s();
                     trial.iterations_since_restore = 0;
                     trial.time_since_restore = 0.0;
                     trial.fuel_since_restore = 0;
-                    match &halted {
+                    match halted.as_ref().or(stopped.as_ref()) {
                         Some(reason) => {
                             self.halt_trial(&mut trials, index, reason);
                             tasks.spawn_blocking(move || (index, stop(session, false)));
@@ -478,7 +599,7 @@ impl<B: TrialBackend> Runner<B> {
                     fuel_total,
                     ..
                 } => {
-                    trials[index].fuel_total = fuel_total;
+                    self.set_fuel(&mut trials[index], fuel_total);
                     self.failure(
                         &mut tasks,
                         &mut trials,
@@ -501,8 +622,19 @@ impl<B: TrialBackend> Runner<B> {
                     trial.time_total_s += secs;
                     trial.time_since_restore += secs;
                     trial.fuel_since_restore += fuel_total.saturating_sub(trial.fuel_total);
-                    trial.fuel_total = fuel_total;
-                    match self.record(&mut trials, index, &step, elapsed) {
+                    self.set_fuel(&mut trials[index], fuel_total);
+                    let recorded =
+                        self.record(&mut trials, index, &step, elapsed)
+                            .map(|decision| {
+                                self.after_result(
+                                    &mut trials,
+                                    index,
+                                    decision,
+                                    started,
+                                    &mut stopped,
+                                )
+                            });
+                    match recorded {
                         Err(reason) => {
                             self.fail(&mut trials, index, reason.clone());
                             tasks.spawn_blocking(move || (index, stop(session, false)));
@@ -624,6 +756,7 @@ impl<B: TrialBackend> Runner<B> {
             best,
             wall_time: started.elapsed(),
             halted,
+            stopped,
             decisions: self.deciders().state(),
         };
         // Every callback gets the end, so one that cannot write (say,
@@ -641,6 +774,98 @@ impl<B: TrialBackend> Runner<B> {
         }
     }
 
+    /// What `trial` asks of the pool.
+    fn request<'t>(&'t self, trial: &'t Trial) -> &'t Resources {
+        trial
+            .resources
+            .as_ref()
+            .unwrap_or(&self.spec.resources_per_trial)
+    }
+
+    /// Keeps [`Runner::fuel_sum`] in step with a trial's new `fuel_total`.
+    fn set_fuel(&mut self, trial: &mut Trial, fuel_total: u64) {
+        self.fuel_sum = (self.fuel_sum - trial.fuel_total.min(self.fuel_sum)) + fuel_total;
+        trial.fuel_total = fuel_total;
+    }
+
+    fn totals(&self, trials: &[Trial], started: Instant) -> Totals {
+        Totals {
+            elapsed_s: started.elapsed().as_secs_f64(),
+            fuel_total: self.fuel_sum,
+            trials_created: trials.len(),
+        }
+    }
+
+    /// The experiment-level criteria that hold without a new result
+    /// (time, fuel).
+    fn check_stopper(&mut self, trials: &[Trial], started: Instant) -> Option<String> {
+        let totals = self.totals(trials, started);
+        self.stopper.as_mut()?.check(totals)
+    }
+
+    /// When `max_time` runs out, if it is set.
+    fn deadline(&self, started: Instant) -> Option<tokio::time::Instant> {
+        let max = self.spec.stop_experiment.max_time?;
+        let stopper = self.stopper.as_ref()?;
+        let now = started.elapsed().as_secs_f64();
+        let before = (stopper.elapsed_s() - now).max(0.0);
+        let left = (max - before).max(0.0);
+        Some(tokio::time::Instant::from_std(started) + Duration::from_secs_f64(left))
+    }
+
+    /// What follows a recorded result besides the scheduler's decision:
+    /// the experiment-level stopper, and resource changes.
+    fn after_result(
+        &mut self,
+        trials: &mut [Trial],
+        index: usize,
+        decision: Decision,
+        started: Instant,
+        stopped: &mut Option<String>,
+    ) -> Decision {
+        let totals = self.totals(trials, started);
+        if stopped.is_none()
+            && let Some(stopper) = self.stopper.as_mut()
+            && let Some(record) = trials[index].last_result.as_ref()
+            && let Some(reason) = stopper.on_result(&trials[index].trial_id, record, totals)
+        {
+            tracing::info!("experiment stopping: {reason}");
+            *stopped = Some(reason);
+        }
+        if let Some(reason) = stopped.as_ref() {
+            if decision != Decision::Stop {
+                trials[index].stop_reason = Some(format!("the experiment stopped: {reason}"));
+            }
+            return Decision::Stop;
+        }
+        if decision != Decision::Continue {
+            return decision;
+        }
+        let Some(resources) = self.scheduler.resources(&trials[index]) else {
+            return decision;
+        };
+        if &resources == self.request(&trials[index]) {
+            return decision;
+        }
+        let trial_id = trials[index].trial_id.clone();
+        match self.pool.resize(&trial_id, &resources) {
+            Ok(Acquire::Granted) => {
+                trials[index].resources = Some(resources);
+                decision
+            }
+            Ok(Acquire::Wait) => {
+                // Continues, with the new resources, once they are free.
+                trials[index].resources = Some(resources);
+                self.resizing.insert(index);
+                Decision::Pause
+            }
+            Err(reason) => {
+                tracing::warn!(trial = %trial_id, "the {} scheduler's resource change is refused: {reason}", self.scheduler.name());
+                decision
+            }
+        }
+    }
+
     /// Asks the searcher for a new trial when the scheduler has nothing to
     /// run, and returns the trial the scheduler then picks. Creates nothing
     /// while the newest trial still waits to start, so that a scheduler
@@ -652,6 +877,15 @@ impl<B: TrialBackend> Runner<B> {
                 .is_some_and(|t| t.status == TrialStatus::Pending)
         {
             return None;
+        }
+        if self
+            .stopper
+            .as_ref()
+            .is_some_and(|s| !s.may_create_trial(trials.len()))
+        {
+            self.search_over = true;
+            self.scheduler.on_no_more_trials();
+            return self.scheduler.choose_next(trials);
         }
         let trial_id = format!("trial_{:0width$}", trials.len(), width = self.id_width);
         match self.searcher.suggest(&trial_id) {
@@ -686,6 +920,7 @@ impl<B: TrialBackend> Runner<B> {
             config: trial.config.clone(),
             trial_dir: trial.dir.clone(),
             restore: trial.restore_path(),
+            resources: self.request(trial).clone(),
         };
         let backend = self.backend.clone();
         tasks.spawn_blocking(move || {
@@ -968,6 +1203,7 @@ impl<B: TrialBackend> Runner<B> {
         Deciders {
             scheduler: self.scheduler.as_ref(),
             searcher: self.searcher.as_ref(),
+            stopper: self.stopper.as_ref(),
         }
     }
 
@@ -975,6 +1211,7 @@ impl<B: TrialBackend> Runner<B> {
         let deciders = Deciders {
             scheduler: self.scheduler.as_ref(),
             searcher: self.searcher.as_ref(),
+            stopper: self.stopper.as_ref(),
         };
         for cb in &mut self.callbacks {
             if let Err(reason) = cb.on_state(trials, &deciders) {
@@ -995,6 +1232,7 @@ impl<B: TrialBackend> Runner<B> {
             best: None,
             wall_time: Duration::ZERO,
             halted: Some(why.to_string()),
+            stopped: None,
             decisions: self.deciders().state(),
         };
         for cb in &mut self.callbacks {
@@ -1047,6 +1285,14 @@ fn save<S: TrialSession>(
         crate::persist::create_dir(parent).map_err(TrialFailure::new)?;
     }
     session.save(&path, info)
+}
+
+/// Sleeps until `deadline`; never without one.
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending::<()>().await,
+    }
 }
 
 /// The next interrupt; never, without a channel or once it is closed.

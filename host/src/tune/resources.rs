@@ -1,0 +1,992 @@
+//! Resources: what each trial asks for (CPU, GPU, memory and custom
+//! resources), what the experiment has, and the accounting that keeps the
+//! requests of live trials within it. A trial that does not fit now stays
+//! PENDING; one that could never fit is an error, not an endless wait.
+//!
+//! In the experiment file:
+//! ```toml
+//! # What each trial asks for. Left out: 1 CPU and nothing else.
+//! resources_per_trial = { cpu = 0.5, gpu = 0.5, memory = "2GiB", custom = { licence = 1 } }
+//!
+//! # What exists. Anything left out is detected: this machine's cores and
+//! # memory, and no GPU (GPUs are not detected yet, so declare them).
+//! [resources]
+//! gpu = 1
+//! custom = { licence = 4 }
+//! ```
+//!
+//! CPU, GPU and custom amounts are counted in fixed point, in units of
+//! 1/10 000 (Ray's precision), and memory in bytes. Float sums drift
+//! (`0.1 + 0.2 > 0.3`), which would refuse a trial that fits or, the other
+//! way round, admit one that does not; integer sums cannot.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::de::{self, Deserializer, Visitor};
+use serde::{Deserialize, Serialize};
+
+use crate::config::parse_size;
+
+/// Units per whole CPU, GPU or custom resource.
+const SCALE: u64 = 10_000;
+
+/// Largest CPU, GPU or custom amount accepted: far below where `amount *
+/// SCALE`, or a sum of many such, could overflow a `u64`.
+const MAX_AMOUNT: f64 = 1e12;
+
+/// Memory total meaning "not counted": used where the machine's memory is
+/// unknown (see [`ResourcePool::detect`]).
+pub const UNLIMITED_MEMORY: u64 = u64::MAX;
+
+/// What one trial asks for (`resources_per_trial`), or what an experiment
+/// has (see [`ResourcePool::new`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Resources {
+    /// CPUs; fractions share a core.
+    pub cpu: f64,
+    /// GPUs; a fraction (at most 1) shares one GPU, more than one must be
+    /// a whole number, as in Ray.
+    pub gpu: f64,
+    /// Bytes of memory: a number of bytes or a size such as `"2GiB"`.
+    #[serde(deserialize_with = "size")]
+    pub memory: u64,
+    /// Named resources the experiment declares (licences, devices, ...).
+    pub custom: BTreeMap<String, f64>,
+}
+
+impl Default for Resources {
+    /// Ray Tune's default request: one CPU.
+    fn default() -> Self {
+        Self {
+            cpu: 1.0,
+            gpu: 0.0,
+            memory: 0,
+            custom: BTreeMap::new(),
+        }
+    }
+}
+
+impl Resources {
+    /// Nothing at all: the starting point for totals and for trials that
+    /// should not count against the pool.
+    pub fn none() -> Self {
+        Self {
+            cpu: 0.0,
+            ..Self::default()
+        }
+    }
+
+    /// Checks a trial's request on its own (not against any total), naming
+    /// the first bad field as `resources_per_trial.<field>`.
+    pub fn validate(&self) -> Result<(), String> {
+        Units::request(self).map(|_| ())
+    }
+}
+
+impl fmt::Display for Resources {
+    /// `1 CPU, 0.5 GPU, 2 GiB memory, 1 licence`; zero amounts are left out.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut parts = Vec::new();
+        if self.cpu > 0.0 {
+            parts.push(counted(self.cpu, "CPU"));
+        }
+        if self.gpu > 0.0 {
+            parts.push(counted(self.gpu, "GPU"));
+        }
+        if self.memory > 0 {
+            parts.push(format!("{} memory", bytes(self.memory)));
+        }
+        for (name, amount) in &self.custom {
+            if *amount > 0.0 {
+                parts.push(format!("{} {name}", decimal(*amount)));
+            }
+        }
+        if parts.is_empty() {
+            f.write_str("no resources")
+        } else {
+            f.write_str(&parts.join(", "))
+        }
+    }
+}
+
+/// The experiment's `[resources]` table: what exists. A field left out is
+/// detected ([`ResourcePool::detect`]); custom resources are only what is
+/// declared.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PoolSpec {
+    /// CPUs; default: this machine's cores.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<f64>,
+    /// GPUs; default: none (not detected yet).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<f64>,
+    /// Bytes of memory; default: this machine's.
+    #[serde(
+        deserialize_with = "optional_size",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub memory: Option<u64>,
+    /// Named resources and how much of each exists.
+    pub custom: BTreeMap<String, f64>,
+}
+
+impl PoolSpec {
+    /// The pool: declared amounts, the rest detected.
+    pub fn build(&self) -> Result<ResourcePool, String> {
+        let detected = ResourcePool::detect();
+        let total = Resources {
+            cpu: self.cpu.unwrap_or(detected.total.cpu as f64 / SCALE as f64),
+            gpu: self.gpu.unwrap_or(0.0),
+            memory: self.memory.unwrap_or(detected.total.memory),
+            custom: self.custom.clone(),
+        };
+        ResourcePool::new(&total)
+    }
+}
+
+/// Whether [`ResourcePool::acquire`] granted the request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Acquire {
+    /// The trial now holds the resources it asked for.
+    Granted,
+    /// Not enough is free now; the trial should stay PENDING (or PAUSED)
+    /// and ask again once another trial releases its resources.
+    Wait,
+}
+
+/// The experiment's resources and the trials holding some, keyed by trial
+/// id. Keying by id (rather than handing out lease tokens) makes misuse
+/// harmless: releasing twice, or releasing a trial that holds nothing,
+/// changes nothing.
+#[derive(Debug, Clone)]
+pub struct ResourcePool {
+    total: Units,
+    /// Always the sum of `leases`, and within `total` in every dimension.
+    used: Units,
+    leases: BTreeMap<String, Units>,
+}
+
+impl ResourcePool {
+    /// A pool with `total` resources, checked (`resources.<field>` names a
+    /// bad one). Its memory may be [`UNLIMITED_MEMORY`].
+    pub fn new(total: &Resources) -> Result<Self, String> {
+        Ok(Self::with_total(Units::parse(total, "resources")?))
+    }
+
+    /// This machine: its cores (`available_parallelism`, which honours CPU
+    /// affinity and cgroup quotas), its memory (`MemTotal` in
+    /// `/proc/meminfo`, lowered to the cgroup v2 `memory.max` where a
+    /// container sets one) and no GPU: GPU detection is not implemented,
+    /// so experiments using GPUs declare them. Where neither memory file
+    /// can be read (systems other than Linux), memory is
+    /// [`UNLIMITED_MEMORY`]: requests for memory are then never refused.
+    pub fn detect() -> Self {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+        let meminfo = std::fs::read_to_string("/proc/meminfo").ok();
+        let cgroup = std::fs::read_to_string("/sys/fs/cgroup/memory.max").ok();
+        Self::with_total(Units {
+            cpu: cores.saturating_mul(SCALE),
+            gpu: 0,
+            memory: machine_memory(meminfo.as_deref(), cgroup.as_deref()),
+            custom: BTreeMap::new(),
+        })
+    }
+
+    fn with_total(total: Units) -> Self {
+        Self {
+            total,
+            used: Units::default(),
+            leases: BTreeMap::new(),
+        }
+    }
+
+    /// What exists.
+    pub fn total(&self) -> Resources {
+        self.total.resources()
+    }
+
+    /// The sum of what live trials hold.
+    pub fn used(&self) -> Resources {
+        self.used.resources()
+    }
+
+    /// What is free now.
+    pub fn available(&self) -> Resources {
+        self.total.minus(&self.used).resources()
+    }
+
+    /// What `trial_id` holds, if anything.
+    pub fn held(&self, trial_id: &str) -> Option<Resources> {
+        self.leases.get(trial_id).map(Units::resources)
+    }
+
+    /// How many trials hold resources.
+    pub fn holders(&self) -> usize {
+        self.leases.len()
+    }
+
+    /// Whether `request` is valid and could ever be granted: within the
+    /// total in every dimension. The error says which dimension, what was
+    /// asked, what exists, and which key to change.
+    pub fn check(&self, request: &Resources) -> Result<(), String> {
+        self.exceeds(&Units::request(request)?)
+    }
+
+    fn exceeds(&self, request: &Units) -> Result<(), String> {
+        let total = &self.total;
+        let fix = |key: &str| format!("lower resources_per_trial.{key} or raise resources.{key}");
+        if request.cpu > total.cpu {
+            return Err(format!(
+                "trial asks for {} but the experiment has {}; {}",
+                counted_units(request.cpu, "CPU"),
+                amount(total.cpu),
+                fix("cpu")
+            ));
+        }
+        if request.gpu > total.gpu {
+            let hint = if total.gpu == 0 {
+                " (GPUs are not detected; declare them in [resources])"
+            } else {
+                ""
+            };
+            return Err(format!(
+                "trial asks for {} but the experiment has {}; {}{hint}",
+                counted_units(request.gpu, "GPU"),
+                amount(total.gpu),
+                fix("gpu")
+            ));
+        }
+        if request.memory > total.memory {
+            let (asked, has) = match (bytes(request.memory), bytes(total.memory)) {
+                // Rounded alike, they would read as if the request fits.
+                (a, b) if a == b => (
+                    format!("{} bytes", request.memory),
+                    format!("{} bytes", total.memory),
+                ),
+                pair => pair,
+            };
+            return Err(format!(
+                "trial asks for {asked} of memory but the experiment has {has}; {}",
+                fix("memory")
+            ));
+        }
+        for (name, &asked) in &request.custom {
+            let has = total.custom.get(name).copied().unwrap_or(0);
+            if asked > has {
+                return Err(if has == 0 {
+                    format!(
+                        "trial asks for {} of custom resource `{name}` but the experiment \
+                         declares none; declare resources.custom.{name} or remove \
+                         resources_per_trial.custom.{name}",
+                        amount(asked)
+                    )
+                } else {
+                    format!(
+                        "trial asks for {} of custom resource `{name}` but the experiment has {}; {}",
+                        amount(asked),
+                        amount(has),
+                        fix(&format!("custom.{name}"))
+                    )
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether `request` fits in what is free now; `false` for an invalid
+    /// request.
+    pub fn fits(&self, request: &Resources) -> bool {
+        Units::request(request).is_ok_and(|r| self.total.minus(&self.used).covers(&r))
+    }
+
+    /// Gives `trial_id` its `request` when it fits now ([`Acquire::Wait`]
+    /// when not). An `Err` means the trial can never run as asked (an
+    /// invalid request, or more than exists: see [`ResourcePool::check`]),
+    /// or that it already holds resources, which is a caller's mistake
+    /// that [`ResourcePool::resize`] or [`ResourcePool::release`] avoids.
+    pub fn acquire(&mut self, trial_id: &str, request: &Resources) -> Result<Acquire, String> {
+        if self.leases.contains_key(trial_id) {
+            return Err(format!(
+                "{trial_id} already holds resources; release or resize them instead"
+            ));
+        }
+        let request = Units::request(request)?;
+        self.exceeds(&request)?;
+        if !self.total.minus(&self.used).covers(&request) {
+            return Ok(Acquire::Wait);
+        }
+        self.used = self.used.plus(&request);
+        self.leases.insert(trial_id.to_string(), request);
+        Ok(Acquire::Granted)
+    }
+
+    /// Changes what `trial_id` holds to `request`, all at once: on
+    /// [`Acquire::Wait`] (the new amount does not fit beside the other
+    /// trials) it keeps what it held, so the caller may pause the trial,
+    /// release, and acquire again later. A trial holding nothing is simply
+    /// [`ResourcePool::acquire`]d. For a scheduler that changes a trial's
+    /// resources between steps.
+    pub fn resize(&mut self, trial_id: &str, request: &Resources) -> Result<Acquire, String> {
+        let Some(old) = self.leases.get(trial_id) else {
+            return self.acquire(trial_id, request);
+        };
+        let request = Units::request(request)?;
+        self.exceeds(&request)?;
+        // `old` is part of `used`, so this cannot underflow.
+        let others = self.used.minus(old);
+        if !self.total.minus(&others).covers(&request) {
+            return Ok(Acquire::Wait);
+        }
+        self.used = others.plus(&request);
+        self.leases.insert(trial_id.to_string(), request);
+        Ok(Acquire::Granted)
+    }
+
+    /// Frees what `trial_id` holds and returns it; `None`, changing
+    /// nothing, when it holds nothing (never acquired, or released already).
+    pub fn release(&mut self, trial_id: &str) -> Option<Resources> {
+        let lease = self.leases.remove(trial_id)?;
+        self.used = self.used.minus(&lease);
+        Some(lease.resources())
+    }
+}
+
+/// Amounts in fixed point: CPU, GPU and custom in 1/[`SCALE`] units,
+/// memory in bytes. Custom entries are never zero, so equal amounts
+/// compare equal however they were written.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Units {
+    cpu: u64,
+    gpu: u64,
+    memory: u64,
+    custom: BTreeMap<String, u64>,
+}
+
+impl Units {
+    /// A trial's request: also applies Ray's rule on GPU amounts.
+    fn request(r: &Resources) -> Result<Self, String> {
+        let units = Self::parse(r, "resources_per_trial")?;
+        if units.gpu > SCALE && !units.gpu.is_multiple_of(SCALE) {
+            return Err(format!(
+                "resources_per_trial.gpu = {} must be at most 1 or a whole number: trials share \
+                 a GPU in fractions, but more than one GPU comes only in whole GPUs",
+                r.gpu
+            ));
+        }
+        Ok(units)
+    }
+
+    fn parse(r: &Resources, table: &str) -> Result<Self, String> {
+        let cpu = to_units(r.cpu, &format!("{table}.cpu"))?;
+        let gpu = to_units(r.gpu, &format!("{table}.gpu"))?;
+        let mut custom = BTreeMap::new();
+        for (name, &x) in &r.custom {
+            let reserved = ["cpu", "gpu", "memory"].contains(&name.to_ascii_lowercase().as_str());
+            if name.trim().is_empty() || reserved {
+                return Err(format!(
+                    "{table}.custom: {name:?} cannot name a custom resource{}",
+                    if reserved {
+                        format!("; use {table}.{}", name.to_ascii_lowercase())
+                    } else {
+                        String::new()
+                    }
+                ));
+            }
+            let units = to_units(x, &format!("{table}.custom.{name}"))?;
+            if units > 0 {
+                custom.insert(name.clone(), units);
+            }
+        }
+        Ok(Self {
+            cpu,
+            gpu,
+            memory: r.memory,
+            custom,
+        })
+    }
+
+    fn resources(&self) -> Resources {
+        let float = |u: u64| u as f64 / SCALE as f64;
+        Resources {
+            cpu: float(self.cpu),
+            gpu: float(self.gpu),
+            memory: self.memory,
+            custom: self
+                .custom
+                .iter()
+                .map(|(name, &u)| (name.clone(), float(u)))
+                .collect(),
+        }
+    }
+
+    /// Whether `request` is within `self` in every dimension.
+    fn covers(&self, request: &Units) -> bool {
+        request.cpu <= self.cpu
+            && request.gpu <= self.gpu
+            && request.memory <= self.memory
+            && request
+                .custom
+                .iter()
+                .all(|(name, &u)| u <= self.custom.get(name).copied().unwrap_or(0))
+    }
+
+    /// Sum; callers add only what `covers` admitted, so the result stays
+    /// within a total and cannot overflow, but saturate rather than wrap
+    /// should that ever be broken.
+    fn plus(&self, other: &Units) -> Units {
+        let mut custom = self.custom.clone();
+        for (name, &u) in &other.custom {
+            let entry = custom.entry(name.clone()).or_insert(0);
+            *entry = entry.saturating_add(u);
+        }
+        Units {
+            cpu: self.cpu.saturating_add(other.cpu),
+            gpu: self.gpu.saturating_add(other.gpu),
+            memory: self.memory.saturating_add(other.memory),
+            custom,
+        }
+    }
+
+    /// Difference, floored at zero; zero custom entries are dropped.
+    fn minus(&self, other: &Units) -> Units {
+        let mut custom = self.custom.clone();
+        for (name, &u) in &other.custom {
+            if let Some(entry) = custom.get_mut(name) {
+                *entry = entry.saturating_sub(u);
+            }
+        }
+        custom.retain(|_, u| *u > 0);
+        Units {
+            cpu: self.cpu.saturating_sub(other.cpu),
+            gpu: self.gpu.saturating_sub(other.gpu),
+            memory: self.memory.saturating_sub(other.memory),
+            custom,
+        }
+    }
+}
+
+/// `x` in fixed point, rounded to the nearest unit; `key` names it in
+/// errors.
+fn to_units(x: f64, key: &str) -> Result<u64, String> {
+    if !(x.is_finite() && x >= 0.0) {
+        return Err(format!("{key} must be a number, 0 or more; got {x}"));
+    }
+    if x > MAX_AMOUNT {
+        return Err(format!("{key} = {x} is too large (at most {MAX_AMOUNT:e})"));
+    }
+    let units = (x * SCALE as f64).round() as u64;
+    if units == 0 && x > 0.0 {
+        // Rounding it to nothing would let any number of such trials run.
+        return Err(format!(
+            "{key} = {x} is below 0.0001, the smallest amount counted"
+        ));
+    }
+    Ok(units)
+}
+
+/// A fixed-point amount written exactly, without float noise: `0.5`, `2`.
+fn amount(units: u64) -> String {
+    let whole = units / SCALE;
+    let frac = units % SCALE;
+    if frac == 0 {
+        return whole.to_string();
+    }
+    let digits = format!("{frac:04}");
+    format!("{whole}.{}", digits.trim_end_matches('0'))
+}
+
+/// `0.5 GPU`, `1 GPU`, `2 GPUs`.
+fn counted_units(units: u64, what: &str) -> String {
+    let plural = if units > SCALE { "s" } else { "" };
+    format!("{} {what}{plural}", amount(units))
+}
+
+fn counted(x: f64, what: &str) -> String {
+    let plural = if x > 1.0 { "s" } else { "" };
+    format!("{} {what}{plural}", decimal(x))
+}
+
+/// `x` to the precision counted, so `3.0 * 0.1` shows as `0.3`.
+fn decimal(x: f64) -> String {
+    if x.is_finite() && (0.0..=MAX_AMOUNT).contains(&x) {
+        amount((x * SCALE as f64).round() as u64)
+    } else {
+        x.to_string()
+    }
+}
+
+/// Bytes in the largest binary unit, to two decimals: `2 GiB`, `7.75 GiB`.
+fn bytes(n: u64) -> String {
+    if n == UNLIMITED_MEMORY {
+        return "unlimited".into();
+    }
+    const UNITS: [(&str, u64); 4] = [
+        ("TiB", 1 << 40),
+        ("GiB", 1 << 30),
+        ("MiB", 1 << 20),
+        ("KiB", 1 << 10),
+    ];
+    for (name, size) in UNITS {
+        if n >= size {
+            let x = format!("{:.2}", n as f64 / size as f64);
+            let x = x.trim_end_matches('0').trim_end_matches('.');
+            return format!("{x} {name}");
+        }
+    }
+    format!("{n} bytes")
+}
+
+/// The machine's memory from `/proc/meminfo` and the cgroup v2 limit,
+/// whichever is lower; [`UNLIMITED_MEMORY`] when neither says.
+fn machine_memory(meminfo: Option<&str>, cgroup_max: Option<&str>) -> u64 {
+    let total = meminfo.and_then(|text| {
+        let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+        let mut words = line["MemTotal:".len()..].split_whitespace();
+        let number: u64 = words.next()?.parse().ok()?;
+        // The kernel writes "kB" and means KiB.
+        match words.next() {
+            Some("kB") => number.checked_mul(1024),
+            None => Some(number),
+            Some(_) => None,
+        }
+    });
+    // "max" (no limit) does not parse, as intended.
+    let limit = cgroup_max.and_then(|text| text.trim().parse::<u64>().ok());
+    match (total, limit) {
+        (Some(a), Some(b)) => a.min(b),
+        (a, b) => a.or(b).unwrap_or(UNLIMITED_MEMORY),
+    }
+}
+
+/// Accepts a number of bytes or a size string (`"2GiB"`), for TOML and
+/// JSON alike.
+fn size<'de, D: Deserializer<'de>>(deserializer: D) -> Result<u64, D::Error> {
+    deserializer.deserialize_any(SizeVisitor)
+}
+
+fn optional_size<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<u64>, D::Error> {
+    size(deserializer).map(Some)
+}
+
+struct SizeVisitor;
+
+impl SizeVisitor {
+    fn refuse<E: de::Error>(got: impl fmt::Display) -> E {
+        E::custom(format!(
+            "memory must be a size such as \"2GiB\" or \"512MiB\", or a number of bytes; got {got}"
+        ))
+    }
+}
+
+impl Visitor<'_> for SizeVisitor {
+    type Value = u64;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a size such as \"2GiB\" or a number of bytes")
+    }
+
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<u64, E> {
+        Ok(v)
+    }
+
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<u64, E> {
+        u64::try_from(v).map_err(|_| Self::refuse(v))
+    }
+
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<u64, E> {
+        // TOML writes 2e9 as a float; a whole one is a byte count.
+        if v.is_finite() && v >= 0.0 && v.fract() == 0.0 && v < 1.8e19 {
+            Ok(v as u64)
+        } else {
+            Err(Self::refuse(v))
+        }
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<u64, E> {
+        // parse_size refuses 0, which is a fine request.
+        if v.trim()
+            .trim_end_matches(|c: char| c.is_ascii_alphabetic())
+            .trim()
+            == "0"
+        {
+            return Ok(0);
+        }
+        parse_size(v).ok_or_else(|| Self::refuse(format!("{v:?}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    fn pool(cpu: f64, gpu: f64) -> ResourcePool {
+        ResourcePool::new(&Resources {
+            cpu,
+            gpu,
+            memory: 8 << 30,
+            custom: BTreeMap::new(),
+        })
+        .unwrap()
+    }
+
+    fn ask(cpu: f64, gpu: f64) -> Resources {
+        Resources {
+            cpu,
+            gpu,
+            ..Resources::default()
+        }
+    }
+
+    /// Acquires for `trial_0`, `trial_1`, ... and returns how many were
+    /// granted before the first wait.
+    fn granted(pool: &mut ResourcePool, request: &Resources, trials: usize) -> usize {
+        (0..trials)
+            .map(|i| pool.acquire(&format!("trial_{i}"), request).unwrap())
+            .take_while(|a| *a == Acquire::Granted)
+            .count()
+    }
+
+    #[test]
+    fn four_half_gpu_trials_on_one_gpu_run_two_at_a_time() {
+        // Ray Tune: resources_per_trial={"gpu": 0.5} with one GPU.
+        let mut p = pool(4.0, 1.0);
+        let half = ask(1.0, 0.5);
+        assert_eq!(granted(&mut p, &half, 4), 2);
+        assert_eq!(p.holders(), 2);
+        assert_eq!(p.used().gpu, 1.0);
+        assert!(!p.fits(&half));
+        // The waiting trials get in as running ones finish.
+        assert!(p.release("trial_0").is_some());
+        assert_eq!(p.acquire("trial_2", &half).unwrap(), Acquire::Granted);
+        assert_eq!(p.acquire("trial_3", &half).unwrap(), Acquire::Wait);
+        p.release("trial_1");
+        assert_eq!(p.acquire("trial_3", &half).unwrap(), Acquire::Granted);
+    }
+
+    #[test]
+    fn three_one_cpu_trials_on_two_cores_run_two_at_a_time() {
+        let mut p = pool(2.0, 0.0);
+        assert_eq!(granted(&mut p, &Resources::default(), 3), 2);
+        assert_eq!(p.available().cpu, 0.0);
+    }
+
+    #[test]
+    fn oversized_requests_fail_with_what_to_change() {
+        let p = pool(4.0, 1.0);
+        assert_eq!(
+            p.check(&ask(1.0, 2.0)).unwrap_err(),
+            "trial asks for 2 GPUs but the experiment has 1; \
+             lower resources_per_trial.gpu or raise resources.gpu"
+        );
+        assert_eq!(
+            p.check(&ask(6.0, 0.0)).unwrap_err(),
+            "trial asks for 6 CPUs but the experiment has 4; \
+             lower resources_per_trial.cpu or raise resources.cpu"
+        );
+        let no_gpu = pool(4.0, 0.0).check(&ask(1.0, 0.5)).unwrap_err();
+        assert!(
+            no_gpu.starts_with("trial asks for 0.5 GPU but the experiment has 0;")
+                && no_gpu.contains("GPUs are not detected"),
+            "{no_gpu}"
+        );
+        let memory = Resources {
+            memory: 16 << 30,
+            ..Resources::default()
+        };
+        assert_eq!(
+            p.check(&memory).unwrap_err(),
+            "trial asks for 16 GiB of memory but the experiment has 8 GiB; \
+             lower resources_per_trial.memory or raise resources.memory"
+        );
+        let one_byte_over = Resources {
+            memory: (8 << 30) + 1,
+            ..Resources::default()
+        };
+        assert!(
+            p.check(&one_byte_over)
+                .unwrap_err()
+                .contains("8589934593 bytes of memory but the experiment has 8589934592 bytes")
+        );
+        let licence = Resources {
+            custom: BTreeMap::from([("licence".to_string(), 1.0)]),
+            ..Resources::default()
+        };
+        let message = p.check(&licence).unwrap_err();
+        assert!(
+            message.contains("custom resource `licence`")
+                && message.contains("declare resources.custom.licence"),
+            "{message}"
+        );
+        // acquire refuses rather than leaving the trial waiting forever.
+        let mut p = p;
+        assert!(p.acquire("trial_0", &ask(1.0, 2.0)).is_err());
+        assert_eq!(p.holders(), 0);
+    }
+
+    #[test]
+    fn fixed_point_admits_exactly_what_fits() {
+        // 0.1 + 0.1 + 0.1 > 0.3 in floats: a float sum would refuse the third.
+        let mut p = pool(0.3, 0.0);
+        assert_eq!(granted(&mut p, &ask(0.1, 0.0), 4), 3);
+        // Ten tenths on one CPU, and not an eleventh.
+        let mut p = pool(1.0, 0.0);
+        assert_eq!(granted(&mut p, &ask(0.1, 0.0), 11), 10);
+        assert_eq!(p.available().cpu, 0.0);
+        // Thirds do not add up to one exactly; 0.3333 each leaves 0.0001.
+        let mut p = pool(1.0, 0.0);
+        assert_eq!(granted(&mut p, &ask(1.0 / 3.0, 0.0), 4), 3);
+        assert_eq!(p.available().cpu, 0.0001);
+    }
+
+    #[test]
+    fn release_twice_or_unknown_changes_nothing() {
+        let mut p = pool(2.0, 1.0);
+        assert_eq!(p.acquire("a", &ask(1.0, 0.5)).unwrap(), Acquire::Granted);
+        assert_eq!(p.acquire("b", &ask(1.0, 0.5)).unwrap(), Acquire::Granted);
+        assert_eq!(p.release("a"), Some(ask(1.0, 0.5)));
+        assert_eq!(p.release("a"), None);
+        assert_eq!(p.release("nobody"), None);
+        assert_eq!(p.used(), ask(1.0, 0.5));
+        assert_eq!(p.held("b"), Some(ask(1.0, 0.5)));
+        assert!(
+            p.acquire("b", &ask(0.5, 0.0))
+                .unwrap_err()
+                .contains("already holds")
+        );
+        assert_eq!(p.used(), ask(1.0, 0.5));
+    }
+
+    #[test]
+    fn resize_is_all_or_nothing() {
+        let mut p = pool(4.0, 1.0);
+        p.acquire("a", &ask(1.0, 0.5)).unwrap();
+        p.acquire("b", &ask(1.0, 0.25)).unwrap();
+        // Growing within what is free.
+        assert_eq!(p.resize("a", &ask(2.0, 0.75)).unwrap(), Acquire::Granted);
+        assert_eq!(p.used(), ask(3.0, 1.0));
+        // Beyond it: nothing changes.
+        assert_eq!(p.resize("b", &ask(1.0, 0.5)).unwrap(), Acquire::Wait);
+        assert_eq!(p.held("b"), Some(ask(1.0, 0.25)));
+        assert_eq!(p.used(), ask(3.0, 1.0));
+        // Shrinking always fits; more than exists is an error.
+        assert_eq!(p.resize("a", &ask(0.5, 0.0)).unwrap(), Acquire::Granted);
+        assert_eq!(p.used(), ask(1.5, 0.25));
+        assert!(p.resize("a", &ask(5.0, 0.0)).is_err());
+        assert_eq!(p.held("a"), Some(ask(0.5, 0.0)));
+        // A trial holding nothing is acquired.
+        assert_eq!(p.resize("c", &ask(1.0, 0.0)).unwrap(), Acquire::Granted);
+        assert_eq!(p.holders(), 3);
+    }
+
+    #[test]
+    fn invalid_requests_name_the_field() {
+        let bad = |r: Resources| r.validate().unwrap_err();
+        assert!(bad(ask(-1.0, 0.0)).starts_with("resources_per_trial.cpu must be"));
+        assert!(bad(ask(f64::NAN, 0.0)).starts_with("resources_per_trial.cpu must be"));
+        assert!(bad(ask(1.0, f64::INFINITY)).starts_with("resources_per_trial.gpu must be"));
+        assert!(bad(ask(1.0, 1.5)).contains("at most 1 or a whole number"));
+        assert!(bad(ask(0.00001, 0.0)).contains("below 0.0001"));
+        assert!(bad(ask(1e13, 0.0)).contains("too large"));
+        let reserved = Resources {
+            custom: BTreeMap::from([("GPU".to_string(), 1.0)]),
+            ..Resources::default()
+        };
+        assert!(bad(reserved).contains("use resources_per_trial.gpu"));
+        for fine in [
+            ask(1.0, 0.5),
+            ask(0.0, 1.0),
+            ask(2.0, 2.0),
+            ask(0.0001, 0.0),
+        ] {
+            fine.validate().unwrap();
+        }
+        // Fractional GPUs above one are fine in a total.
+        ResourcePool::new(&ask(1.0, 1.5)).unwrap();
+        assert!(
+            ResourcePool::new(&ask(-2.0, 0.0))
+                .unwrap_err()
+                .starts_with("resources.cpu must be")
+        );
+        // An invalid request never fits.
+        assert!(!pool(4.0, 4.0).fits(&ask(1.0, 1.5)));
+    }
+
+    #[test]
+    fn toml_tables_parse_with_sizes_and_defaults() {
+        let r: Resources =
+            toml::from_str("cpu = 0.5\ngpu = 1\nmemory = \"2GiB\"\ncustom = { licence = 1 }")
+                .unwrap();
+        assert_eq!(r.cpu, 0.5);
+        assert_eq!(r.gpu, 1.0);
+        assert_eq!(r.memory, 2 << 30);
+        assert_eq!(r.custom["licence"], 1.0);
+        assert_eq!(r.to_string(), "0.5 CPU, 1 GPU, 2 GiB memory, 1 licence");
+        let r: Resources = toml::from_str("memory = 1048576").unwrap();
+        assert_eq!((r.cpu, r.gpu, r.memory), (1.0, 0.0, 1 << 20));
+        let r: Resources = toml::from_str("memory = 2e9").unwrap();
+        assert_eq!(r.memory, 2_000_000_000);
+        let r: Resources = serde_json::from_value(json!({"memory": "0"})).unwrap();
+        assert_eq!(r.memory, 0);
+        // Round trip through JSON (the experiment's saved state).
+        let back: Resources = serde_json::from_value(serde_json::to_value(&r).unwrap()).unwrap();
+        assert_eq!(back, r);
+        let err = toml::from_str::<Resources>("memory = \"lots\"").unwrap_err();
+        assert!(err.to_string().contains("memory must be a size"), "{err}");
+        assert!(toml::from_str::<Resources>("memory = -1").is_err());
+        assert!(toml::from_str::<Resources>("cpus = 2").is_err());
+
+        let spec: PoolSpec = toml::from_str("gpu = 2\nmemory = \"16GiB\"").unwrap();
+        let p = spec.build().unwrap();
+        let total = p.total();
+        assert_eq!(total.gpu, 2.0);
+        assert_eq!(total.memory, 16 << 30);
+        assert_eq!(total.cpu, ResourcePool::detect().total().cpu);
+        assert!(toml::from_str::<PoolSpec>("gpus = 1").is_err());
+        let spec: PoolSpec = toml::from_str("cpu = -1").unwrap();
+        assert!(spec.build().unwrap_err().starts_with("resources.cpu"));
+    }
+
+    #[test]
+    fn detection_reads_meminfo_and_cgroup_limits() {
+        let meminfo = "MemTotal:       16303412 kB\nMemFree:         1000 kB\n";
+        assert_eq!(machine_memory(Some(meminfo), None), 16303412 * 1024);
+        assert_eq!(
+            machine_memory(Some(meminfo), Some("max\n")),
+            16303412 * 1024
+        );
+        assert_eq!(machine_memory(Some(meminfo), Some("1073741824\n")), 1 << 30);
+        assert_eq!(machine_memory(None, None), UNLIMITED_MEMORY);
+        assert_eq!(machine_memory(Some("garbage"), None), UNLIMITED_MEMORY);
+        let here = ResourcePool::detect().total();
+        assert!(here.cpu >= 1.0 && here.cpu.fract() == 0.0);
+        assert_eq!(here.gpu, 0.0);
+        assert!(here.memory > 0);
+        assert_eq!(bytes(UNLIMITED_MEMORY), "unlimited");
+        assert_eq!(bytes(7 << 29), "3.5 GiB");
+        assert_eq!(bytes(512), "512 bytes");
+        assert_eq!(amount(12_345), "1.2345");
+        assert_eq!(amount(5_000), "0.5");
+    }
+
+    /// One step of the random walk the property test takes.
+    #[derive(Debug, Clone)]
+    enum Op {
+        Acquire(usize, Ask),
+        Resize(usize, Ask),
+        Release(usize),
+    }
+
+    /// A request in whole model units: tenths of a CPU, quarters of a GPU,
+    /// GiB, licences. The pool sees it as floats (`k * 0.1`, which drift).
+    #[derive(Debug, Clone, Copy, PartialEq)]
+    struct Ask([u64; 4]);
+
+    impl Ask {
+        fn resources(self) -> Resources {
+            let [cpu, gpu, mem, licences] = self.0;
+            let mut custom = BTreeMap::new();
+            // Zero entries sometimes present, sometimes absent: both mean none.
+            if licences > 0 || cpu % 2 == 0 {
+                custom.insert("licence".to_string(), licences as f64);
+            }
+            Resources {
+                cpu: cpu as f64 * 0.1,
+                gpu: gpu as f64 * 0.25,
+                memory: mem << 30,
+                custom,
+            }
+        }
+
+        fn units(self) -> Units {
+            Units::parse(&self.resources(), "test").unwrap()
+        }
+    }
+
+    fn ask_strategy() -> impl Strategy<Value = Ask> {
+        // GPU quarters: up to one whole GPU, or two whole ones (Ray's rule).
+        (
+            0u64..=25,
+            prop::sample::select(vec![0u64, 1, 2, 3, 4, 8]),
+            0u64..=5,
+            0u64..=3,
+        )
+            .prop_map(|(c, g, m, l)| Ask([c, g, m, l]))
+    }
+
+    fn op_strategy() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            3 => (0usize..8, ask_strategy()).prop_map(|(t, a)| Op::Acquire(t, a)),
+            1 => (0usize..8, ask_strategy()).prop_map(|(t, a)| Op::Resize(t, a)),
+            2 => (0usize..8).prop_map(Op::Release),
+        ]
+    }
+
+    fn fits(total: [u64; 4], used: [u64; 4]) -> bool {
+        (0..4).all(|i| used[i] <= total[i])
+    }
+
+    fn add(a: [u64; 4], b: [u64; 4]) -> [u64; 4] {
+        [a[0] + b[0], a[1] + b[1], a[2] + b[2], a[3] + b[3]]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        /// Against a model counting in whole tenths and quarters: every
+        /// decision matches, `used` equals the sum of the leases and never
+        /// exceeds the total.
+        #[test]
+        fn used_never_exceeds_total_and_equals_the_leases(
+            total in (1u64..=40, 0u64..=8, 0u64..=12, 0u64..=4),
+            ops in prop::collection::vec(op_strategy(), 1..80),
+        ) {
+            let total = [total.0, total.1, total.2, total.3];
+            let mut p = ResourcePool::new(&Ask(total).resources()).unwrap();
+            let mut model: BTreeMap<usize, [u64; 4]> = BTreeMap::new();
+            for op in ops {
+                let used: [u64; 4] = model.values().fold([0; 4], |s, l| add(s, *l));
+                match op {
+                    Op::Acquire(t, ask) => {
+                        let got = p.acquire(&format!("t{t}"), &ask.resources());
+                        if model.contains_key(&t) || !fits(total, ask.0) {
+                            prop_assert!(got.is_err());
+                        } else if fits(total, add(used, ask.0)) {
+                            prop_assert_eq!(got, Ok(Acquire::Granted));
+                            model.insert(t, ask.0);
+                        } else {
+                            prop_assert_eq!(got, Ok(Acquire::Wait));
+                        }
+                    }
+                    Op::Resize(t, ask) => {
+                        let got = p.resize(&format!("t{t}"), &ask.resources());
+                        let old = model.get(&t).copied().unwrap_or([0; 4]);
+                        let others = [used[0] - old[0], used[1] - old[1], used[2] - old[2], used[3] - old[3]];
+                        if !fits(total, ask.0) {
+                            prop_assert!(got.is_err());
+                        } else if fits(total, add(others, ask.0)) {
+                            prop_assert_eq!(got, Ok(Acquire::Granted));
+                            model.insert(t, ask.0);
+                        } else {
+                            prop_assert_eq!(got, Ok(Acquire::Wait));
+                        }
+                    }
+                    Op::Release(t) => {
+                        let got = p.release(&format!("t{t}"));
+                        prop_assert_eq!(got.is_some(), model.remove(&t).is_some());
+                    }
+                }
+                let leases = p.leases.values().fold(Units::default(), |s, l| s.plus(l));
+                prop_assert_eq!(&p.used, &leases);
+                prop_assert!(p.total.covers(&p.used));
+                let expected = model.values().fold(Units::default(), |s, l| s.plus(&Ask(*l).units()));
+                prop_assert_eq!(&p.used, &expected);
+                prop_assert_eq!(p.holders(), model.len());
+            }
+        }
+    }
+}
