@@ -12,8 +12,8 @@ use wtune::report::{StateFile, TrialFiles, state};
 use wtune::tune::resume::{self, ErroredTrials};
 use wtune::tune::{
     Callback, CheckpointPolicy, Decision, ExperimentSummary, FailFast, FailurePolicy, Fifo,
-    FnBackend, Mode, RunError, RunSpec, Runner, Scheduler, Step, StopCriteria, Trial, TrialFailure,
-    TrialStatus,
+    FnBackend, Listed, Mode, RunError, RunSpec, Runner, Scheduler, Searcher, Step, StopCriteria,
+    Trial, TrialFailure, TrialStatus,
 };
 
 fn spec(dir: &Path, configs: Vec<Value>, iterations: u64) -> RunSpec {
@@ -31,6 +31,9 @@ fn spec(dir: &Path, configs: Vec<Value>, iterations: u64) -> RunSpec {
         checkpoint: CheckpointPolicy::default(),
         failure: FailurePolicy::default(),
         restore_from: None,
+        resources_per_trial: Default::default(),
+        resources: Default::default(),
+        stop_experiment: Default::default(),
     }
 }
 
@@ -367,7 +370,7 @@ fn an_interrupted_experiment_resumes_from_its_state_and_checkpoints() {
         ErroredTrials::Retry,
     );
     let counted = plan.continued.len() + plan.restarted.len() + plan.pending + plan.finished;
-    assert_eq!(counted, 5, "{plan:?}");
+    assert_eq!(counted, trials.len(), "{plan:?}");
     // The failed trial continues from its checkpoint at iteration 2.
     assert!(
         plan.continued.contains(&("trial_0000".into(), 2)),
@@ -375,7 +378,15 @@ fn an_interrupted_experiment_resumes_from_its_state_and_checkpoints() {
     );
     assert!(plan.damaged.is_empty(), "{:?}", plan.damaged);
     spec_after.failure.fail_fast = FailFast::Off;
+    // Trials are created as the run goes: the searcher's saved state says
+    // which configurations are still to come.
+    assert!(trials.len() < 5, "{} trials were created", trials.len());
+    let mut searcher = Listed::new(std::mem::take(&mut spec_after.configs));
+    searcher
+        .restore_state(&saved.decisions.searcher.unwrap().state)
+        .unwrap();
     let resumed = Runner::new(backend, spec_after, Box::new(Fifo::default()))
+        .searcher(Box::new(searcher))
         .with_trials(trials)
         .callback(TrialFiles::new());
     let summary = tokio::runtime::Runtime::new()

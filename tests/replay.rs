@@ -16,7 +16,7 @@ use wtune::tune::replay::{CurveSet, Sampling, replay_backend};
 use wtune::tune::space::SearchSpace;
 use wtune::tune::{
     AshaConfig, ExperimentSummary, Fifo, Mode, RunSpec, Runner, Scheduler, SchedulerSpec,
-    StopCriteria, TrialStatus,
+    StopCriteria, Suggestion, TrialStatus,
 };
 
 /// The set the guest embeds.
@@ -36,6 +36,9 @@ fn spec(out: &Path, configs: Vec<Value>, max_concurrent: usize) -> RunSpec {
         checkpoint: Default::default(),
         failure: Default::default(),
         restore_from: None,
+        resources_per_trial: Default::default(),
+        resources: Default::default(),
+        stop_experiment: Default::default(),
     }
 }
 
@@ -258,10 +261,13 @@ fn the_example_experiment_covers_the_table() {
     let plan = plan(Path::new("replay.wasm"), Some(&file), &Overrides::default()).unwrap();
     assert_eq!(plan.spec.metric.as_deref(), Some(set.metric()));
     assert_eq!(plan.spec.mode, set.mode());
-    assert_eq!(plan.spec.configs.len(), set.curves().len());
-    for config in &plan.spec.configs {
-        set.lookup(config).unwrap();
+    let mut searcher = plan.searcher().unwrap();
+    let mut configs = Vec::new();
+    while let Suggestion::Config(config) = searcher.suggest(&format!("trial_{}", configs.len())) {
+        set.lookup(&config).unwrap();
+        configs.push(config);
     }
+    assert_eq!(configs.len(), set.curves().len());
     let SchedulerSpec::Asha(asha) = &plan.scheduler else {
         panic!("the example uses ASHA: {:?}", plan.scheduler);
     };
@@ -279,7 +285,12 @@ fn the_example_experiment_covers_the_table() {
         .scheduler
         .build(spec.metric.as_deref(), spec.mode, plan.seed)
         .unwrap();
-    let summary = run_native(set.clone(), spec, scheduler);
+    let runner = Runner::new(replay_backend(set.clone()), spec, scheduler)
+        .searcher(plan.searcher().unwrap());
+    let summary = tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(runner.run())
+        .unwrap();
     let fuel: u64 = summary.trials.iter().map(|t| t.fuel_total).sum();
     assert!(
         fuel * 10 < set.grid_fuel() * 6,

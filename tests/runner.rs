@@ -8,8 +8,9 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use wtune::report::{ExperimentFile, TrialFiles};
 use wtune::tune::{
-    Bound, ExperimentSummary, Fifo, FnBackend, Mode, RunSpec, Runner, Step, StopCriteria,
-    Threshold, TrialFailure, TrialStatus,
+    Bound, Decision, ExperimentSummary, Fifo, FnBackend, Mode, PoolSpec, Resources, RunSpec,
+    Runner, Scheduler, Searcher, Step, StopCriteria, Suggestion, Threshold, Trial, TrialFailure,
+    TrialStatus,
 };
 
 fn spec(
@@ -29,6 +30,9 @@ fn spec(
         checkpoint: Default::default(),
         failure: Default::default(),
         restore_from: None,
+        resources_per_trial: Default::default(),
+        resources: Default::default(),
+        stop_experiment: Default::default(),
     }
 }
 
@@ -320,5 +324,401 @@ fn asha_stops_exactly_the_trials_hand_computed_on_linear_curves() {
     assert_eq!(
         summary.trials[1].stop_reason.as_deref(),
         Some("stopped by the asha scheduler")
+    );
+}
+
+/// A searcher that proposes `x = best so far + 1` and logs what it hears,
+/// so the order of suggestions and results can be checked.
+struct Adaptive {
+    log: Arc<std::sync::Mutex<Vec<String>>>,
+    best: f64,
+    left: usize,
+    /// After this many suggestions, waits for every live trial to complete.
+    live: usize,
+    limit: usize,
+}
+
+impl Searcher for Adaptive {
+    fn suggest(&mut self, trial_id: &str) -> Suggestion {
+        if self.left == 0 {
+            return Suggestion::Finished;
+        }
+        if self.live >= self.limit {
+            return Suggestion::Wait;
+        }
+        self.left -= 1;
+        self.live += 1;
+        self.log.lock().unwrap().push(format!("suggest {trial_id}"));
+        Suggestion::Config(json!({ "x": self.best + 1.0 }))
+    }
+
+    fn on_result(&mut self, trial_id: &str, result: &serde_json::Map<String, Value>) {
+        let score = result["score"].as_f64().unwrap();
+        self.log
+            .lock()
+            .unwrap()
+            .push(format!("result {trial_id} {score}"));
+    }
+
+    fn on_trial_complete(
+        &mut self,
+        trial_id: &str,
+        result: Option<&serde_json::Map<String, Value>>,
+        error: bool,
+    ) {
+        let score = result.and_then(|r| r["score"].as_f64()).unwrap();
+        self.best = self.best.max(score);
+        self.live -= 1;
+        self.log
+            .lock()
+            .unwrap()
+            .push(format!("complete {trial_id} {score} error={error}"));
+    }
+
+    fn name(&self) -> &'static str {
+        "adaptive"
+    }
+}
+
+#[test]
+fn a_searcher_creates_trials_as_slots_free_and_learns_from_their_results() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let searcher = Adaptive {
+        log: log.clone(),
+        best: 0.0,
+        left: 3,
+        live: 0,
+        limit: 1,
+    };
+    let runner = Runner::new(
+        linear(),
+        spec(dir.path(), Vec::new(), iterations(2), 4),
+        Box::new(Fifo::default()),
+    )
+    .searcher(Box::new(searcher));
+    let summary = tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(runner.run())
+        .unwrap();
+    // One at a time (the searcher waits while a trial is live), each
+    // configured from the previous best: x = 1, then 1*2 + 1 = 3, then
+    // 3*2 + 1 = 7.
+    let xs: Vec<f64> = summary
+        .trials
+        .iter()
+        .map(|t| t.config["x"].as_f64().unwrap())
+        .collect();
+    assert_eq!(xs, [1.0, 3.0, 7.0]);
+    assert_eq!(
+        *log.lock().unwrap(),
+        [
+            "suggest trial_0000",
+            "result trial_0000 1",
+            "result trial_0000 2",
+            "complete trial_0000 2 error=false",
+            "suggest trial_0001",
+            "result trial_0001 3",
+            "result trial_0001 6",
+            "complete trial_0001 6 error=false",
+            "suggest trial_0002",
+            "result trial_0002 7",
+            "result trial_0002 14",
+            "complete trial_0002 14 error=false",
+        ]
+    );
+    assert_eq!(summary.decisions.searcher.unwrap().name, "adaptive");
+}
+
+#[test]
+fn a_searcher_that_waits_while_nothing_runs_is_reported_not_hung() {
+    let dir = tempfile::tempdir().unwrap();
+    let searcher = Adaptive {
+        log: Arc::default(),
+        best: 0.0,
+        left: 3,
+        live: 0,
+        limit: 0,
+    };
+    let runner = Runner::new(
+        linear(),
+        spec(dir.path(), Vec::new(), iterations(2), 4),
+        Box::new(Fifo::default()),
+    )
+    .searcher(Box::new(searcher));
+    let err = tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(runner.run())
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("the adaptive searcher suggests nothing while no trial runs"),
+        "{err}"
+    );
+}
+
+/// Steps that record how much of each resource runs at once: every step
+/// adds its trial's request (`cpu`, `gpu` in its config) for its duration.
+fn metered(
+    in_use: Arc<std::sync::Mutex<(f64, f64)>>,
+    peak: Arc<std::sync::Mutex<(f64, f64)>>,
+) -> FnBackend {
+    FnBackend::new(move |config: &Value| {
+        let cpu = config["cpu"].as_f64().unwrap_or(1.0);
+        let gpu = config["gpu"].as_f64().unwrap_or(0.0);
+        let (in_use, peak) = (in_use.clone(), peak.clone());
+        Ok(move |it: u64| {
+            {
+                let mut now = in_use.lock().unwrap();
+                now.0 += cpu;
+                now.1 += gpu;
+                let mut peak = peak.lock().unwrap();
+                peak.0 = peak.0.max(now.0);
+                peak.1 = peak.1.max(now.1);
+            }
+            std::thread::sleep(Duration::from_millis(4));
+            let mut now = in_use.lock().unwrap();
+            now.0 -= cpu;
+            now.1 -= gpu;
+            Ok(Step {
+                metrics: vec![("score".into(), it as f64)],
+                done: false,
+                fuel: 1,
+            })
+        })
+    })
+}
+
+/// Gives each trial the resources its config names.
+struct ConfiguredResources;
+
+impl Scheduler for ConfiguredResources {
+    fn on_result(&mut self, _: &Trial, _: &serde_json::Map<String, Value>) -> Decision {
+        Decision::Continue
+    }
+
+    fn resources(&mut self, trial: &Trial) -> Option<Resources> {
+        Some(Resources {
+            cpu: trial.config["cpu"].as_f64().unwrap_or(1.0),
+            gpu: trial.config["gpu"].as_f64().unwrap_or(0.0),
+            ..Resources::default()
+        })
+    }
+
+    fn choose_next(&mut self, trials: &[Trial]) -> Option<usize> {
+        trials.iter().position(|t| t.status == TrialStatus::Pending)
+    }
+
+    fn name(&self) -> &'static str {
+        "configured-resources"
+    }
+}
+
+fn pool(cpu: f64, gpu: f64) -> PoolSpec {
+    PoolSpec {
+        cpu: Some(cpu),
+        gpu: Some(gpu),
+        ..PoolSpec::default()
+    }
+}
+
+#[test]
+fn four_trials_asking_half_a_gpu_run_two_at_a_time_on_one_gpu() {
+    let dir = tempfile::tempdir().unwrap();
+    let (in_use, peak): (_, Arc<std::sync::Mutex<(f64, f64)>>) = (Arc::default(), Arc::default());
+    let configs = vec![json!({"gpu": 0.5}); 4];
+    let mut spec = spec(dir.path(), configs, iterations(5), 4);
+    spec.resources = pool(8.0, 1.0);
+    spec.resources_per_trial = Resources {
+        gpu: 0.5,
+        ..Resources::default()
+    };
+    let summary = run(metered(in_use, peak.clone()), spec);
+    assert_eq!(summary.count(TrialStatus::Terminated), 4);
+    assert_eq!(peak.lock().unwrap().1, 1.0, "two half-GPU trials at most");
+}
+
+#[test]
+fn a_trial_asking_more_than_exists_is_an_error_not_a_wait() {
+    // The experiment's own request: refused before anything runs.
+    let dir = tempfile::tempdir().unwrap();
+    let mut too_big = spec(dir.path(), vec![json!({})], iterations(1), 1);
+    too_big.resources = pool(2.0, 1.0);
+    too_big.resources_per_trial = Resources {
+        gpu: 2.0,
+        ..Resources::default()
+    };
+    let runner = Runner::new(linear(), too_big, Box::new(Fifo::default()));
+    let err = tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(runner.run())
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("trial asks for 2 GPUs but the experiment has 1"),
+        "{err}"
+    );
+
+    // One trial's request, set by the scheduler: that trial fails, the
+    // others run.
+    let dir = tempfile::tempdir().unwrap();
+    let configs = vec![json!({"cpu": 1}), json!({"cpu": 3}), json!({"cpu": 1})];
+    let mut spec = spec(dir.path(), configs, iterations(2), 3);
+    spec.resources = pool(2.0, 0.0);
+    let (in_use, peak): (_, Arc<std::sync::Mutex<(f64, f64)>>) = (Arc::default(), Arc::default());
+    let runner = Runner::new(metered(in_use, peak), spec, Box::new(ConfiguredResources));
+    let summary = tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(runner.run())
+        .unwrap();
+    let statuses: Vec<_> = summary.trials.iter().map(|t| t.status).collect();
+    assert_eq!(
+        statuses,
+        [
+            TrialStatus::Terminated,
+            TrialStatus::Error,
+            TrialStatus::Terminated
+        ]
+    );
+    let error = summary.trials[1].error.as_deref().unwrap();
+    assert!(error.contains("3 CPUs but the experiment has 2"), "{error}");
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(24))]
+
+    /// Whatever trials ask for, what runs at once never exceeds the pool,
+    /// and every trial that fits the pool finishes.
+    #[test]
+    fn trials_running_at_once_never_hold_more_than_the_pool(
+        requests in proptest::collection::vec((1u32..=8, 0u32..=4), 1..10),
+        max_concurrent in 1usize..6,
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        // CPUs in quarters up to 2, GPUs in quarters up to 1, on a pool of
+        // 2.5 CPUs and 1 GPU.
+        let configs: Vec<Value> = requests
+            .iter()
+            .map(|&(cpu, gpu)| json!({"cpu": cpu as f64 / 4.0, "gpu": gpu as f64 / 4.0}))
+            .collect();
+        let mut spec = spec(dir.path(), configs, iterations(3), max_concurrent);
+        spec.resources = pool(2.5, 1.0);
+        let (in_use, peak) = (Arc::default(), Arc::new(std::sync::Mutex::new((0.0, 0.0))));
+        let runner = Runner::new(metered(in_use, peak.clone()), spec, Box::new(ConfiguredResources));
+        let summary = tokio::runtime::Runtime::new().unwrap().block_on(runner.run()).unwrap();
+        let (cpu, gpu) = *peak.lock().unwrap();
+        proptest::prop_assert!(cpu <= 2.5 + 1e-9, "peak {cpu} CPUs");
+        proptest::prop_assert!(gpu <= 1.0 + 1e-9, "peak {gpu} GPUs");
+        proptest::prop_assert_eq!(summary.count(TrialStatus::Terminated), requests.len());
+    }
+}
+
+/// Pauses nothing itself, but asks for 2 CPUs for `trial_0000` after its
+/// first result.
+struct GrowFirst;
+
+impl Scheduler for GrowFirst {
+    fn on_result(&mut self, _: &Trial, _: &serde_json::Map<String, Value>) -> Decision {
+        Decision::Continue
+    }
+
+    fn resources(&mut self, trial: &Trial) -> Option<Resources> {
+        (trial.trial_id == "trial_0000" && trial.iterations >= 1).then(|| Resources {
+            cpu: 2.0,
+            ..Resources::default()
+        })
+    }
+
+    fn choose_next(&mut self, trials: &[Trial]) -> Option<usize> {
+        trials.iter().position(|t| t.status == TrialStatus::Pending)
+    }
+
+    fn name(&self) -> &'static str {
+        "grow-first"
+    }
+}
+
+#[test]
+fn a_scheduler_can_give_a_trial_more_resources_between_steps() {
+    let dir = tempfile::tempdir().unwrap();
+    let configs = vec![json!({"cpu": 1}), json!({"cpu": 1})];
+    let mut spec = spec(dir.path(), configs, iterations(6), 2);
+    spec.resources = pool(2.0, 0.0);
+    let (in_use, peak) = (Arc::default(), Arc::new(std::sync::Mutex::new((0.0, 0.0))));
+    let runner = Runner::new(metered(in_use, peak.clone()), spec, Box::new(GrowFirst));
+    let summary = tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(runner.run())
+        .unwrap();
+    // trial_0000 could not grow while trial_0001 held a CPU: it was
+    // checkpointed, paused, and continued with 2 CPUs once trial_0001 was
+    // done, losing nothing.
+    let first = &summary.trials[0];
+    assert_eq!(first.status, TrialStatus::Terminated, "{:?}", first.error);
+    assert_eq!(first.iterations, 6);
+    assert_eq!(first.resources.as_ref().unwrap().cpu, 2.0);
+    assert!(
+        first.iterations_since_restore < 6,
+        "it was paused and resumed"
+    );
+    assert!(peak.lock().unwrap().0 <= 2.0);
+}
+
+#[test]
+fn experiment_stoppers_end_the_run_by_trial_count_fuel_and_time() {
+    // max_trials: only two of five trials are created.
+    let dir = tempfile::tempdir().unwrap();
+    let configs: Vec<Value> = (1..=5).map(|x| json!({ "x": x })).collect();
+    let mut limited = spec(dir.path(), configs.clone(), iterations(2), 1);
+    limited.stop_experiment.max_trials = Some(2);
+    let summary = run(linear(), limited);
+    assert_eq!(summary.trials.len(), 2);
+    assert_eq!(summary.stopped, None);
+
+    // max_fuel: 7 fuel per step, one trial at a time; the run stops at the
+    // first result whose total reaches 30 (the fifth step: 35), and that
+    // trial ends TERMINATED with the reason.
+    let dir = tempfile::tempdir().unwrap();
+    let mut fuel = spec(dir.path(), configs.clone(), iterations(3), 1);
+    fuel.stop_experiment.max_fuel = Some(30);
+    let summary = run(linear(), fuel);
+    let reason = summary.stopped.clone().unwrap();
+    assert!(reason.starts_with("total fuel reached 35"), "{reason}");
+    assert_eq!(summary.trials.len(), 2);
+    let second = &summary.trials[1];
+    assert_eq!(second.status, TrialStatus::Terminated);
+    assert_eq!(second.iterations, 2);
+    assert!(
+        second
+            .stop_reason
+            .as_deref()
+            .unwrap()
+            .starts_with("the experiment stopped: total fuel"),
+        "{:?}",
+        second.stop_reason
+    );
+
+    // max_time: trials that would run for 10 s end after about 0.3 s.
+    let dir = tempfile::tempdir().unwrap();
+    let slow = FnBackend::new(|_: &Value| {
+        Ok(|it: u64| {
+            std::thread::sleep(Duration::from_millis(20));
+            Ok(Step {
+                metrics: vec![("score".into(), it as f64)],
+                done: false,
+                fuel: 1,
+            })
+        })
+    });
+    let mut timed = spec(dir.path(), configs, iterations(500), 2);
+    timed.stop_experiment.max_time = Some(0.3);
+    let summary = run(slow, timed);
+    let reason = summary.stopped.clone().unwrap();
+    assert!(reason.starts_with("total time reached"), "{reason}");
+    assert!(
+        summary
+            .trials
+            .iter()
+            .all(|t| t.status == TrialStatus::Terminated && t.iterations < 500)
     );
 }

@@ -127,6 +127,9 @@ fn state_writes() {
             checkpoint: Default::default(),
             failure: Default::default(),
             restore_from: None,
+            resources_per_trial: Default::default(),
+            resources: Default::default(),
+            stop_experiment: Default::default(),
         };
         let mut runner = Runner::new(backend(), spec, Box::new(Fifo::default()));
         let mut stats = None;
@@ -313,6 +316,9 @@ fn run_experiment<B: TrialBackend>(backend: B, trials: usize, out: &Path, files:
         checkpoint: Default::default(),
         failure: Default::default(),
         restore_from: None,
+        resources_per_trial: Default::default(),
+        resources: Default::default(),
+        stop_experiment: Default::default(),
     };
     let mut runner = Runner::new(backend, spec, Box::new(Fifo::default()));
     if files {

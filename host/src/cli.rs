@@ -13,7 +13,10 @@ use crate::report::{ExperimentFile, Progress, StateFile, TrialFiles, state, summ
 use crate::sandbox::{Limits, Program, Sandbox, SandboxOptions, fuel_text, human_bytes};
 use crate::snapshot::{Payload, SnapshotKey};
 use crate::tune::resume::{self, ErroredTrials};
-use crate::tune::{RunError, RunSpec, Runner, Scheduler, SchedulerSpec, Trial, TrialStatus};
+use crate::tune::{
+    Listed, RunError, RunSpec, Runner, Scheduler, SchedulerSpec, SearchSpace, SearchSpec, Searcher,
+    Trial, TrialStatus,
+};
 
 /// Tune hyperparameters of WebAssembly trainables, each trial in its own sandbox.
 #[derive(Debug, Parser)]
@@ -146,6 +149,16 @@ struct Setup {
     scheduler: SchedulerSpec,
     seed: u64,
     num_samples: u64,
+    /// The search space, as JSON.
+    #[serde(default)]
+    param_space: Value,
+    /// The search algorithm.
+    #[serde(default)]
+    search: SearchSpec,
+    /// Every trial's configuration when they all continue from one host
+    /// snapshot (`restore_from`), which holds its own.
+    #[serde(default)]
+    fixed_config: Option<Value>,
 }
 
 impl Setup {
@@ -173,6 +186,25 @@ impl Setup {
     fn scheduler(&self) -> Result<Box<dyn Scheduler>, Failure> {
         self.scheduler
             .build(self.spec.metric.as_deref(), self.spec.mode, self.seed)
+            .map_err(Failure::user)
+    }
+
+    /// The searcher that creates the experiment's trials.
+    fn searcher(&self) -> Result<Box<dyn Searcher>, Failure> {
+        if let Some(config) = &self.fixed_config {
+            let count = usize::try_from(self.num_samples).unwrap_or(usize::MAX);
+            return Ok(Box::new(Listed::new(vec![config.clone(); count])));
+        }
+        let space =
+            SearchSpace::from_json(&self.param_space).map_err(|e| Failure::user(e.to_string()))?;
+        self.search
+            .build(
+                &space,
+                self.num_samples,
+                self.spec.metric.as_deref(),
+                self.spec.mode,
+                self.seed,
+            )
             .map_err(Failure::user)
     }
 }
@@ -261,7 +293,7 @@ fn run(args: RunArgs) -> Result<(), Failure> {
         max_failures: args.max_failures,
         restore_from: args.restore_from,
     };
-    let mut plan =
+    let plan =
         config::plan(&args.model, args.config.as_deref(), &overrides).map_err(Failure::user)?;
     let sandbox = sandbox(args.cache, plan.max_wasm_stack)?;
     let program = sandbox.load(&args.model).map_err(Failure::user)?;
@@ -286,6 +318,7 @@ fn run(args: RunArgs) -> Result<(), Failure> {
             }
         }
     }
+    let mut fixed_config = None;
     if let Some(path) = &plan.spec.restore_from {
         let (meta, payload) = backend.read_checkpoint(path).map_err(Failure::user)?;
         if let Payload::Memory(_) = payload {
@@ -298,9 +331,7 @@ fn run(args: RunArgs) -> Result<(), Failure> {
                     path.display()
                 )));
             }
-            for config in &mut plan.spec.configs {
-                *config = meta.config.clone();
-            }
+            fixed_config = Some(meta.config);
         }
     }
 
@@ -318,7 +349,6 @@ fn run(args: RunArgs) -> Result<(), Failure> {
             .map_or("none".into(), |d| humantime::format_duration(d).to_string()),
     );
 
-    let trials = Runner::<WasmBackend>::fresh_trials(&plan.spec);
     let mut spec = plan.spec;
     spec.configs = Vec::new();
     let setup = Setup {
@@ -335,9 +365,13 @@ fn run(args: RunArgs) -> Result<(), Failure> {
         scheduler: plan.scheduler,
         seed: plan.seed,
         num_samples: plan.num_samples,
+        param_space: plan.param_space,
+        search: plan.search,
+        fixed_config,
     };
     let scheduler = setup.scheduler()?;
-    execute(backend, spec, trials, scheduler, &setup)
+    let searcher = setup.searcher()?;
+    execute(backend, spec, Vec::new(), scheduler, searcher, None, &setup)
 }
 
 /// Runs trials to the end and reports, for `run` and `resume` alike.
@@ -346,20 +380,26 @@ fn execute(
     spec: RunSpec,
     trials: Vec<Trial>,
     scheduler: Box<dyn Scheduler>,
+    searcher: Box<dyn Searcher>,
+    stopper: Option<Value>,
     setup: &Setup,
 ) -> Result<(), Failure> {
     let _lock = lock(&spec.output_dir)?;
+    let total = searcher.total().map(|n| n.max(trials.len() as u64));
     let setup_json = serde_json::to_value(setup).expect("the setup serializes");
-    let state = StateFile::new(setup_json)
-        .initial_scheduler(scheduler.name().to_string(), scheduler.state());
+    let state = StateFile::new(setup_json);
     // The state first: it must be saved even if another callback fails at
     // the end.
-    let runner = Runner::new(backend, spec, scheduler)
+    let mut runner = Runner::new(backend, spec, scheduler).searcher(searcher);
+    if let Some(state) = stopper {
+        runner = runner.stopper_state(state);
+    }
+    let runner = runner
         .with_trials(trials)
         .callback(state)
         .callback(TrialFiles::new())
         .callback(ExperimentFile::new(setup.run_info()))
-        .callback(Progress::new());
+        .callback(Progress::new().total(total));
     let runtime = tokio::runtime::Runtime::new()
         .map_err(|e| Failure::runtime(format!("cannot start the runtime: {e}")))?;
     let (interrupt, interrupts) = tokio::sync::mpsc::unbounded_channel();
@@ -550,24 +590,42 @@ fn resume_experiment(args: ResumeArgs) -> Result<(), Failure> {
         plan.pending,
         plan.finished
     );
+    let decisions = &state.decisions;
     let mut scheduler = setup.scheduler()?;
-    // A state written before the scheduler existed (the first write) or
-    // after it ended (a finished run) has no scheduler state to take back.
-    if !state.scheduler.name.is_empty() {
-        if state.scheduler.name != scheduler.name() {
-            return Err(Failure::user(format!(
-                "the saved state is of the {} scheduler, but the experiment's setup names {}",
-                state.scheduler.name,
-                scheduler.name()
-            )));
-        }
-        scheduler
-            .restore_state(&state.scheduler.state)
-            .map_err(Failure::user)?;
+    let saved = &decisions.scheduler;
+    if saved.name != scheduler.name() {
+        return Err(Failure::user(format!(
+            "the saved state is of the {} scheduler, but the experiment's setup names {}",
+            saved.name,
+            scheduler.name()
+        )));
     }
+    scheduler
+        .restore_state(&saved.state)
+        .map_err(|e| Failure::user(format!("the saved {} scheduler state: {e}", saved.name)))?;
+    let searcher = match &decisions.searcher {
+        Some(saved) => {
+            let mut searcher = setup.searcher()?;
+            if saved.name != searcher.name() {
+                return Err(Failure::user(format!(
+                    "the saved state is of the {} searcher, but the experiment's setup names {}",
+                    saved.name,
+                    searcher.name()
+                )));
+            }
+            searcher.restore_state(&saved.state).map_err(|e| {
+                Failure::user(format!("the saved {} searcher state: {e}", saved.name))
+            })?;
+            searcher
+        }
+        // Written before searchers existed: every trial was created up
+        // front and is in the saved list.
+        None => Box::new(Listed::default()),
+    };
     setup.spec.output_dir = output_dir;
     let spec = setup.spec.clone();
-    execute(backend, spec, trials, scheduler, &setup)
+    let stopper = decisions.stopper.clone();
+    execute(backend, spec, trials, scheduler, searcher, stopper, &setup)
 }
 
 fn inspect(model: &Path) -> Result<(), Failure> {

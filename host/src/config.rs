@@ -10,13 +10,13 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use serde::Deserialize;
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use crate::exec::CheckpointMode;
 use crate::sandbox::Limits;
 use crate::tune::{
-    CheckpointPolicy, FailFast, FailurePolicy, Mode, RunSpec, SchedulerSpec, SearchSpace,
-    StopCriteria,
+    CheckpointPolicy, ExperimentStop, ExperimentStopper, FailFast, FailurePolicy, Mode, PoolSpec,
+    Resources, RunSpec, SchedulerSpec, SearchSpace, SearchSpec, Searcher, StopCriteria,
 };
 
 /// Stop criterion applied when none is given, so `wtune run model.wasm`
@@ -43,6 +43,7 @@ struct ExperimentToml {
     max_concurrent_trials: Option<usize>,
     output_dir: Option<PathBuf>,
     scheduler: Option<toml::Value>,
+    search: Option<toml::Value>,
     stop: Option<toml::Table>,
     limits: Option<LimitsToml>,
     data: Option<BTreeMap<String, PathBuf>>,
@@ -56,6 +57,9 @@ struct ExperimentToml {
     fail_fast: Option<toml::Value>,
     restore_from: Option<PathBuf>,
     snapshot_key_file: Option<PathBuf>,
+    resources_per_trial: Option<toml::Table>,
+    resources: Option<toml::Table>,
+    stop_experiment: Option<toml::Table>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -138,6 +142,27 @@ pub struct Plan {
     /// Whether the search space was empty (trials started from a host
     /// snapshot then take its configuration).
     pub empty_space: bool,
+    /// `param_space` as JSON (`{}` when absent), kept so that `wtune
+    /// resume` can rebuild the search.
+    pub param_space: Value,
+    /// The search algorithm.
+    pub search: SearchSpec,
+}
+
+impl Plan {
+    /// The searcher that creates the plan's trials.
+    pub fn searcher(&self) -> Result<Box<dyn Searcher>, ConfigError> {
+        let space = SearchSpace::from_json(&self.param_space).map_err(|e| bad(e.to_string()))?;
+        self.search
+            .build(
+                &space,
+                self.num_samples,
+                self.spec.metric.as_deref(),
+                self.spec.mode,
+                self.seed,
+            )
+            .map_err(bad)
+    }
 }
 
 /// Reads the experiment file (if any), applies overrides, validates.
@@ -217,13 +242,23 @@ pub fn plan(
         .build(metric.as_deref(), mode, seed)
         .map_err(bad)?;
 
-    let space = match &file.param_space {
-        Some(table) => SearchSpace::from_json(&to_json(table)).map_err(|e| bad(e.to_string()))?,
-        None => SearchSpace::default(),
-    };
-    let configs = space
-        .generate(num_samples, seed)
+    let param_space = file
+        .param_space
+        .as_ref()
+        .map_or_else(|| Value::Object(Map::new()), to_json);
+    let space = SearchSpace::from_json(&param_space).map_err(|e| bad(e.to_string()))?;
+    space
+        .trial_count(num_samples)
         .map_err(|e| bad(e.to_string()))?;
+    let search = match &file.search {
+        None => SearchSpec::default(),
+        Some(value) => SearchSpec::from_json(&serde_json::to_value(value).unwrap_or(Value::Null))
+            .map_err(bad)?,
+    };
+    // Built once here so that its parameters are checked before anything runs.
+    search
+        .build(&space, num_samples, metric.as_deref(), mode, seed)
+        .map_err(bad)?;
 
     let mut stop_table = file
         .stop
@@ -253,6 +288,17 @@ pub fn plan(
     }
 
     let (limits, max_wasm_stack) = limits(file.limits.unwrap_or_default(), overrides)?;
+
+    let resources_per_trial: Resources =
+        table_as("resources_per_trial", &file.resources_per_trial)?;
+    resources_per_trial.validate().map_err(bad)?;
+    let resources: PoolSpec = table_as("resources", &file.resources)?;
+    resources
+        .build()
+        .and_then(|pool| pool.check(&resources_per_trial))
+        .map_err(bad)?;
+    let stop_experiment: ExperimentStop = table_as("stop_experiment", &file.stop_experiment)?;
+    ExperimentStopper::new(&stop_experiment, metric.as_deref(), mode).map_err(bad)?;
 
     let checkpoint_mode = match overrides.checkpoint.clone().or(file.checkpoint) {
         Some(mode) => Some(mode.parse::<CheckpointMode>().map_err(bad)?),
@@ -379,10 +425,13 @@ pub fn plan(
             mode,
             stop,
             max_concurrent,
-            configs,
+            configs: Vec::new(),
             checkpoint,
             failure,
             restore_from,
+            resources_per_trial,
+            resources,
+            stop_experiment,
         },
         limits,
         max_wasm_stack,
@@ -394,6 +443,8 @@ pub fn plan(
         snapshot_key_file,
         scheduler,
         empty_space: file.param_space.as_ref().is_none_or(|t| t.is_empty()),
+        param_space,
+        search,
     })
 }
 
@@ -585,6 +636,20 @@ fn fresh_output_dir(name: &str) -> PathBuf {
     dir
 }
 
+/// A `[key]` table read into `T` (its default when absent); serde's
+/// message, which names the unknown or malformed field, is kept.
+fn table_as<T: serde::de::DeserializeOwned + Default>(
+    key: &str,
+    table: &Option<toml::Table>,
+) -> Result<T, ConfigError> {
+    match table {
+        None => Ok(T::default()),
+        Some(table) => {
+            serde_json::from_value(to_json(table)).map_err(|e| bad(format!("[{key}]: {e}")))
+        }
+    }
+}
+
 fn to_json(table: &toml::Table) -> Value {
     serde_json::to_value(table).unwrap_or(Value::Null)
 }
@@ -638,7 +703,7 @@ mod tests {
             "#,
         )
         .unwrap();
-        assert_eq!(plan.spec.configs.len(), 6);
+        assert_eq!(plan.searcher().unwrap().total(), Some(6));
         assert_eq!(plan.spec.max_concurrent, 2);
         assert_eq!(plan.limits.fuel_per_call, Some(5_000_000_000));
         assert_eq!(plan.limits.fuel_per_trial, Some(100_000_000_000));
@@ -729,7 +794,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(plan.spec.name, "model");
-        assert_eq!(plan.spec.configs.len(), 1);
+        assert_eq!(plan.searcher().unwrap().total(), Some(1));
         assert_eq!(plan.spec.stop.training_iteration, Some(DEFAULT_ITERATIONS));
         assert!(plan.spec.output_dir.starts_with("wtune_results"));
         assert_eq!(plan.notes.len(), 1, "{:?}", plan.notes);
@@ -833,7 +898,7 @@ mod tests {
             ..Default::default()
         };
         let plan = plan(Path::new("m.wasm"), Some(&path), &overrides).unwrap();
-        assert_eq!(plan.spec.configs.len(), 2);
+        assert_eq!(plan.searcher().unwrap().total(), Some(2));
         assert_eq!(plan.spec.metric.as_deref(), Some("b"));
         assert_eq!(plan.spec.mode, Mode::Min);
         assert_eq!(plan.spec.stop.training_iteration, Some(7));

@@ -71,6 +71,9 @@ pub fn run_trials(
         checkpoint: Default::default(),
         failure: Default::default(),
         restore_from: None,
+        resources_per_trial: Default::default(),
+        resources: Default::default(),
+        stop_experiment: Default::default(),
     };
     let runner = Runner::new(
         WasmBackend::new(program, limits, data),

@@ -24,6 +24,8 @@ pub struct Progress {
     last_draw: Option<Instant>,
     started: Instant,
     max_failures: Option<u32>,
+    /// How many trials the search will create, when known.
+    total: Option<u64>,
 }
 
 impl Progress {
@@ -42,6 +44,22 @@ impl Progress {
             last_draw: None,
             started: Instant::now(),
             max_failures: Some(0),
+            total: None,
+        }
+    }
+
+    /// How many trials the experiment will have in all (trials are created
+    /// as the search goes, so the list seen so far may be shorter).
+    pub fn total(mut self, total: Option<u64>) -> Self {
+        self.total = total;
+        self
+    }
+
+    /// `12 trials`, or `12/40 trials` while more are to come.
+    fn trial_count(&self, created: usize) -> String {
+        match self.total {
+            Some(total) if total > created as u64 => format!("{created}/{total} trials"),
+            _ => format!("{created} trials"),
         }
     }
 
@@ -52,9 +70,9 @@ impl Progress {
     fn status_line(&self, trials: &[Trial]) -> String {
         let count = |s: TrialStatus| trials.iter().filter(|t| t.status == s).count();
         let mut line = format!(
-            "[{:>6.1}s] {} trials: {} RUNNING, {} PENDING, {} TERMINATED, {} ERROR",
+            "[{:>6.1}s] {}: {} RUNNING, {} PENDING, {} TERMINATED, {} ERROR",
             self.started.elapsed().as_secs_f64(),
-            trials.len(),
+            self.trial_count(trials.len()),
             count(TrialStatus::Running),
             count(TrialStatus::Pending),
             count(TrialStatus::Terminated),
@@ -195,10 +213,13 @@ impl Callback for Progress {
         self.mode = spec.mode;
         self.max_failures = spec.failure.max_failures;
         self.started = Instant::now();
+        let trials = match self.total {
+            Some(total) => format!("{} trials", total.max(trials.len() as u64)),
+            None => "trials created as the search goes".to_string(),
+        };
         let line = format!(
-            "Experiment {}: {} trials, up to {} at a time, results in {}",
+            "Experiment {}: {trials}, up to {} at a time, results in {}",
             spec.name,
-            trials.len(),
             spec.max_concurrent,
             spec.output_dir.display()
         );

@@ -1,8 +1,8 @@
 //! `experiment_state.json`: everything `wtune resume` needs to continue an
 //! interrupted experiment: the run's setup (model, plan), every trial with
 //! its status, config, counters, last result and checkpoints, and the
-//! scheduler's state. The search's state is the trial list itself: every
-//! configuration is drawn before the first trial starts.
+//! states of the scheduler and the searcher (which creates trials as the
+//! run goes).
 //!
 //! The file is one header line, `wtune-experiment-state <version>
 //! blake3=<hex>`, then the JSON body; the checksum covers the body, so a
@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::persist;
-use crate::tune::{Callback, ExperimentSummary, RunSpec, Scheduler, Trial};
+use crate::tune::{Callback, Deciders, DecisionState, ExperimentSummary, RunSpec, Trial};
 
 /// The state file's name inside the output directory.
 pub const STATE_FILE: &str = "experiment_state.json";
@@ -53,17 +53,9 @@ pub struct ExperimentState {
     pub written: String,
     /// Every trial.
     pub trials: Vec<Trial>,
-    /// The scheduler's name and [`Scheduler::state`].
-    pub scheduler: SchedulerState,
-}
-
-/// A scheduler's saved state.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct SchedulerState {
-    /// Its name, checked on resume.
-    pub name: String,
-    /// Its own state.
-    pub state: Value,
+    /// The scheduler's and searcher's states.
+    #[serde(flatten)]
+    pub decisions: DecisionState,
 }
 
 #[derive(Serialize)]
@@ -72,13 +64,8 @@ struct Body<'a> {
     status: &'a str,
     written: String,
     trials: &'a [Trial],
-    scheduler: SchedulerStateRef<'a>,
-}
-
-#[derive(Serialize)]
-struct SchedulerStateRef<'a> {
-    name: &'a str,
-    state: Value,
+    #[serde(flatten)]
+    decisions: &'a DecisionState,
 }
 
 /// Why a state file could not be used.
@@ -214,7 +201,6 @@ pub struct StateFile {
     interval: Duration,
     background: Option<persist::LatestWriter>,
     stats: Arc<StateStats>,
-    initial_scheduler: SchedulerState,
 }
 
 /// What state persistence has cost so far (for benchmarks and logs).
@@ -238,19 +224,7 @@ impl StateFile {
             interval: MIN_INTERVAL,
             background: None,
             stats: Arc::default(),
-            initial_scheduler: SchedulerState {
-                name: String::new(),
-                state: Value::Null,
-            },
         }
-    }
-
-    /// The scheduler state to write before the run has one of its own: a
-    /// resumed experiment's saved state, so that the first write does not
-    /// replace it with nothing.
-    pub fn initial_scheduler(mut self, name: String, state: Value) -> Self {
-        self.initial_scheduler = SchedulerState { name, state };
-        self
     }
 
     /// A live view of what persisting state has cost.
@@ -258,54 +232,45 @@ impl StateFile {
         self.stats.clone()
     }
 
-    fn bytes(&self, status: &str, trials: &[Trial], scheduler: SchedulerStateRef<'_>) -> Vec<u8> {
+    fn bytes(&self, status: &str, trials: &[Trial], decisions: &DecisionState) -> Vec<u8> {
         encode(&Body {
             setup: &self.setup,
             status,
             written: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
             trials,
-            scheduler,
+            decisions,
         })
     }
 }
 
 impl Callback for StateFile {
-    fn on_experiment_start(&mut self, spec: &RunSpec, trials: &[Trial]) -> Result<(), String> {
+    fn on_experiment_start(&mut self, spec: &RunSpec, _trials: &[Trial]) -> Result<(), String> {
         persist::create_dir(&spec.output_dir)?;
         self.dir = spec.output_dir.clone();
-        // Synchronous, so an unwritable directory stops the run before any
-        // trial starts.
-        let bytes = self.bytes(
-            "running",
-            trials,
-            SchedulerStateRef {
-                name: &self.initial_scheduler.name,
-                state: self.initial_scheduler.state.clone(),
-            },
-        );
-        write_file(&self.dir, &bytes)?;
-        self.last_write = Instant::now();
-        let target = self.dir.clone();
-        let writer =
-            persist::LatestWriter::spawn("wtune-state", move |bytes| write_file(&target, bytes))
-                .map_err(|e| format!("starting the wtune-state writer: {e}"))?;
-        self.background = Some(writer);
         Ok(())
     }
 
-    fn on_state(&mut self, trials: &[Trial], scheduler: &dyn Scheduler) -> Result<(), String> {
+    fn on_state(&mut self, trials: &[Trial], deciders: &Deciders<'_>) -> Result<(), String> {
+        if self.background.is_none() {
+            // The runner's first call, before any trial starts: written
+            // synchronously, so that an unwritable directory stops the run
+            // at once.
+            let bytes = self.bytes("running", trials, &deciders.state());
+            write_file(&self.dir, &bytes)?;
+            self.last_write = Instant::now();
+            let target = self.dir.clone();
+            let writer = persist::LatestWriter::spawn("wtune-state", move |bytes| {
+                write_file(&target, bytes)
+            })
+            .map_err(|e| format!("starting the wtune-state writer: {e}"))?;
+            self.background = Some(writer);
+            return Ok(());
+        }
         if self.last_write.elapsed() < self.interval {
             return Ok(());
         }
         let started = Instant::now();
-        let bytes = self.bytes(
-            "running",
-            trials,
-            SchedulerStateRef {
-                name: scheduler.name(),
-                state: scheduler.state(),
-            },
-        );
+        let bytes = self.bytes("running", trials, &deciders.state());
         let cost = started.elapsed();
         let stats = &self.stats;
         stats
@@ -329,14 +294,7 @@ impl Callback for StateFile {
             writer.finish();
         }
         let status = summary.status();
-        let bytes = self.bytes(
-            status,
-            &summary.trials,
-            SchedulerStateRef {
-                name: &summary.scheduler.0,
-                state: summary.scheduler.1.clone(),
-            },
-        );
+        let bytes = self.bytes(status, &summary.trials, &summary.decisions);
         write_file(&self.dir, &bytes)
     }
 }
@@ -344,6 +302,7 @@ impl Callback for StateFile {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tune::SavedState;
     use serde_json::json;
 
     fn sample(dir: &Path) -> Vec<u8> {
@@ -352,14 +311,15 @@ mod tests {
             json!({"lr": 0.1}),
             dir.join("t"),
         )];
-        StateFile::new(json!({"model": "m.wasm"})).bytes(
-            "running",
-            &trials,
-            SchedulerStateRef {
-                name: "fifo",
+        let decisions = DecisionState {
+            scheduler: SavedState {
+                name: "fifo".into(),
                 state: Value::Null,
             },
-        )
+            searcher: None,
+            stopper: None,
+        };
+        StateFile::new(json!({"model": "m.wasm"})).bytes("running", &trials, &decisions)
     }
 
     #[test]
@@ -370,7 +330,8 @@ mod tests {
         let state = decode(&path, &bytes).unwrap();
         assert_eq!(state.trials[0].config, json!({"lr": 0.1}));
         assert_eq!(state.setup, json!({"model": "m.wasm"}));
-        assert_eq!(state.scheduler.name, "fifo");
+        assert_eq!(state.decisions.scheduler.name, "fifo");
+        assert_eq!(state.decisions.searcher, None);
         for cut in [0, 10, bytes.len() / 2, bytes.len() - 1] {
             let err = decode(&path, &bytes[..cut]).unwrap_err();
             assert!(matches!(err, StateError::Damaged(..)), "cut {cut}: {err}");

@@ -20,6 +20,9 @@ pub fn summary_text(summary: &ExperimentSummary) -> String {
         summary.count(TrialStatus::Error),
     );
     let _ = writeln!(out, "Results: {}", summary.output_dir.display());
+    if let Some(reason) = &summary.stopped {
+        let _ = writeln!(out, "Stopped early: {reason} (stop_experiment)");
+    }
     let recovered: u64 = summary
         .trials
         .iter()

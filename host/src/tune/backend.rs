@@ -4,6 +4,7 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+use super::resources::Resources;
 use serde_json::Value;
 
 /// Everything a backend needs to start one trial.
@@ -16,8 +17,13 @@ pub struct TrialLaunch {
     /// The trial's own directory; the backend may create files under it.
     pub trial_dir: PathBuf,
     /// Start from this checkpoint (written by [`TrialSession::save`]) rather
-    /// than from scratch.
+    /// than from scratch. A checkpoint of another configuration (a PBT
+    /// exploit) continues with `config` from then on.
     pub restore: Option<PathBuf>,
+    /// What the trial holds from the experiment's resource pool; a backend
+    /// enforces what it can (the sandbox caps memory at a non-zero
+    /// `memory`).
+    pub resources: Resources,
 }
 
 /// What the runner knows about a trial when it checkpoints it; the backend

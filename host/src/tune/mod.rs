@@ -5,6 +5,7 @@
 
 pub mod asha;
 mod backend;
+mod decisions;
 pub mod hyperband;
 pub mod median;
 mod native;
@@ -24,6 +25,7 @@ pub use asha::{Asha, AshaConfig, AshaVariant};
 pub use backend::{
     CheckpointInfo, CheckpointMeta, Step, TrialBackend, TrialFailure, TrialLaunch, TrialSession,
 };
+pub use decisions::{Deciders, DecisionState, SavedState};
 pub use hyperband::{HyperBand, HyperBandConfig};
 pub use median::{MedianStopping, MedianStoppingConfig};
 pub use native::FnBackend;
@@ -36,7 +38,7 @@ pub use runner::{
 };
 pub use scheduler::{Decision, Fifo, Scheduler, SchedulerSpec};
 pub use search::{
-    BasicVariant, ConcurrencyLimiter, GridConfig, SearchAlgorithm, SearchSpec, Searcher,
+    BasicVariant, ConcurrencyLimiter, GridConfig, Listed, SearchAlgorithm, SearchSpec, Searcher,
     Suggestion, Tpe, TpeConfig,
 };
 pub use space::{SearchSpace, SpaceError};

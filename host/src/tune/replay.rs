@@ -1059,6 +1059,7 @@ mod tests {
             config,
             trial_dir: dir.path().to_path_buf(),
             restore,
+            resources: Default::default(),
         };
         let config = json!({"opt": "adam", "depth": 2});
         let mut session = backend.launch(&launch(config.clone(), None)).unwrap();

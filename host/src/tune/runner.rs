@@ -2,6 +2,7 @@
 //! steps them, records results, applies stopping criteria and the
 //! scheduler's decisions, and reports to callbacks (files, progress).
 
+use std::collections::{HashSet, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -12,9 +13,13 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
 use super::backend::{CheckpointInfo, Step, TrialBackend, TrialFailure, TrialLaunch, TrialSession};
+use super::decisions::{Deciders, DecisionState};
+use super::resources::{Acquire, PoolSpec, ResourcePool, Resources};
 use super::result::{self, Mode};
 use super::scheduler::{Decision, Scheduler};
+use super::search::{Listed, Searcher, Suggestion};
 use super::stop::StopCriteria;
+use super::stopper::{ExperimentStop, ExperimentStopper, Totals};
 use super::trial::{Checkpoint, Trial, TrialStatus};
 
 /// When trials are checkpointed and which checkpoints are kept.
@@ -98,7 +103,8 @@ pub struct RunSpec {
     pub stop: StopCriteria,
     /// Most trials live at once (at least 1).
     pub max_concurrent: usize,
-    /// One configuration per trial, in trial order.
+    /// One configuration per trial, in trial order, when no
+    /// [`Searcher`] is given ([`Runner::searcher`]).
     pub configs: Vec<Value>,
     /// When to checkpoint and what to keep.
     pub checkpoint: CheckpointPolicy,
@@ -106,6 +112,16 @@ pub struct RunSpec {
     pub failure: FailurePolicy,
     /// A checkpoint every new trial starts from (`restore_from`).
     pub restore_from: Option<PathBuf>,
+    /// What each trial asks of the pool (a scheduler may change it per
+    /// trial).
+    #[serde(default)]
+    pub resources_per_trial: Resources,
+    /// What the experiment has; amounts left out are this machine's.
+    #[serde(default)]
+    pub resources: PoolSpec,
+    /// When the whole experiment stops (trial count, time, fuel, plateau).
+    #[serde(default)]
+    pub stop_experiment: ExperimentStop,
 }
 
 /// Observes the experiment. File loggers and progress displays are
@@ -153,10 +169,11 @@ pub trait Callback: Send {
     fn on_trial_pause(&mut self, trials: &[Trial], index: usize) -> Result<(), String> {
         Ok(())
     }
-    /// Called after every event the runner handles, with the scheduler for
-    /// its [`Scheduler::state`]: the hook that persists experiment state
-    /// (it decides itself how often to write).
-    fn on_state(&mut self, trials: &[Trial], scheduler: &dyn Scheduler) -> Result<(), String> {
+    /// Called once before any trial starts (an `Err` then stops the run),
+    /// and after every event the runner handles, with the decision makers
+    /// for their states: the hook that persists experiment state (it
+    /// decides itself how often to write).
+    fn on_state(&mut self, trials: &[Trial], deciders: &Deciders<'_>) -> Result<(), String> {
         Ok(())
     }
     /// Every trial has ended.
@@ -183,10 +200,13 @@ pub struct ExperimentSummary {
     /// Wall-clock time of the whole run.
     pub wall_time: Duration,
     /// Why the experiment stopped before every trial finished (a failed
-    /// trial under `fail_fast`).
+    /// trial under `fail_fast`, an interrupt): it can be resumed.
     pub halted: Option<String>,
-    /// The scheduler's name and final [`Scheduler::state`], for saving.
-    pub scheduler: (String, Value),
+    /// Why an experiment-level stopping criterion (`stop_experiment`) ended
+    /// the experiment; trials still running then were stopped.
+    pub stopped: Option<String>,
+    /// The final state of the scheduler and searcher, for saving.
+    pub decisions: DecisionState,
 }
 
 impl ExperimentSummary {
@@ -229,6 +249,10 @@ pub enum RunError {
     /// Interrupted twice: the run ended without waiting for running trials.
     #[error("interrupted; the experiment's state is saved")]
     Interrupted,
+    /// The spec cannot run (say, its resource pool or stopping criteria
+    /// are invalid).
+    #[error("{0}")]
+    Spec(String),
     /// A runner task panicked: a bug in wtune.
     #[error("internal error: {0}")]
     Internal(String),
@@ -239,6 +263,28 @@ pub struct Runner<B: TrialBackend> {
     backend: Arc<B>,
     spec: RunSpec,
     scheduler: Box<dyn Scheduler>,
+    searcher: Box<dyn Searcher>,
+    /// Whether [`Runner::searcher`] replaced the spec's `configs`.
+    custom_searcher: bool,
+    /// The searcher finished (or `max_trials` was reached): no more trials.
+    search_over: bool,
+    /// Digits in new trial ids.
+    id_width: usize,
+    /// What the experiment's trials may hold in all.
+    pool: ResourcePool,
+    /// Trials chosen to run that wait for resources, first come first
+    /// served: a trial that does not fit holds back the others, so that a
+    /// large request is not starved by small ones.
+    waiting: VecDeque<usize>,
+    /// Trials being paused only to change their resources; the runner
+    /// itself continues them.
+    resizing: HashSet<usize>,
+    /// The experiment-level stopping criteria, if any.
+    stopper: Option<ExperimentStopper>,
+    /// A saved stopper state to continue from.
+    stopper_state: Option<Value>,
+    /// Sum of every trial's `fuel_total`.
+    fuel_sum: u64,
     callbacks: Vec<Box<dyn Callback>>,
     trials: Option<Vec<Trial>>,
     interrupts: Option<mpsc::UnboundedReceiver<()>>,
@@ -280,6 +326,16 @@ impl<B: TrialBackend> Runner<B> {
             backend: Arc::new(backend),
             spec,
             scheduler,
+            searcher: Box::new(Listed::default()),
+            custom_searcher: false,
+            search_over: false,
+            id_width: 4,
+            pool: ResourcePool::detect(),
+            waiting: VecDeque::new(),
+            resizing: HashSet::new(),
+            stopper: None,
+            stopper_state: None,
+            fuel_sum: 0,
             callbacks: Vec::new(),
             trials: None,
             interrupts: None,
@@ -296,12 +352,29 @@ impl<B: TrialBackend> Runner<B> {
         self
     }
 
-    /// Continues an earlier experiment: `trials` replace the ones the spec's
-    /// configs would create (an interrupted experiment's saved trials, see
-    /// `report::state`). PENDING and PAUSED trials run; the rest are kept as
-    /// they are.
+    /// Continues an earlier experiment: its saved trials (see
+    /// `report::state`) come first, and new ones are numbered after them.
+    /// PENDING and PAUSED trials run; the rest are kept as they are. Give
+    /// the searcher its saved state too, or one that is finished.
     pub fn with_trials(mut self, trials: Vec<Trial>) -> Self {
         self.trials = Some(trials);
+        self
+    }
+
+    /// Creates trials lazily from `searcher`'s suggestions instead of the
+    /// spec's `configs`, one whenever a trial can start and the scheduler
+    /// has no waiting trial to run.
+    pub fn searcher(mut self, searcher: Box<dyn Searcher>) -> Self {
+        self.searcher = searcher;
+        self.custom_searcher = true;
+        self
+    }
+
+    /// Continues the experiment-level stopper from its saved state
+    /// ([`DecisionState::stopper`]), so that time spent in earlier runs
+    /// counts toward `max_time`.
+    pub fn stopper_state(mut self, state: Value) -> Self {
+        self.stopper_state = Some(state);
         self
     }
 
@@ -311,39 +384,48 @@ impl<B: TrialBackend> Runner<B> {
         self
     }
 
-    /// The trials a fresh experiment starts with: one per config, named
-    /// `trial_0000`, ... (wider when there are more than 10,000).
-    pub fn fresh_trials(spec: &RunSpec) -> Vec<Trial> {
-        let width = spec
-            .configs
-            .len()
-            .saturating_sub(1)
-            .to_string()
-            .len()
-            .max(4);
-        spec.configs
-            .iter()
-            .enumerate()
-            .map(|(i, config)| {
-                let id = format!("trial_{i:0width$}");
-                let dir = spec.output_dir.join(&id);
-                let mut trial = Trial::new(id, config.clone(), dir);
-                trial.restore_from = spec.restore_from.clone();
-                trial
-            })
-            .collect()
-    }
-
     /// Runs every trial to completion. Must be called inside a tokio runtime.
     pub async fn run(mut self) -> Result<ExperimentSummary, RunError> {
         let started = Instant::now();
-        let mut trials = match self.trials.take() {
-            Some(trials) => trials,
-            None => Self::fresh_trials(&self.spec),
-        };
-        self.spec.configs = Vec::new();
+        let mut trials = self.trials.take().unwrap_or_default();
+        if !self.custom_searcher {
+            self.searcher = Box::new(Listed::new(std::mem::take(&mut self.spec.configs)));
+        }
+        self.id_width = trial_id_width(self.searcher.total(), trials.len());
+        self.pool = self.spec.resources.build().map_err(RunError::Spec)?;
+        self.spec
+            .resources_per_trial
+            .validate()
+            .map_err(RunError::Spec)?;
+        self.pool
+            .check(&self.spec.resources_per_trial)
+            .map_err(RunError::Spec)?;
+        if !self.spec.stop_experiment.is_empty() {
+            let mut stopper = ExperimentStopper::new(
+                &self.spec.stop_experiment,
+                self.spec.metric.as_deref(),
+                self.spec.mode,
+            )
+            .map_err(RunError::Spec)?;
+            if let Some(state) = &self.stopper_state {
+                stopper.restore_state(state).map_err(RunError::Spec)?;
+            }
+            self.stopper = Some(stopper);
+        }
+        self.fuel_sum = trials.iter().map(|t| t.fuel_total).sum();
         for cb in &mut self.callbacks {
             cb.on_experiment_start(&self.spec, &trials)
+                .map_err(RunError::Callback)?;
+        }
+        // The first state, before any trial starts: a callback that cannot
+        // save it stops the run now rather than after hours of training.
+        let deciders = Deciders {
+            scheduler: self.scheduler.as_ref(),
+            searcher: self.searcher.as_ref(),
+            stopper: self.stopper.as_ref(),
+        };
+        for cb in &mut self.callbacks {
+            cb.on_state(&trials, &deciders)
                 .map_err(RunError::Callback)?;
         }
 
@@ -351,10 +433,23 @@ impl<B: TrialBackend> Runner<B> {
         let mut tasks: JoinSet<(usize, Event<B::Session>)> = JoinSet::new();
         let mut live = 0;
         let mut halted: Option<String> = None;
+        let mut stopped: Option<String> = None;
         let mut interrupted = false;
         loop {
-            while live < max_concurrent && halted.is_none() {
-                let Some(index) = self.scheduler.choose_next(&trials) else {
+            if stopped.is_none()
+                && let Some(reason) = self.check_stopper(&trials, started)
+            {
+                stopped = Some(reason);
+            }
+            while live < max_concurrent && halted.is_none() && stopped.is_none() {
+                let chosen = match self.waiting.front() {
+                    Some(&index) => Some(index),
+                    None => match self.choose_next(&mut trials) {
+                        Some(index) => Some(index),
+                        None => self.create_trial(&mut trials),
+                    },
+                };
+                let Some(index) = chosen else {
                     break;
                 };
                 if !matches!(
@@ -368,8 +463,35 @@ impl<B: TrialBackend> Runner<B> {
                         trials[index].status
                     )));
                 }
+                if self.waiting.front() != Some(&index)
+                    && let Some(resources) = self.scheduler.resources(&trials[index])
+                {
+                    trials[index].resources = Some(resources);
+                }
+                let request = self.request(&trials[index]).clone();
+                match self.pool.acquire(&trials[index].trial_id, &request) {
+                    Ok(Acquire::Granted) => {
+                        if self.waiting.front() == Some(&index) {
+                            self.waiting.pop_front();
+                        }
+                    }
+                    Ok(Acquire::Wait) => {
+                        if self.waiting.front() != Some(&index) {
+                            self.waiting.push_back(index);
+                        }
+                        break;
+                    }
+                    Err(reason) => {
+                        if self.waiting.front() == Some(&index) {
+                            self.waiting.pop_front();
+                        }
+                        self.fail(&mut trials, index, reason);
+                        continue;
+                    }
+                }
                 trials[index].status = TrialStatus::Running;
                 if let Err(reason) = self.each(|cb, t| cb.on_trial_start(t, index), &trials) {
+                    self.pool.release(&trials[index].trial_id);
                     self.fail(&mut trials, index, reason);
                     continue;
                 }
@@ -377,9 +499,15 @@ impl<B: TrialBackend> Runner<B> {
                 self.spawn_launch(&mut tasks, &trials[index], index, None);
             }
 
+            if halted.is_none() {
+                // Stops the scheduler decided while no slot was free.
+                self.take_stops(&mut trials);
+            }
             self.persist(&trials);
+            let deadline = self.deadline(started);
             let joined = tokio::select! {
                 joined = tasks.join_next() => joined,
+                () = sleep_until(deadline), if live > 0 && stopped.is_none() => continue,
                 () = next_interrupt(&mut self.interrupts) => {
                     if halted.is_some() && interrupted {
                         // A second interrupt: leave now. The state on disk
@@ -395,6 +523,28 @@ impl<B: TrialBackend> Runner<B> {
                 }
             };
             let Some(joined) = joined else {
+                if let Some(&index) = self.waiting.front() {
+                    self.persist_now(&trials, "internal error");
+                    return Err(RunError::Internal(format!(
+                        "{} waits for resources while no trial holds any",
+                        trials[index].trial_id
+                    )));
+                }
+                if stopped.is_none()
+                    && !self.search_over
+                    && halted.is_none()
+                    && trials
+                        .last()
+                        .is_none_or(|t| t.status != TrialStatus::Pending)
+                {
+                    // Nothing runs, so nothing will ever change the
+                    // searcher's mind.
+                    self.persist_now(&trials, "internal error");
+                    return Err(RunError::Internal(format!(
+                        "the {} searcher suggests nothing while no trial runs",
+                        self.searcher.name()
+                    )));
+                }
                 break;
             };
             let (index, event) = match joined {
@@ -410,9 +560,13 @@ impl<B: TrialBackend> Runner<B> {
             let failed = match event {
                 Event::Stopped { pausing } => {
                     live -= 1;
+                    self.pool.release(&trials[index].trial_id);
                     if pausing {
                         trials[index].status = TrialStatus::Paused;
                         self.notify(&trials, index, |cb, t| cb.on_trial_pause(t, index));
+                        if self.resizing.remove(&index) && halted.is_none() {
+                            self.waiting.push_back(index);
+                        }
                     }
                     None
                 }
@@ -425,14 +579,14 @@ impl<B: TrialBackend> Runner<B> {
                     halted.as_deref(),
                 ),
                 Event::Launched(Ok(session)) => {
+                    self.set_fuel(&mut trials[index], session.fuel_total());
                     let trial = &mut trials[index];
                     trial.iterations = session.iteration();
-                    trial.fuel_total = session.fuel_total();
                     trial.time_total_s = session.time_restored_s();
                     trial.iterations_since_restore = 0;
                     trial.time_since_restore = 0.0;
                     trial.fuel_since_restore = 0;
-                    match &halted {
+                    match halted.as_ref().or(stopped.as_ref()) {
                         Some(reason) => {
                             self.halt_trial(&mut trials, index, reason);
                             tasks.spawn_blocking(move || (index, stop(session, false)));
@@ -449,7 +603,7 @@ impl<B: TrialBackend> Runner<B> {
                     fuel_total,
                     ..
                 } => {
-                    trials[index].fuel_total = fuel_total;
+                    self.set_fuel(&mut trials[index], fuel_total);
                     self.failure(
                         &mut tasks,
                         &mut trials,
@@ -472,8 +626,19 @@ impl<B: TrialBackend> Runner<B> {
                     trial.time_total_s += secs;
                     trial.time_since_restore += secs;
                     trial.fuel_since_restore += fuel_total.saturating_sub(trial.fuel_total);
-                    trial.fuel_total = fuel_total;
-                    match self.record(&mut trials, index, &step, elapsed) {
+                    self.set_fuel(&mut trials[index], fuel_total);
+                    let recorded =
+                        self.record(&mut trials, index, &step, elapsed)
+                            .map(|decision| {
+                                self.after_result(
+                                    &mut trials,
+                                    index,
+                                    decision,
+                                    started,
+                                    &mut stopped,
+                                )
+                            });
+                    match recorded {
                         Err(reason) => {
                             self.fail(&mut trials, index, reason.clone());
                             tasks.spawn_blocking(move || (index, stop(session, false)));
@@ -595,7 +760,8 @@ impl<B: TrialBackend> Runner<B> {
             best,
             wall_time: started.elapsed(),
             halted,
-            scheduler: (self.scheduler.name().to_string(), self.scheduler.state()),
+            stopped,
+            decisions: self.deciders().state(),
         };
         // Every callback gets the end, so one that cannot write (say,
         // experiment.json on a full disk) does not keep the final state
@@ -609,6 +775,168 @@ impl<B: TrialBackend> Runner<B> {
         match first_error {
             Some(reason) => Err(RunError::Callback(reason)),
             None => Ok(summary),
+        }
+    }
+
+    /// What `trial` asks of the pool.
+    fn request<'t>(&'t self, trial: &'t Trial) -> &'t Resources {
+        trial
+            .resources
+            .as_ref()
+            .unwrap_or(&self.spec.resources_per_trial)
+    }
+
+    /// Keeps [`Runner::fuel_sum`] in step with a trial's new `fuel_total`.
+    fn set_fuel(&mut self, trial: &mut Trial, fuel_total: u64) {
+        self.fuel_sum = (self.fuel_sum - trial.fuel_total.min(self.fuel_sum)) + fuel_total;
+        trial.fuel_total = fuel_total;
+    }
+
+    fn totals(&self, trials: &[Trial], started: Instant) -> Totals {
+        Totals {
+            elapsed_s: started.elapsed().as_secs_f64(),
+            fuel_total: self.fuel_sum,
+            trials_created: trials.len(),
+        }
+    }
+
+    /// The experiment-level criteria that hold without a new result
+    /// (time, fuel).
+    fn check_stopper(&mut self, trials: &[Trial], started: Instant) -> Option<String> {
+        let totals = self.totals(trials, started);
+        self.stopper.as_mut()?.check(totals)
+    }
+
+    /// When `max_time` runs out, if it is set.
+    fn deadline(&self, started: Instant) -> Option<tokio::time::Instant> {
+        let max = self.spec.stop_experiment.max_time?;
+        let stopper = self.stopper.as_ref()?;
+        let now = started.elapsed().as_secs_f64();
+        let before = (stopper.elapsed_s() - now).max(0.0);
+        let left = (max - before).max(0.0);
+        Some(tokio::time::Instant::from_std(started) + Duration::from_secs_f64(left))
+    }
+
+    /// What follows a recorded result besides the scheduler's decision:
+    /// the experiment-level stopper, and resource changes.
+    fn after_result(
+        &mut self,
+        trials: &mut [Trial],
+        index: usize,
+        decision: Decision,
+        started: Instant,
+        stopped: &mut Option<String>,
+    ) -> Decision {
+        let totals = self.totals(trials, started);
+        if stopped.is_none()
+            && let Some(stopper) = self.stopper.as_mut()
+            && let Some(record) = trials[index].last_result.as_ref()
+            && let Some(reason) = stopper.on_result(&trials[index].trial_id, record, totals)
+        {
+            tracing::info!("experiment stopping: {reason}");
+            *stopped = Some(reason);
+        }
+        if let Some(reason) = stopped.as_ref() {
+            if decision != Decision::Stop {
+                trials[index].stop_reason = Some(format!("the experiment stopped: {reason}"));
+            }
+            return Decision::Stop;
+        }
+        if decision != Decision::Continue {
+            return decision;
+        }
+        let Some(resources) = self.scheduler.resources(&trials[index]) else {
+            return decision;
+        };
+        if &resources == self.request(&trials[index]) {
+            return decision;
+        }
+        let trial_id = trials[index].trial_id.clone();
+        match self.pool.resize(&trial_id, &resources) {
+            Ok(Acquire::Granted) => {
+                trials[index].resources = Some(resources);
+                decision
+            }
+            Ok(Acquire::Wait) => {
+                // Continues, with the new resources, once they are free.
+                trials[index].resources = Some(resources);
+                self.resizing.insert(index);
+                Decision::Pause
+            }
+            Err(reason) => {
+                tracing::warn!(trial = %trial_id, "the {} scheduler's resource change is refused: {reason}", self.scheduler.name());
+                decision
+            }
+        }
+    }
+
+    /// Asks the searcher for a new trial when the scheduler has nothing to
+    /// run, and returns the trial the scheduler then picks. Creates nothing
+    /// while the newest trial still waits to start, so that a scheduler
+    /// holding trials back cannot make the list grow without end.
+    fn create_trial(&mut self, trials: &mut Vec<Trial>) -> Option<usize> {
+        if self.search_over
+            || trials
+                .last()
+                .is_some_and(|t| t.status == TrialStatus::Pending)
+        {
+            return None;
+        }
+        if self
+            .stopper
+            .as_ref()
+            .is_some_and(|s| !s.may_create_trial(trials.len()))
+        {
+            self.search_over = true;
+            self.scheduler.on_no_more_trials();
+            return self.choose_next(trials);
+        }
+        let trial_id = format!("trial_{:0width$}", trials.len(), width = self.id_width);
+        match self.searcher.suggest(&trial_id) {
+            Suggestion::Config(config) => {
+                let dir = self.spec.output_dir.join(&trial_id);
+                let mut trial = Trial::new(trial_id, config, dir);
+                trial.restore_from = self.spec.restore_from.clone();
+                trials.push(trial);
+                self.scheduler.on_trial_add(&trials[trials.len() - 1]);
+            }
+            Suggestion::Wait => return None,
+            Suggestion::Finished => {
+                self.search_over = true;
+                self.scheduler.on_no_more_trials();
+            }
+        }
+        self.choose_next(trials)
+    }
+
+    /// The scheduler's pick, after ending the trials it stopped while
+    /// they waited.
+    fn choose_next(&mut self, trials: &mut [Trial]) -> Option<usize> {
+        self.take_stops(trials);
+        self.scheduler.choose_next(trials)
+    }
+
+    /// Ends the PENDING and PAUSED trials the scheduler stopped
+    /// ([`Scheduler::take_stops`]).
+    fn take_stops(&mut self, trials: &mut [Trial]) {
+        for index in self.scheduler.take_stops(trials) {
+            let Some(trial) = trials.get_mut(index) else {
+                tracing::warn!(
+                    "the {} scheduler stopped trial index {index}, which does not exist",
+                    self.scheduler.name()
+                );
+                continue;
+            };
+            if !matches!(trial.status, TrialStatus::Pending | TrialStatus::Paused) {
+                tracing::warn!(trial = %trial.trial_id, "the {} scheduler stopped it while {}", self.scheduler.name(), trial.status);
+                continue;
+            }
+            trial.stop_reason = Some(format!(
+                "stopped by the {} scheduler",
+                self.scheduler.name()
+            ));
+            self.waiting.retain(|&i| i != index);
+            self.end(trials, index);
         }
     }
 
@@ -627,6 +955,7 @@ impl<B: TrialBackend> Runner<B> {
             config: trial.config.clone(),
             trial_dir: trial.dir.clone(),
             restore: trial.restore_path(),
+            resources: self.request(trial).clone(),
         };
         let backend = self.backend.clone();
         tasks.spawn_blocking(move || {
@@ -844,6 +1173,7 @@ impl<B: TrialBackend> Runner<B> {
             }
             None => self.scheduler.on_result(trial, &record),
         };
+        self.searcher.on_result(&trial.trial_id, &record);
         if decision == Decision::Stop {
             record.insert("done".into(), true.into());
         }
@@ -864,6 +1194,9 @@ impl<B: TrialBackend> Runner<B> {
     /// Ends a trial as TERMINATED (its stop reason is already set).
     fn end(&mut self, trials: &mut [Trial], index: usize) {
         trials[index].status = TrialStatus::Terminated;
+        let trial = &trials[index];
+        self.searcher
+            .on_trial_complete(&trial.trial_id, trial.last_result.as_ref(), false);
         self.notify(trials, index, |cb, t| cb.on_trial_end(t, index));
     }
 
@@ -882,6 +1215,9 @@ impl<B: TrialBackend> Runner<B> {
         trial.status = TrialStatus::Error;
         trial.error = Some(reason);
         trial.stop_reason = None;
+        self.scheduler.on_trial_remove(trial);
+        self.searcher
+            .on_trial_complete(&trial.trial_id, trial.last_result.as_ref(), true);
         self.notify(trials, index, |cb, t| cb.on_trial_end(t, index));
     }
 
@@ -898,9 +1234,22 @@ impl<B: TrialBackend> Runner<B> {
         }
     }
 
+    fn deciders(&self) -> Deciders<'_> {
+        Deciders {
+            scheduler: self.scheduler.as_ref(),
+            searcher: self.searcher.as_ref(),
+            stopper: self.stopper.as_ref(),
+        }
+    }
+
     fn persist(&mut self, trials: &[Trial]) {
+        let deciders = Deciders {
+            scheduler: self.scheduler.as_ref(),
+            searcher: self.searcher.as_ref(),
+            stopper: self.stopper.as_ref(),
+        };
         for cb in &mut self.callbacks {
-            if let Err(reason) = cb.on_state(trials, self.scheduler.as_ref()) {
+            if let Err(reason) = cb.on_state(trials, &deciders) {
                 tracing::warn!("{reason}");
             }
         }
@@ -918,7 +1267,8 @@ impl<B: TrialBackend> Runner<B> {
             best: None,
             wall_time: Duration::ZERO,
             halted: Some(why.to_string()),
-            scheduler: (self.scheduler.name().to_string(), self.scheduler.state()),
+            stopped: None,
+            decisions: self.deciders().state(),
         };
         for cb in &mut self.callbacks {
             if let Err(reason) = cb.on_experiment_end(&summary) {
@@ -972,6 +1322,14 @@ fn save<S: TrialSession>(
     session.save(&path, info)
 }
 
+/// Sleeps until `deadline`; never without one.
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending::<()>().await,
+    }
+}
+
 /// The next interrupt; never, without a channel or once it is closed.
 async fn next_interrupt(interrupts: &mut Option<mpsc::UnboundedReceiver<()>>) {
     match interrupts {
@@ -1003,6 +1361,14 @@ fn stop<S: TrialSession>(session: S, pausing: bool) -> Event<S> {
         tracing::debug!("cleanup failed: {failure}");
     }
     Event::Stopped { pausing }
+}
+
+/// Digits in trial ids: enough for every trial the search will create
+/// (`trial_0000` ... `trial_9999` unless there are more), and never fewer
+/// than the ids of a resumed experiment already use.
+fn trial_id_width(total: Option<u64>, existing: usize) -> usize {
+    let count = total.unwrap_or(0).max(existing as u64);
+    count.saturating_sub(1).to_string().len().max(4)
 }
 
 fn best_trial(trials: &[Trial], metric: &str, mode: Mode) -> Option<usize> {

@@ -8,6 +8,7 @@ use serde_json::{Map, Value};
 use super::asha::{Asha, AshaConfig};
 use super::hyperband::{HyperBand, HyperBandConfig};
 use super::median::{MedianStopping, MedianStoppingConfig};
+use super::resources::Resources;
 use super::result::Mode;
 use super::trial::{Trial, TrialStatus};
 
@@ -124,6 +125,17 @@ pub trait Scheduler: Send {
     /// the scheduler can still count it (ASHA records it at its rung).
     fn on_trial_complete(&mut self, trial: &Trial, result: &Map<String, Value>) {
         let _ = (trial, result);
+    }
+
+    /// The resources `trial` should hold from now on, when they should
+    /// differ from what it holds (`trial.resources`, else the experiment's
+    /// `resources_per_trial`). Asked before each launch and after each
+    /// result that lets the trial continue: a change takes effect at once
+    /// when the pool has room, else the trial is checkpointed, PAUSED, and
+    /// continues once it fits (Ray Tune's resource-changing scheduling).
+    fn resources(&mut self, trial: &Trial) -> Option<Resources> {
+        let _ = trial;
+        None
     }
 
     /// Picks the PENDING or PAUSED trial to run next, or `None` to start

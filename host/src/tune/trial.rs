@@ -3,6 +3,7 @@
 use std::fmt;
 use std::path::PathBuf;
 
+use super::resources::Resources;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
@@ -103,6 +104,10 @@ pub struct Trial {
     /// Fuel burned since the trial was last started or restored.
     #[serde(default)]
     pub fuel_since_restore: u64,
+    /// What the trial asks of the experiment's resource pool, when a
+    /// scheduler changed it from the experiment's `resources_per_trial`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<Resources>,
 }
 
 impl Trial {
@@ -125,6 +130,7 @@ impl Trial {
             iterations_since_restore: 0,
             time_since_restore: 0.0,
             fuel_since_restore: 0,
+            resources: None,
         }
     }
 

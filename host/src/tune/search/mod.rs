@@ -9,6 +9,7 @@
 
 mod basic;
 mod limiter;
+mod listed;
 mod tpe;
 
 use serde::de::Error as _;
@@ -17,6 +18,7 @@ use serde_json::{Map, Value};
 
 pub use basic::BasicVariant;
 pub use limiter::ConcurrencyLimiter;
+pub use listed::Listed;
 pub use tpe::{Tpe, TpeConfig};
 
 use super::result::Mode;
