@@ -124,24 +124,41 @@ impl WasmBackend {
             .map_err(TrialFailure::permanent)?;
         let instance = match payload {
             Payload::Memory(image) => {
-                if meta.config != launch.config {
-                    return Err(TrialFailure::permanent(format!(
-                        "checkpoint {} is a host snapshot of a trial with config {}; a snapshot \
-                         continues with its own configuration, so it cannot start config {} \
-                         (guest checkpoints, checkpoint = \"guest\", can)",
-                        path.display(),
-                        meta.config,
-                        launch.config
-                    )));
-                }
-                self.program
-                    .restore(env, &self.limits, &image, meta.iteration, meta.fuel_total)
+                let mut instance = self
+                    .program
+                    .restore(
+                        env,
+                        &self.limits_for(launch),
+                        &image,
+                        meta.iteration,
+                        meta.fuel_total,
+                    )
                     .map_err(|e| {
                         TrialFailure::permanent(format!("restoring {}: {e}", path.display()))
-                    })?
+                    })?;
+                if meta.config != launch.config {
+                    // The snapshot's memory holds its own trial's
+                    // configuration; only the trainable can switch it (a
+                    // PBT exploit), keeping what it learned.
+                    let (reconfigured, _) = instance
+                        .reset(&launch.config.to_string())
+                        .map_err(|fault| TrialFailure::permanent(fault.to_string()))?;
+                    if !reconfigured {
+                        return Err(TrialFailure::permanent(format!(
+                            "checkpoint {} is a host snapshot of a trial with config {}, and \
+                             this component's reset() does not take config {}; implement \
+                             reset (keeping learned state), or use guest checkpoints \
+                             (checkpoint = \"guest\"), which start new configurations",
+                            path.display(),
+                            meta.config,
+                            launch.config
+                        )));
+                    }
+                }
+                instance
             }
             Payload::Guest(state) => {
-                let mut instance = self.start(env, &launch.config)?;
+                let mut instance = self.start(env, launch)?;
                 instance
                     .restore(&state)
                     .map_err(|fault| TrialFailure::permanent(fault.to_string()))?;
@@ -152,13 +169,26 @@ impl WasmBackend {
         Ok((instance, meta.time_total_s))
     }
 
-    fn start(&self, env: &TrialEnv, config: &Value) -> Result<TrialInstance, TrialFailure> {
+    fn start(&self, env: &TrialEnv, launch: &TrialLaunch) -> Result<TrialInstance, TrialFailure> {
         let mut instance = self
             .program
-            .instantiate(env, &self.limits)
+            .instantiate(env, &self.limits_for(launch))
             .map_err(failure)?;
-        instance.setup(&config.to_string()).map_err(failure)?;
+        instance
+            .setup(&launch.config.to_string())
+            .map_err(failure)?;
         Ok(instance)
+    }
+
+    /// The experiment's limits, with memory capped at what the trial holds
+    /// from the resource pool: a trial cannot use more than it reserved.
+    fn limits_for(&self, launch: &TrialLaunch) -> Limits {
+        let mut limits = self.limits.clone();
+        let reserved = launch.resources.memory;
+        if reserved > 0 {
+            limits.memory_bytes = limits.memory_bytes.min(reserved);
+        }
+        limits
     }
 }
 
@@ -211,7 +241,7 @@ impl TrialBackend for WasmBackend {
         };
         let (instance, time_restored_s) = match &launch.restore {
             Some(path) => self.restore(&env, launch, path)?,
-            None => (self.start(&env, &launch.config)?, 0.0),
+            None => (self.start(&env, launch)?, 0.0),
         };
         Ok(WasmSession {
             instance,

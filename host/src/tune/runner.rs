@@ -656,6 +656,10 @@ impl<B: TrialBackend> Runner<B> {
                             );
                             None
                         }
+                        Ok(Decision::Exploit { source, config }) => {
+                            self.exploit(&mut tasks, &mut trials, index, session, source, config);
+                            None
+                        }
                         Ok(decision) => {
                             self.after_step(&mut tasks, &mut trials, index, session, decision);
                             None
@@ -980,8 +984,9 @@ impl<B: TrialBackend> Runner<B> {
     ) {
         let trial = &trials[index];
         let policy = &self.spec.checkpoint;
+        let forced = decision == Decision::Checkpoint;
         let then = match decision {
-            Decision::Continue => Then::Train,
+            Decision::Continue | Decision::Checkpoint | Decision::Exploit { .. } => Then::Train,
             Decision::Stop => Then::Stop,
             Decision::Pause => Then::Pause,
         };
@@ -990,7 +995,7 @@ impl<B: TrialBackend> Runner<B> {
             .is_some_and(|c| c.iteration == trial.iterations);
         let periodic = policy.freq > 0 && trial.iterations.is_multiple_of(policy.freq);
         let due = match then {
-            Then::Train => periodic,
+            Then::Train => periodic || forced,
             Then::Stop => periodic || policy.at_end,
             // A pause must leave a checkpoint to continue from.
             Then::Pause => true,
@@ -1043,6 +1048,58 @@ impl<B: TrialBackend> Runner<B> {
                 tasks.spawn_blocking(move || (index, stop(session, true)));
             }
         }
+    }
+
+    /// PBT's exploit: `index` takes a copy of `source`'s newest checkpoint
+    /// as its own and relaunches from it with `config`. The copy is a hard
+    /// link where the file system allows (checkpoint files are never
+    /// changed once written, and deleting one name keeps the other).
+    fn exploit(
+        &mut self,
+        tasks: &mut JoinSet<(usize, Event<B::Session>)>,
+        trials: &mut [Trial],
+        index: usize,
+        session: B::Session,
+        source: usize,
+        config: Value,
+    ) {
+        let cloned = trials
+            .get(source)
+            .filter(|_| source != index)
+            .and_then(|t| {
+                Some((
+                    t.trial_id.clone(),
+                    t.dir.clone(),
+                    t.latest_checkpoint()?.clone(),
+                ))
+            });
+        let Some((source_id, source_dir, checkpoint)) = cloned else {
+            tracing::warn!(trial = %trials[index].trial_id, "the {} scheduler asked to clone trial index {source}, which has no checkpoint; continuing", self.scheduler.name());
+            tasks.spawn_blocking(move || (index, step(session)));
+            return;
+        };
+        let trial = &mut trials[index];
+        let path = checkpoint_path::<B>(checkpoint.iteration);
+        let (from, to) = (source_dir.join(&checkpoint.path), trial.dir.join(&path));
+        let copied = to
+            .parent()
+            .map_or(Ok(()), crate::persist::create_dir)
+            .and_then(|()| {
+                let _ = std::fs::remove_file(&to);
+                std::fs::hard_link(&from, &to)
+                    .or_else(|_| std::fs::copy(&from, &to).map(drop))
+                    .map_err(|e| format!("copying {} to {}: {e}", from.display(), to.display()))
+            });
+        if let Err(reason) = copied {
+            tracing::warn!(trial = %trial.trial_id, "cannot clone {source_id}'s checkpoint, continuing: {reason}");
+            tasks.spawn_blocking(move || (index, step(session)));
+            return;
+        }
+        tracing::debug!(trial = %trial.trial_id, from = %source_id, iteration = checkpoint.iteration, "exploit");
+        trial.config = config;
+        self.keep(trial, Checkpoint { path, ..checkpoint });
+        self.notify(trials, index, |cb, t| cb.on_checkpoint(t, index));
+        self.spawn_launch(tasks, &trials[index], index, Some(session));
     }
 
     /// A trial failed: recover it from its newest checkpoint if
@@ -1178,7 +1235,7 @@ impl<B: TrialBackend> Runner<B> {
             record.insert("done".into(), true.into());
         }
         let trial = &mut trials[index];
-        trial.stop_reason = match (decision, stop_reason) {
+        trial.stop_reason = match (&decision, stop_reason) {
             (Decision::Stop, Some(reason)) => Some(reason),
             (Decision::Stop, None) => Some(format!(
                 "stopped by the {} scheduler",

@@ -79,7 +79,7 @@ impl SchedulerSpec {
 }
 
 /// What happens to a trial after a result.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Decision {
     /// Train another iteration.
     Continue,
@@ -89,6 +89,22 @@ pub enum Decision {
     /// [`Scheduler::choose_next`] picks it again, and then continues from
     /// that checkpoint, or until [`Scheduler::take_stops`] ends it.
     Pause,
+    /// Checkpoint the trial now (whatever `checkpoint_freq` says), then
+    /// train on: PBT keeps its best trials' states fresh for others to
+    /// clone.
+    Checkpoint,
+    /// PBT's exploit and explore: drop this trial's state, continue from
+    /// the newest checkpoint of the trial at index `source` (a copy becomes
+    /// this trial's own), with `config` from then on. Counters
+    /// (`training_iteration`, `fuel_total`, `time_total_s`) continue from
+    /// the source's checkpoint. When the source has no checkpoint, the
+    /// trial continues unchanged.
+    Exploit {
+        /// Index, into the trials, of the trial whose state is cloned.
+        source: usize,
+        /// The configuration the trial continues with.
+        config: Value,
+    },
 }
 
 /// Trial scheduling policy.
