@@ -10,13 +10,14 @@ use std::path::Path;
 
 use serde_json::{Map, Value, json};
 use wtune::config::{Overrides, plan};
+use wtune::exec::WasmBackend;
 use wtune::report::{ExperimentFile, TrialFiles};
 use wtune::sandbox::{Limits, TrialEnv};
 use wtune::tune::replay::{CurveSet, Sampling, replay_backend};
 use wtune::tune::space::SearchSpace;
 use wtune::tune::{
     AshaConfig, ExperimentSummary, Fifo, Mode, RunSpec, Runner, Scheduler, SchedulerSpec,
-    StopCriteria, Suggestion, TrialStatus,
+    SearchSpec, StopCriteria, Suggestion, TrialStatus,
 };
 
 /// The set the guest embeds.
@@ -368,5 +369,63 @@ fn schedulers_compare_on_the_native_replay_in_milliseconds() {
     assert!(
         eager_fuel < patient_fuel && patient_fuel * 2 < fifo_fuel,
         "{patient_fuel}"
+    );
+}
+
+/// The determinism promise: with `time_attr = "fuel_total"` and a
+/// seed, the same experiment makes the same decisions on any machine. Fuel
+/// is counted by the sandbox instruction by instruction, so it is the same
+/// on every machine; the model-based searcher (TPE) and ASHA see the same
+/// numbers in the same order (one trial at a time) and decide alike.
+#[test]
+fn the_same_seed_with_fuel_as_time_makes_the_same_decisions_twice() {
+    let set = shipped();
+    let space = SearchSpace::from_json(&set.param_space(Sampling::Choice)).unwrap();
+    let decide = |out: &Path| {
+        let asha = AshaConfig {
+            time_attr: "fuel_total".into(),
+            grace_period: 2e7,
+            max_t: 4e8,
+            reduction_factor: 3.0,
+            ..AshaConfig::default()
+        };
+        let spec = spec(out, Vec::new(), 1);
+        let scheduler = SchedulerSpec::Asha(asha)
+            .build(spec.metric.as_deref(), spec.mode, 11)
+            .unwrap();
+        let searcher = SearchSpec::from_json(&json!({"type": "tpe", "n_initial_points": 4}))
+            .unwrap()
+            .build(&space, 12, spec.metric.as_deref(), spec.mode, 11)
+            .unwrap();
+        let backend = WasmBackend::new(common::load("replay"), Limits::default(), vec![]);
+        let runner = Runner::new(backend, spec, scheduler).searcher(searcher);
+        let summary = tokio::runtime::Runtime::new()
+            .unwrap()
+            .block_on(runner.run())
+            .unwrap();
+        summary
+            .trials
+            .iter()
+            .map(|t| {
+                (
+                    t.config.clone(),
+                    t.iterations,
+                    t.fuel_total,
+                    t.stop_reason.clone(),
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let first = decide(a.path());
+    assert_eq!(first, decide(b.path()));
+    assert_eq!(first.len(), 12);
+    let stopped_early = first
+        .iter()
+        .filter(|(_, iterations, _, _)| *iterations < set.epochs())
+        .count();
+    assert!(
+        stopped_early > 0 && stopped_early < 12,
+        "ASHA should stop some trials and keep others: {first:?}"
     );
 }

@@ -749,6 +749,68 @@ mod tests {
     }
 
     #[test]
+    fn search_resources_and_experiment_stoppers_are_read_and_checked() {
+        let plan = plan_of(
+            r#"
+            seed = 1
+            metric = "a"
+            num_samples = 20
+            search = { type = "tpe", n_initial_points = 5, max_concurrent = 2 }
+            scheduler = { type = "hyperband", max_t = 27 }
+            resources_per_trial = { cpu = 0.5, gpu = 0.25, memory = "64MiB" }
+            resources = { cpu = 2, gpu = 1 }
+            stop_experiment = { max_trials = 10, max_time = "5m", max_fuel = 1e12 }
+            [param_space]
+            lr = { loguniform = [1e-4, 1e-1] }
+            "#,
+        )
+        .unwrap();
+        assert_eq!(plan.searcher().unwrap().name(), "tpe");
+        assert_eq!(plan.searcher().unwrap().total(), Some(20));
+        assert!(matches!(plan.scheduler, SchedulerSpec::HyperBand(_)));
+        assert_eq!(plan.spec.resources_per_trial.gpu, 0.25);
+        assert_eq!(plan.spec.resources_per_trial.memory, 64 << 20);
+        assert_eq!(plan.spec.resources.gpu, Some(1.0));
+        let stop = &plan.spec.stop_experiment;
+        assert_eq!(
+            (stop.max_trials, stop.max_time, stop.max_fuel),
+            (Some(10), Some(300.0), Some(1_000_000_000_000))
+        );
+
+        let err = |text: &str| {
+            plan_of(&format!("seed = 1\nmetric = \"a\"\n{text}"))
+                .unwrap_err()
+                .to_string()
+        };
+        let message = err("search = \"bayes\"");
+        assert!(
+            message.contains("random") && message.contains("tpe"),
+            "{message}"
+        );
+        let message = err("search = { type = \"tpe\", gama = 0.3 }");
+        assert!(message.contains("unknown key `gama`"), "{message}");
+        let message = err("search = \"grid\"\n[param_space]\nlr = { uniform = [0, 1] }");
+        assert!(message.contains("param_space.lr"), "{message}");
+        let message = err("resources_per_trial = { gpus = 1 }");
+        assert!(
+            message.contains("[resources_per_trial]") && message.contains("gpus"),
+            "{message}"
+        );
+        let message = err("resources_per_trial = { gpu = 2 }\nresources = { gpu = 1 }");
+        assert!(
+            message.contains("asks for 2 GPUs but the experiment has 1"),
+            "{message}"
+        );
+        let message = err("stop_experiment = { max_trials = 0 }");
+        assert!(message.contains("stop_experiment.max_trials"), "{message}");
+        let message = err("stop_experiment = { max_trails = 3 }");
+        assert!(
+            message.contains("[stop_experiment]") && message.contains("max_trails"),
+            "{message}"
+        );
+    }
+
+    #[test]
     fn schedulers_by_name_or_table() {
         let plan = plan_of("seed = 1\nmetric = \"a\"\nscheduler = \"asha\"").unwrap();
         assert_eq!(plan.scheduler, SchedulerSpec::Asha(Default::default()));

@@ -356,6 +356,10 @@ pub(crate) mod sim {
                     Decision::Continue => self.running.push_back(i),
                     Decision::Stop => self.trials[i].status = TrialStatus::Terminated,
                     Decision::Pause => self.trials[i].status = TrialStatus::Paused,
+                    // Checkpoints are the runner's business; exploits are
+                    // tested against the real runner (tests/pbt.rs).
+                    Decision::Checkpoint => self.running.push_back(i),
+                    other => panic!("the simulated runner does not do {other:?}"),
                 }
             }
         }
