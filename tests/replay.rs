@@ -10,14 +10,14 @@ use std::path::Path;
 
 use serde_json::{Map, Value, json};
 use wtune::config::{Overrides, plan};
-use wtune::exec::WasmBackend;
+use wtune::exec::{CheckpointMode, WasmBackend};
 use wtune::report::{ExperimentFile, TrialFiles};
 use wtune::sandbox::{Limits, TrialEnv};
 use wtune::tune::replay::{CurveSet, Sampling, replay_backend};
 use wtune::tune::space::SearchSpace;
 use wtune::tune::{
-    AshaConfig, ExperimentSummary, Fifo, Mode, RunSpec, Runner, Scheduler, SchedulerSpec,
-    SearchSpec, StopCriteria, Suggestion, TrialStatus,
+    AshaConfig, Decision, ExperimentSummary, Fifo, Mode, RunSpec, Runner, Scheduler, SchedulerSpec,
+    SearchSpec, StopCriteria, Suggestion, Trial, TrialStatus,
 };
 
 /// The set the guest embeds.
@@ -428,4 +428,93 @@ fn the_same_seed_with_fuel_as_time_makes_the_same_decisions_twice() {
         stopped_early > 0 && stopped_early < 12,
         "ASHA should stop some trials and keep others: {first:?}"
     );
+}
+
+/// Checkpoints `trial_0000` at iteration 2; the first time `trial_0001`
+/// reaches iteration 3, it clones that checkpoint and continues with the
+/// optimum's config (once: the clone passes iteration 3 again).
+struct ScriptedExploit {
+    exploited: bool,
+}
+
+impl Scheduler for ScriptedExploit {
+    fn on_result(&mut self, trial: &Trial, _: &Map<String, Value>) -> Decision {
+        match (trial.trial_id.as_str(), trial.iterations) {
+            ("trial_0000", 2) => Decision::Checkpoint,
+            ("trial_0001", 3) if !std::mem::replace(&mut self.exploited, true) => {
+                Decision::Exploit {
+                    source: 0,
+                    config: json!({"lr": 0.03, "width": 128}),
+                }
+            }
+            _ => Decision::Continue,
+        }
+    }
+
+    fn choose_next(&mut self, trials: &[Trial]) -> Option<usize> {
+        trials.iter().position(|t| t.status == TrialStatus::Pending)
+    }
+
+    fn name(&self) -> &'static str {
+        "scripted-exploit"
+    }
+}
+
+#[test]
+fn an_exploit_clones_a_checkpoint_and_continues_with_the_new_config_in_both_modes() {
+    let set = shipped();
+    let optimum = set.lookup(&json!({"lr": 0.03, "width": 128})).unwrap();
+    for mode in [CheckpointMode::Guest, CheckpointMode::Snapshot] {
+        let out = tempfile::tempdir().unwrap();
+        let mut spec = spec(
+            out.path(),
+            vec![
+                json!({"lr": 0.3, "width": 16}),
+                json!({"lr": 0.001, "width": 32}),
+            ],
+            1,
+        );
+        spec.stop.training_iteration = Some(5);
+        let backend = WasmBackend::new(common::load("replay"), Limits::default(), vec![])
+            .checkpoint_mode(mode)
+            .unwrap();
+        let runner = Runner::new(
+            backend,
+            spec,
+            Box::new(ScriptedExploit { exploited: false }),
+        )
+        .callback(TrialFiles::new());
+        let summary = tokio::runtime::Runtime::new()
+            .unwrap()
+            .block_on(runner.run())
+            .unwrap();
+        let clone = &summary.trials[1];
+        assert_eq!(
+            clone.status,
+            TrialStatus::Terminated,
+            "{mode}: {:?}",
+            clone.error
+        );
+        assert_eq!(clone.config, json!({"lr": 0.03, "width": 128}));
+        // Its own copy of trial_0000's checkpoint at iteration 2.
+        assert!(
+            clone
+                .dir
+                .join("checkpoints/checkpoint_000002.wtsnap")
+                .is_file()
+        );
+        // Iterations 1-3 on its first config, then 3-5 continue from the
+        // clone (iteration 2) on the optimum's curve.
+        let lines = results(&clone.dir);
+        assert_eq!(
+            column(&lines, "training_iteration"),
+            [1, 2, 3, 3, 4, 5].map(Value::from),
+            "{mode}"
+        );
+        let tail: Vec<f64> = lines[3..]
+            .iter()
+            .map(|l| l["val_loss"].as_f64().unwrap())
+            .collect();
+        assert_eq!(tail, optimum.metric("val_loss").unwrap()[2..5], "{mode}");
+    }
 }

@@ -114,9 +114,12 @@ pub trait Trainable: Sized + 'static {
         Err(Error::unsupported("restore"))
     }
 
-    /// Re-configures this live instance for a new trial, so the host can skip
-    /// instantiation. Return `Ok(false)` (the default) when the model cannot
-    /// be reused; the host then starts a fresh instance.
+    /// Switches this live instance to new hyperparameters, keeping what it
+    /// has learned (weights, optimizer state): population based training
+    /// calls it on a restored snapshot of a better trial. Return `Ok(false)`
+    /// (the default) when the model cannot switch; then only guest
+    /// checkpoints (`save`/`restore`) can start a trial from another
+    /// trial's state.
     fn reset(&mut self, config: Self::Config) -> Result<bool> {
         let _ = config;
         Ok(false)

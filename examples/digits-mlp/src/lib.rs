@@ -260,6 +260,21 @@ impl Trainable for DigitsMlp {
             .metric("val_loss", val.loss)
             .metric("val_accuracy", val.accuracy))
     }
+
+    /// Takes new optimiser settings (lr, momentum, weight decay, batch
+    /// size) and keeps the weights and the data split: what population
+    /// based training needs after cloning a better trial. A different
+    /// width would be a different network, so it is refused (`Ok(false)`);
+    /// `seed`, `split_seed` and `data_dir` only shape `setup` and change
+    /// nothing here.
+    fn reset(&mut self, config: Config) -> Result<bool> {
+        config.validate()?;
+        if config.hidden != self.model.hidden() {
+            return Ok(false);
+        }
+        self.sgd = config.sgd();
+        Ok(true)
+    }
 }
 
 wtune_guest::export!(DigitsMlp, checkpoint = serde);
@@ -285,6 +300,31 @@ mod tests {
             .find(|(n, _)| n == name)
             .map(|(_, v)| *v)
             .unwrap_or_else(|| panic!("no metric {name}"))
+    }
+
+    #[test]
+    fn reset_switches_optimiser_settings_and_keeps_the_weights() {
+        let mut trainable = DigitsMlp::from_config(&shipped()).unwrap();
+        trainable.train().unwrap();
+        let before = trainable.model().evaluate(&trainable.val);
+        let faster = Config {
+            lr: 0.2,
+            momentum: 0.5,
+            ..shipped()
+        };
+        assert!(trainable.reset(faster).unwrap());
+        assert_eq!((trainable.sgd.lr, trainable.sgd.momentum), (0.2, 0.5));
+        assert_eq!(trainable.model().evaluate(&trainable.val), before);
+        let wider = Config {
+            hidden: 64,
+            ..shipped()
+        };
+        assert!(!trainable.reset(wider).unwrap());
+        let broken = Config {
+            lr: -1.0,
+            ..shipped()
+        };
+        assert!(trainable.reset(broken).is_err());
     }
 
     #[test]

@@ -149,17 +149,16 @@ impl TrialInstance {
             .map(|((), stats)| stats)
     }
 
-    /// `reset(config)`: `true` when the guest re-configured itself.
+    /// `reset(config)`: `true` when the guest switched to the new
+    /// configuration. The counts go on: the guest keeps what it learned, so
+    /// its next `train()` continues the same trajectory (population based
+    /// training's explore step).
     pub fn reset(&mut self, config_json: &str) -> Result<(bool, CallStats), TrialFault> {
         let at = At {
             call: Call::Reset,
             iteration: None,
         };
-        let (reused, stats) = self.call(at, |guest, store| guest.call_reset(store, config_json))?;
-        if reused {
-            self.iterations = 0;
-        }
-        Ok((reused, stats))
+        self.call(at, |guest, store| guest.call_reset(store, config_json))
     }
 
     /// `cleanup()`, then flushes the trial's log files.

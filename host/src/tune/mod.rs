@@ -9,6 +9,7 @@ mod decisions;
 pub mod hyperband;
 pub mod median;
 mod native;
+pub mod pbt;
 pub mod replay;
 pub mod resources;
 mod result;
@@ -28,7 +29,8 @@ pub use backend::{
 pub use decisions::{Deciders, DecisionState, SavedState};
 pub use hyperband::{HyperBand, HyperBandConfig};
 pub use median::{MedianStopping, MedianStoppingConfig};
-pub use native::FnBackend;
+pub use native::{FnBackend, StatefulStep};
+pub use pbt::{PbtConfig, PopulationBasedTraining};
 pub use replay::{CurveSet, replay_backend};
 pub use resources::{Acquire, PoolSpec, ResourcePool, Resources};
 pub use result::{AUTO_FIELDS, Mode};

@@ -8,6 +8,7 @@ use serde_json::{Map, Value};
 use super::asha::{Asha, AshaConfig};
 use super::hyperband::{HyperBand, HyperBandConfig};
 use super::median::{MedianStopping, MedianStoppingConfig};
+use super::pbt::{PbtConfig, PopulationBasedTraining};
 use super::resources::Resources;
 use super::result::Mode;
 use super::trial::{Trial, TrialStatus};
@@ -29,11 +30,13 @@ pub enum SchedulerSpec {
     /// [`HyperBand`] (synchronous).
     #[serde(rename = "hyperband")]
     HyperBand(HyperBandConfig),
+    /// [`PopulationBasedTraining`].
+    Pbt(PbtConfig),
 }
 
 impl SchedulerSpec {
     /// The names known, for error messages.
-    pub const NAMES: [&'static str; 4] = ["fifo", "asha", "median_stopping", "hyperband"];
+    pub const NAMES: [&'static str; 5] = ["fifo", "asha", "median_stopping", "hyperband", "pbt"];
 
     /// Whether the scheduler ends every trial by itself (ASHA at `max_t`,
     /// HyperBand at `max_t` unless `stop_last_trials = false`), so that no
@@ -42,7 +45,7 @@ impl SchedulerSpec {
         match self {
             SchedulerSpec::Asha(_) => true,
             SchedulerSpec::HyperBand(config) => config.stop_last_trials,
-            SchedulerSpec::Fifo | SchedulerSpec::MedianStopping(_) => false,
+            SchedulerSpec::Fifo | SchedulerSpec::MedianStopping(_) | SchedulerSpec::Pbt(_) => false,
         }
     }
 
@@ -73,6 +76,17 @@ impl SchedulerSpec {
                     "the hyperband scheduler ranks trials by the experiment's metric; set `metric`",
                 )?;
                 Box::new(HyperBand::new(config.clone(), metric, mode)?)
+            }
+            SchedulerSpec::Pbt(config) => {
+                let metric = metric.ok_or(
+                    "the pbt scheduler ranks trials by the experiment's metric; set `metric`",
+                )?;
+                Box::new(PopulationBasedTraining::new(
+                    config.clone(),
+                    metric,
+                    mode,
+                    seed,
+                )?)
             }
         })
     }
