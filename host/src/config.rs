@@ -299,6 +299,31 @@ pub fn plan(
         .map_err(bad)?;
     let stop_experiment: ExperimentStop = table_as("stop_experiment", &file.stop_experiment)?;
     ExperimentStopper::new(&stop_experiment, metric.as_deref(), mode).map_err(bad)?;
+    if matches!(scheduler, SchedulerSpec::Pbt(_)) {
+        // PBT compares a population training side by side; trials that
+        // wait for a slot fall behind and are cloned over before they learn.
+        let cpus = resources
+            .build()
+            .map(|pool| pool.total().cpu)
+            .unwrap_or(f64::INFINITY);
+        let fit = if resources_per_trial.cpu > 0.0 {
+            (cpus / resources_per_trial.cpu).floor() as u64
+        } else {
+            u64::MAX
+        };
+        let at_once = fit.min(max_concurrent as u64);
+        let population = space
+            .trial_count(num_samples)
+            .map_err(|e| bad(e.to_string()))?;
+        if at_once < population {
+            notes.push(format!(
+                "pbt: only {at_once} of the {population} trials can run at once \
+                 (max_concurrent_trials and resources); the rest wait and fall behind. \
+                 Lower resources_per_trial.cpu or raise resources.cpu to train the whole \
+                 population together"
+            ));
+        }
+    }
 
     let checkpoint_mode = match overrides.checkpoint.clone().or(file.checkpoint) {
         Some(mode) => Some(mode.parse::<CheckpointMode>().map_err(bad)?),
