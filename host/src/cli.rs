@@ -97,6 +97,12 @@ struct RunArgs {
     /// Failures each trial recovers from (from its newest checkpoint); -1 = forever.
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
     max_failures: Option<i64>,
+    /// Trial scheduler: fifo, asha, hyperband, median_stopping or pbt (parameters from the file's [scheduler] when it names the same one).
+    #[arg(long, value_name = "NAME")]
+    scheduler: Option<String>,
+    /// Search algorithm: random, grid or tpe (parameters from the file's [search] when it names the same one).
+    #[arg(long, value_name = "NAME")]
+    search: Option<String>,
     /// Start every trial from this checkpoint file.
     #[arg(long, value_name = "FILE")]
     restore_from: Option<PathBuf>,
@@ -292,6 +298,8 @@ fn run(args: RunArgs) -> Result<(), Failure> {
         checkpoint_at_end: args.checkpoint_at_end,
         max_failures: args.max_failures,
         restore_from: args.restore_from,
+        scheduler: args.scheduler,
+        search: args.search,
     };
     let plan =
         config::plan(&args.model, args.config.as_deref(), &overrides).map_err(Failure::user)?;

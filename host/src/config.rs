@@ -113,6 +113,10 @@ pub struct Overrides {
     pub max_failures: Option<i64>,
     /// `--restore-from`
     pub restore_from: Option<PathBuf>,
+    /// `--scheduler NAME`
+    pub scheduler: Option<String>,
+    /// `--search NAME`
+    pub search: Option<String>,
 }
 
 /// Everything needed to run an experiment.
@@ -213,7 +217,7 @@ pub fn plan(
         return Err(bad("metric must not be empty"));
     }
 
-    let scheduler = scheduler(file.scheduler.as_ref())?;
+    let scheduler = scheduler(by_name(&overrides.scheduler, &file.scheduler).as_ref())?;
 
     let num_samples = overrides.num_samples.or(file.num_samples).unwrap_or(1);
     if num_samples == 0 {
@@ -250,7 +254,7 @@ pub fn plan(
     space
         .trial_count(num_samples)
         .map_err(|e| bad(e.to_string()))?;
-    let search = match &file.search {
+    let search = match &by_name(&overrides.search, &file.search) {
         None => SearchSpec::default(),
         Some(value) => SearchSpec::from_json(&serde_json::to_value(value).unwrap_or(Value::Null))
             .map_err(bad)?,
@@ -661,6 +665,23 @@ fn fresh_output_dir(name: &str) -> PathBuf {
     dir
 }
 
+/// A `--scheduler`/`--search` name over the file's value: the file's table
+/// is kept when it names the same algorithm (its parameters apply), else
+/// the name alone (default parameters).
+fn by_name(flag: &Option<String>, file: &Option<toml::Value>) -> Option<toml::Value> {
+    let Some(name) = flag else {
+        return file.clone();
+    };
+    match file {
+        Some(toml::Value::Table(table))
+            if table.get("type").and_then(toml::Value::as_str) == Some(name.as_str()) =>
+        {
+            file.clone()
+        }
+        _ => Some(toml::Value::String(name.clone())),
+    }
+}
+
 /// A `[key]` table read into `T` (its default when absent); serde's
 /// message, which names the unknown or malformed field, is kept.
 fn table_as<T: serde::de::DeserializeOwned + Default>(
@@ -831,6 +852,45 @@ mod tests {
         let message = err("stop_experiment = { max_trails = 3 }");
         assert!(
             message.contains("[stop_experiment]") && message.contains("max_trails"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn scheduler_and_search_flags_override_the_file_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = write(
+            dir.path(),
+            "seed = 1\nmetric = \"a\"\n[scheduler]\ntype = \"asha\"\nmax_t = 27\n\
+             [search]\ntype = \"tpe\"\nn_initial_points = 3",
+        );
+        let with = |scheduler: &str, search: &str| {
+            let overrides = Overrides {
+                output_dir: Some(dir.path().join("out")),
+                scheduler: Some(scheduler.into()),
+                search: Some(search.into()),
+                ..Default::default()
+            };
+            plan(Path::new("m.wasm"), Some(&path), &overrides)
+        };
+        // Same names: the file's parameters apply.
+        let plan = with("asha", "tpe").unwrap();
+        let SchedulerSpec::Asha(asha) = &plan.scheduler else {
+            panic!("asha expected")
+        };
+        assert_eq!(asha.max_t, 27.0);
+        assert_eq!(
+            plan.search,
+            SearchSpec::from_json(&serde_json::json!({"type": "tpe", "n_initial_points": 3}))
+                .unwrap()
+        );
+        // Other names: their defaults.
+        let plan = with("hyperband", "random").unwrap();
+        assert!(matches!(plan.scheduler, SchedulerSpec::HyperBand(_)));
+        assert_eq!(plan.search, SearchSpec::default());
+        let message = with("bohb", "random").unwrap_err().to_string();
+        assert!(
+            message.contains("bohb") && message.contains("hyperband"),
             "{message}"
         );
     }
