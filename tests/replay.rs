@@ -518,3 +518,94 @@ fn an_exploit_clones_a_checkpoint_and_continues_with_the_new_config_in_both_mode
         assert_eq!(tail, optimum.metric("val_loss").unwrap()[2..5], "{mode}");
     }
 }
+
+/// Interrupts the run (as Ctrl-C does) when `trial` reports `iteration`.
+struct InterruptAt {
+    trial: &'static str,
+    iteration: u64,
+    send: tokio::sync::mpsc::UnboundedSender<()>,
+}
+
+impl wtune::tune::Callback for InterruptAt {
+    fn on_result(&mut self, t: &[Trial], i: usize, _: &Map<String, Value>) -> Result<(), String> {
+        if t[i].trial_id == self.trial && t[i].iterations == self.iteration {
+            let _ = self.send.send(());
+        }
+        Ok(())
+    }
+}
+
+/// A model-based search survives an interruption: resumed from
+/// `experiment_state.json`, TPE suggests exactly the configurations an
+/// uninterrupted run does (its observations and draws are in the state).
+#[test]
+fn an_interrupted_tpe_search_resumes_with_the_same_suggestions() {
+    let set = shipped();
+    let space = SearchSpace::from_json(&set.param_space(Sampling::Choice)).unwrap();
+    let search = SearchSpec::from_json(&json!({"type": "tpe", "n_initial_points": 3})).unwrap();
+    let searcher = |spec: &RunSpec| {
+        search
+            .build(&space, 10, spec.metric.as_deref(), spec.mode, 5)
+            .unwrap()
+    };
+    let experiment = |out: &Path| {
+        let mut spec = spec(out, Vec::new(), 1);
+        spec.stop.training_iteration = Some(6);
+        spec.checkpoint.freq = 2;
+        spec
+    };
+    let configs = |summary: &ExperimentSummary| -> Vec<Value> {
+        summary.trials.iter().map(|t| t.config.clone()).collect()
+    };
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+
+    let clean = tempfile::tempdir().unwrap();
+    let spec = experiment(clean.path());
+    let searcher_clean = searcher(&spec);
+    let runner = Runner::new(replay_backend(set.clone()), spec, Box::new(Fifo::default()))
+        .searcher(searcher_clean);
+    let expected = runtime.block_on(runner.run()).unwrap();
+    assert_eq!(expected.trials.len(), 10);
+
+    let out = tempfile::tempdir().unwrap();
+    let spec = experiment(out.path());
+    let (send, interrupts) = tokio::sync::mpsc::unbounded_channel();
+    let first = Runner::new(
+        replay_backend(set.clone()),
+        spec.clone(),
+        Box::new(Fifo::default()),
+    )
+    .searcher(searcher(&spec))
+    .interrupts(interrupts)
+    .callback(wtune::report::StateFile::new(json!({})))
+    .callback(InterruptAt {
+        trial: "trial_0005",
+        iteration: 3,
+        send,
+    });
+    let halted = runtime.block_on(first.run()).unwrap();
+    assert_eq!(halted.halted.as_deref(), Some("interrupted"));
+    assert_eq!(halted.trials.len(), 6);
+
+    let saved = wtune::report::state::load(out.path(), false).unwrap();
+    let mut trials = saved.trials;
+    wtune::tune::resume::prepare(
+        &replay_backend(set.clone()),
+        &mut trials,
+        out.path(),
+        &spec.checkpoint,
+        wtune::tune::resume::ErroredTrials::Keep,
+    );
+    let mut resumed_searcher = searcher(&spec);
+    let saved_search = saved.decisions.searcher.unwrap();
+    assert_eq!(saved_search.name, "tpe");
+    resumed_searcher.restore_state(&saved_search.state).unwrap();
+    let resumed = Runner::new(replay_backend(set.clone()), spec, Box::new(Fifo::default()))
+        .searcher(resumed_searcher)
+        .with_trials(trials);
+    let resumed = runtime.block_on(resumed.run()).unwrap();
+    assert_eq!(configs(&resumed), configs(&expected));
+    for (a, b) in expected.trials.iter().zip(&resumed.trials) {
+        assert_eq!(a.metric("val_loss"), b.metric("val_loss"), "{}", a.trial_id);
+    }
+}
