@@ -684,6 +684,11 @@ fn experiment_stoppers_end_the_run_by_trial_count_fuel_and_time() {
     let summary = run(linear(), fuel);
     let reason = summary.stopped.clone().unwrap();
     assert!(reason.starts_with("total fuel reached 35"), "{reason}");
+    let file: Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("experiment.json")).unwrap())
+            .unwrap();
+    assert_eq!(file["stopped"], reason.as_str());
+    assert_eq!(file["status"], "finished");
     assert_eq!(summary.trials.len(), 2);
     let second = &summary.trials[1];
     assert_eq!(second.status, TrialStatus::Terminated);

@@ -51,6 +51,7 @@ impl ExperimentFile {
         trials: &[Trial],
         best: Option<usize>,
         wall: Option<Duration>,
+        summary: Option<&ExperimentSummary>,
     ) -> Vec<u8> {
         let count = |s: TrialStatus| trials.iter().filter(|t| t.status == s).count();
         let best = best.map(|i| {
@@ -61,7 +62,7 @@ impl ExperimentFile {
                 "config": t.config,
             })
         });
-        let doc = json!({
+        let mut doc = json!({
             "format_version": FORMAT_VERSION,
             "name": self.name,
             "status": status,
@@ -81,6 +82,16 @@ impl ExperimentFile {
             "best_trial": best,
             "trials": trials,
         });
+        // Why the run ended early: `halted` can be resumed, `stopped` met
+        // an experiment-level criterion.
+        if let Some(summary) = summary {
+            if let Some(why) = &summary.halted {
+                doc["halted"] = why.as_str().into();
+            }
+            if let Some(why) = &summary.stopped {
+                doc["stopped"] = why.as_str().into();
+            }
+        }
         persist::json_bytes(&doc)
     }
 }
@@ -98,7 +109,10 @@ impl Callback for ExperimentFile {
         self.mode = spec.mode;
         // Synchronous, so an unwritable output directory stops the run
         // before any trial starts.
-        write_file(&self.path, &self.document("running", trials, None, None))?;
+        write_file(
+            &self.path,
+            &self.document("running", trials, None, None, None),
+        )?;
         self.last_write = Some(Instant::now());
         let target = self.path.clone();
         let writer = persist::LatestWriter::spawn("wtune-experiment-json", move |bytes| {
@@ -118,7 +132,7 @@ impl Callback for ExperimentFile {
         {
             return Ok(());
         }
-        let bytes = self.document("running", trials, None, None);
+        let bytes = self.document("running", trials, None, None, None);
         if let Some(writer) = &self.background {
             writer.send(bytes);
         }
@@ -137,6 +151,7 @@ impl Callback for ExperimentFile {
             &summary.trials,
             summary.best,
             Some(summary.wall_time),
+            Some(summary),
         );
         write_file(&self.path, &bytes)
     }
