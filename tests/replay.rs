@@ -430,9 +430,12 @@ fn the_same_seed_with_fuel_as_time_makes_the_same_decisions_twice() {
     );
 }
 
-/// Checkpoints `trial_0000` at iteration 2; the first time `trial_0001`
-/// reaches iteration 3, it clones that checkpoint and continues with the
-/// optimum's config (once: the clone passes iteration 3 again).
+/// Checkpoints `trial_0000` at iteration 2, and `trial_0001` at 3 (before
+/// its exploit only); the
+/// first time `trial_0001` reaches iteration 4, it clones `trial_0000`'s
+/// checkpoint and continues with the optimum's config (once: the clone
+/// passes iteration 4 again). Its own checkpoint at 3 belongs to the
+/// trajectory it leaves.
 struct ScriptedExploit {
     exploited: bool,
 }
@@ -441,7 +444,8 @@ impl Scheduler for ScriptedExploit {
     fn on_result(&mut self, trial: &Trial, _: &Map<String, Value>) -> Decision {
         match (trial.trial_id.as_str(), trial.iterations) {
             ("trial_0000", 2) => Decision::Checkpoint,
-            ("trial_0001", 3) if !std::mem::replace(&mut self.exploited, true) => {
+            ("trial_0001", 3) if !self.exploited => Decision::Checkpoint,
+            ("trial_0001", 4) if !std::mem::replace(&mut self.exploited, true) => {
                 Decision::Exploit {
                     source: 0,
                     config: json!({"lr": 0.03, "width": 128}),
@@ -496,22 +500,28 @@ fn an_exploit_clones_a_checkpoint_and_continues_with_the_new_config_in_both_mode
             clone.error
         );
         assert_eq!(clone.config, json!({"lr": 0.03, "width": 128}));
-        // Its own copy of trial_0000's checkpoint at iteration 2.
-        assert!(
-            clone
-                .dir
-                .join("checkpoints/checkpoint_000002.wtsnap")
-                .is_file()
-        );
-        // Iterations 1-3 on its first config, then 3-5 continue from the
+        // Its own copy (a hard link) of trial_0000's checkpoint at
+        // iteration 2, in place of its own.
+        use std::os::unix::fs::MetadataExt;
+        let inode = |trial: &Trial| {
+            std::fs::metadata(trial.dir.join("checkpoints/checkpoint_000002.wtsnap"))
+                .unwrap()
+                .ino()
+        };
+        assert_eq!(inode(clone), inode(&summary.trials[0]), "{mode}");
+        let iterations: Vec<u64> = clone.checkpoints.iter().map(|c| c.iteration).collect();
+        assert_eq!(iterations, [2], "{mode}");
+        let left_behind = clone.dir.join("checkpoints/checkpoint_000003.wtsnap");
+        assert!(!left_behind.exists(), "{mode}");
+        // Iterations 1-4 on its first config, then 3-5 continue from the
         // clone (iteration 2) on the optimum's curve.
         let lines = results(&clone.dir);
         assert_eq!(
             column(&lines, "training_iteration"),
-            [1, 2, 3, 3, 4, 5].map(Value::from),
+            [1, 2, 3, 4, 3, 4, 5].map(Value::from),
             "{mode}"
         );
-        let tail: Vec<f64> = lines[3..]
+        let tail: Vec<f64> = lines[4..]
             .iter()
             .map(|l| l["val_loss"].as_f64().unwrap())
             .collect();

@@ -8,9 +8,9 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use wtune::report::{ExperimentFile, TrialFiles};
 use wtune::tune::{
-    Bound, Decision, ExperimentSummary, Fifo, FnBackend, Mode, PoolSpec, Resources, RunSpec,
-    Runner, Scheduler, Searcher, Step, StopCriteria, Suggestion, Threshold, Trial, TrialFailure,
-    TrialStatus,
+    Bound, Decision, ExperimentSummary, Fifo, FnBackend, HyperBandConfig, Mode, PoolSpec,
+    Resources, RunSpec, Runner, Scheduler, SchedulerSpec, SearchSpace, SearchSpec, Searcher, Step,
+    StopCriteria, Suggestion, Threshold, Trial, TrialFailure, TrialStatus,
 };
 
 fn spec(
@@ -726,4 +726,90 @@ fn experiment_stoppers_end_the_run_by_trial_count_fuel_and_time() {
             .iter()
             .all(|t| t.status == TrialStatus::Terminated && t.iterations < 500)
     );
+}
+
+#[test]
+fn a_run_that_stops_while_trials_wait_for_resources_ends_cleanly() {
+    // One CPU, two slots: the second trial always waits for the first.
+    let dir = tempfile::tempdir().unwrap();
+    let configs: Vec<Value> = (1..=3).map(|x| json!({ "x": x })).collect();
+    let mut stopping = spec(dir.path(), configs, iterations(5), 2);
+    stopping.resources = pool(1.0, 0.0);
+    stopping.stop_experiment.max_fuel = Some(14);
+    let summary = run(linear(), stopping);
+    assert!(summary.stopped.is_some());
+    assert_eq!(summary.count(TrialStatus::Terminated), 1);
+    assert_eq!(summary.count(TrialStatus::Error), 0);
+}
+
+#[test]
+fn max_fuel_counts_fuel_burned_before_recoveries() {
+    // Fails at iteration 3 every time and retries forever from scratch:
+    // only the fuel budget can end it.
+    let dir = tempfile::tempdir().unwrap();
+    let backend = FnBackend::new(|_: &Value| {
+        Ok(|it: u64| {
+            if it == 3 {
+                return Err(TrialFailure::new("fails at 3"));
+            }
+            Ok(Step {
+                metrics: vec![("score".into(), it as f64)],
+                done: false,
+                fuel: 7,
+            })
+        })
+    });
+    let mut spec = spec(dir.path(), vec![json!({})], iterations(10), 1);
+    spec.failure.max_failures = None;
+    spec.stop_experiment.max_fuel = Some(50);
+    let summary = run(backend, spec);
+    let reason = summary.stopped.clone().unwrap();
+    assert!(reason.starts_with("total fuel reached 56"), "{reason}");
+    assert!(summary.trials[0].num_failures >= 3);
+}
+
+#[test]
+fn a_limited_search_under_hyperband_does_not_wait_forever() {
+    // HyperBand pauses the two live trials at their first milestone to wait
+    // for their bracket, while the search admits only two live trials: the
+    // runner ends the search, and HyperBand decides with what it has.
+    let dir = tempfile::tempdir().unwrap();
+    let space = SearchSpace::from_json(&json!({"x": {"uniform": [1, 2]}})).unwrap();
+    let spec = spec(dir.path(), Vec::new(), StopCriteria::default(), 4);
+    let searcher = SearchSpec::from_json(&json!({"max_concurrent": 2}))
+        .unwrap()
+        .build(&space, 9, Some("score"), Mode::Max, 1)
+        .unwrap();
+    let scheduler = SchedulerSpec::HyperBand(HyperBandConfig {
+        max_t: 9.0,
+        ..HyperBandConfig::default()
+    })
+    .build(Some("score"), Mode::Max, 1)
+    .unwrap();
+    let mut spec = spec;
+    spec.checkpoint.freq = 0;
+    let runner = Runner::new(linear(), spec, scheduler).searcher(searcher);
+    let summary = tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(runner.run())
+        .unwrap();
+    assert!(summary.trials.len() >= 2);
+    assert!(
+        summary
+            .trials
+            .iter()
+            .all(|t| t.status == TrialStatus::Terminated),
+        "{:?}",
+        summary.trials.iter().map(|t| t.status).collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn a_max_time_beyond_the_clock_is_no_deadline() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut spec = spec(dir.path(), vec![json!({"x": 1})], iterations(3), 1);
+    spec.stop_experiment.max_time = Some(1e19);
+    let summary = run(linear(), spec);
+    assert_eq!(summary.trials[0].iterations, 3);
+    assert_eq!(summary.stopped, None);
 }

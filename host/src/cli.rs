@@ -14,8 +14,8 @@ use crate::sandbox::{Limits, Program, Sandbox, SandboxOptions, fuel_text, human_
 use crate::snapshot::{Payload, SnapshotKey};
 use crate::tune::resume::{self, ErroredTrials};
 use crate::tune::{
-    Listed, RunError, RunSpec, Runner, Scheduler, SchedulerSpec, SearchSpace, SearchSpec, Searcher,
-    Trial, TrialStatus,
+    DecisionState, Listed, RunError, RunSpec, Runner, Scheduler, SchedulerSpec, SearchSpace,
+    SearchSpec, Searcher, Trial, TrialStatus,
 };
 
 /// Tune hyperparameters of WebAssembly trainables, each trial in its own sandbox.
@@ -155,7 +155,8 @@ struct Setup {
     scheduler: SchedulerSpec,
     seed: u64,
     num_samples: u64,
-    /// The search space, as JSON.
+    /// The search space, as JSON; `null` in setups saved before trials
+    /// were created lazily, whose every trial is in the saved state.
     #[serde(default)]
     param_space: Value,
     /// The search algorithm.
@@ -389,7 +390,7 @@ fn execute(
     trials: Vec<Trial>,
     scheduler: Box<dyn Scheduler>,
     searcher: Box<dyn Searcher>,
-    stopper: Option<Value>,
+    resumed: Option<DecisionState>,
     setup: &Setup,
 ) -> Result<(), Failure> {
     let _lock = lock(&spec.output_dir)?;
@@ -399,8 +400,11 @@ fn execute(
     // The state first: it must be saved even if another callback fails at
     // the end.
     let mut runner = Runner::new(backend, spec, scheduler).searcher(searcher);
-    if let Some(state) = stopper {
-        runner = runner.stopper_state(state);
+    if let Some(resumed) = resumed {
+        runner = runner.fuel_burned(resumed.fuel_burned);
+        if let Some(state) = resumed.stopper {
+            runner = runner.stopper_state(state);
+        }
     }
     let runner = runner
         .with_trials(trials)
@@ -601,18 +605,22 @@ fn resume_experiment(args: ResumeArgs) -> Result<(), Failure> {
     let decisions = &state.decisions;
     let mut scheduler = setup.scheduler()?;
     let saved = &decisions.scheduler;
-    if saved.name != scheduler.name() {
-        return Err(Failure::user(format!(
-            "the saved state is of the {} scheduler, but the experiment's setup names {}",
-            saved.name,
-            scheduler.name()
-        )));
+    // The first state early versions wrote had no scheduler yet (no name):
+    // nothing to take back.
+    if !saved.name.is_empty() {
+        if saved.name != scheduler.name() {
+            return Err(Failure::user(format!(
+                "the saved state is of the {} scheduler, but the experiment's setup names {}",
+                saved.name,
+                scheduler.name()
+            )));
+        }
+        scheduler
+            .restore_state(&saved.state)
+            .map_err(|e| Failure::user(format!("the saved {} scheduler state: {e}", saved.name)))?;
     }
-    scheduler
-        .restore_state(&saved.state)
-        .map_err(|e| Failure::user(format!("the saved {} scheduler state: {e}", saved.name)))?;
     let searcher = match &decisions.searcher {
-        Some(saved) => {
+        Some(saved) if !setup.param_space.is_null() => {
             let mut searcher = setup.searcher()?;
             if saved.name != searcher.name() {
                 return Err(Failure::user(format!(
@@ -626,14 +634,22 @@ fn resume_experiment(args: ResumeArgs) -> Result<(), Failure> {
             })?;
             searcher
         }
-        // Written before searchers existed: every trial was created up
+        // Set up before searchers existed: every trial was created up
         // front and is in the saved list.
-        None => Box::new(Listed::default()),
+        _ => Box::new(Listed::default()),
     };
     setup.spec.output_dir = output_dir;
     let spec = setup.spec.clone();
-    let stopper = decisions.stopper.clone();
-    execute(backend, spec, trials, scheduler, searcher, stopper, &setup)
+    let decisions = decisions.clone();
+    execute(
+        backend,
+        spec,
+        trials,
+        scheduler,
+        searcher,
+        Some(decisions),
+        &setup,
+    )
 }
 
 fn inspect(model: &Path) -> Result<(), Failure> {

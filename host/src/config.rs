@@ -217,7 +217,7 @@ pub fn plan(
         return Err(bad("metric must not be empty"));
     }
 
-    let scheduler = scheduler(by_name(&overrides.scheduler, &file.scheduler).as_ref())?;
+    let scheduler = scheduler(by_name(&overrides.scheduler, &file.scheduler, "fifo").as_ref())?;
 
     let num_samples = overrides.num_samples.or(file.num_samples).unwrap_or(1);
     if num_samples == 0 {
@@ -254,7 +254,8 @@ pub fn plan(
     space
         .trial_count(num_samples)
         .map_err(|e| bad(e.to_string()))?;
-    let search = match &by_name(&overrides.search, &file.search) {
+    // A [search] table without `type` is random search.
+    let search = match &by_name(&overrides.search, &file.search, "random") {
         None => SearchSpec::default(),
         Some(value) => SearchSpec::from_json(&serde_json::to_value(value).unwrap_or(Value::Null))
             .map_err(bad)?,
@@ -668,13 +669,21 @@ fn fresh_output_dir(name: &str) -> PathBuf {
 /// A `--scheduler`/`--search` name over the file's value: the file's table
 /// is kept when it names the same algorithm (its parameters apply), else
 /// the name alone (default parameters).
-fn by_name(flag: &Option<String>, file: &Option<toml::Value>) -> Option<toml::Value> {
+fn by_name(
+    flag: &Option<String>,
+    file: &Option<toml::Value>,
+    default: &str,
+) -> Option<toml::Value> {
     let Some(name) = flag else {
         return file.clone();
     };
     match file {
         Some(toml::Value::Table(table))
-            if table.get("type").and_then(toml::Value::as_str) == Some(name.as_str()) =>
+            if table
+                .get("type")
+                .and_then(toml::Value::as_str)
+                .unwrap_or(default)
+                == name =>
         {
             file.clone()
         }

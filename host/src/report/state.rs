@@ -318,6 +318,7 @@ mod tests {
             },
             searcher: None,
             stopper: None,
+            fuel_burned: 0,
         };
         StateFile::new(json!({"model": "m.wasm"})).bytes("running", &trials, &decisions)
     }

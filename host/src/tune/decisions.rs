@@ -33,6 +33,9 @@ pub struct DecisionState {
     /// The experiment-level stopper's, when the experiment has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stopper: Option<Value>,
+    /// Fuel burned by all trials' steps so far (what `max_fuel` bounds).
+    #[serde(default)]
+    pub fuel_burned: u64,
 }
 
 /// The decision makers of a live run, lent to callbacks that save state.
@@ -45,6 +48,8 @@ pub struct Deciders<'a> {
     pub searcher: &'a dyn Searcher,
     /// The experiment-level stopper, if any.
     pub stopper: Option<&'a ExperimentStopper>,
+    /// Fuel burned by all trials' steps so far.
+    pub fuel_burned: u64,
 }
 
 impl Deciders<'_> {
@@ -60,6 +65,7 @@ impl Deciders<'_> {
                 state: self.searcher.state(),
             }),
             stopper: self.stopper.map(ExperimentStopper::state),
+            fuel_burned: self.fuel_burned,
         }
     }
 }

@@ -283,8 +283,11 @@ pub struct Runner<B: TrialBackend> {
     stopper: Option<ExperimentStopper>,
     /// A saved stopper state to continue from.
     stopper_state: Option<Value>,
-    /// Sum of every trial's `fuel_total`.
-    fuel_sum: u64,
+    /// Fuel burned by every trial's steps, in this run and the runs it
+    /// resumes. Unlike the sum of `fuel_total`s, it never goes back when a
+    /// trial continues from a checkpoint (a recovery, a PBT exploit), so
+    /// `max_fuel` bounds what was really spent.
+    fuel_burned: u64,
     callbacks: Vec<Box<dyn Callback>>,
     trials: Option<Vec<Trial>>,
     interrupts: Option<mpsc::UnboundedReceiver<()>>,
@@ -335,7 +338,7 @@ impl<B: TrialBackend> Runner<B> {
             resizing: HashSet::new(),
             stopper: None,
             stopper_state: None,
-            fuel_sum: 0,
+            fuel_burned: 0,
             callbacks: Vec::new(),
             trials: None,
             interrupts: None,
@@ -378,6 +381,13 @@ impl<B: TrialBackend> Runner<B> {
         self
     }
 
+    /// Continues the count of fuel burned in earlier runs
+    /// ([`DecisionState::fuel_burned`]), which `max_fuel` bounds.
+    pub fn fuel_burned(mut self, burned: u64) -> Self {
+        self.fuel_burned = burned;
+        self
+    }
+
     /// Adds an observer; callbacks run in the order added.
     pub fn callback(mut self, callback: impl Callback + 'static) -> Self {
         self.callbacks.push(Box::new(callback));
@@ -389,7 +399,11 @@ impl<B: TrialBackend> Runner<B> {
         let started = Instant::now();
         let mut trials = self.trials.take().unwrap_or_default();
         if !self.custom_searcher {
-            self.searcher = Box::new(Listed::new(std::mem::take(&mut self.spec.configs)));
+            // The spec's configs, one trial each; saved trials given with
+            // `with_trials` are the first of them.
+            let mut listed = Listed::new(std::mem::take(&mut self.spec.configs));
+            listed.skip(trials.len());
+            self.searcher = Box::new(listed);
         }
         self.id_width = trial_id_width(self.searcher.total(), trials.len());
         self.pool = self.spec.resources.build().map_err(RunError::Spec)?;
@@ -412,7 +426,11 @@ impl<B: TrialBackend> Runner<B> {
             }
             self.stopper = Some(stopper);
         }
-        self.fuel_sum = trials.iter().map(|t| t.fuel_total).sum();
+        // States written before the count was kept: at least what the
+        // trials hold.
+        self.fuel_burned = self
+            .fuel_burned
+            .max(trials.iter().map(|t| t.fuel_total).sum());
         for cb in &mut self.callbacks {
             cb.on_experiment_start(&self.spec, &trials)
                 .map_err(RunError::Callback)?;
@@ -423,6 +441,7 @@ impl<B: TrialBackend> Runner<B> {
             scheduler: self.scheduler.as_ref(),
             searcher: self.searcher.as_ref(),
             stopper: self.stopper.as_ref(),
+            fuel_burned: self.fuel_burned,
         };
         for cb in &mut self.callbacks {
             cb.on_state(&trials, &deciders)
@@ -523,6 +542,12 @@ impl<B: TrialBackend> Runner<B> {
                 }
             };
             let Some(joined) = joined else {
+                if halted.is_some() || stopped.is_some() {
+                    // Trials still waiting for resources stay PENDING or
+                    // PAUSED, for `wtune resume`.
+                    self.waiting.clear();
+                    break;
+                }
                 if let Some(&index) = self.waiting.front() {
                     self.persist_now(&trials, "internal error");
                     return Err(RunError::Internal(format!(
@@ -530,13 +555,26 @@ impl<B: TrialBackend> Runner<B> {
                         trials[index].trial_id
                     )));
                 }
-                if stopped.is_none()
-                    && !self.search_over
-                    && halted.is_none()
+                let searcher_waits = !self.search_over
                     && trials
                         .last()
-                        .is_none_or(|t| t.status != TrialStatus::Pending)
-                {
+                        .is_none_or(|t| t.status != TrialStatus::Pending);
+                if searcher_waits && trials.iter().any(|t| t.status == TrialStatus::Paused) {
+                    // A concurrency limit counts the trials the scheduler
+                    // holds paused (synchronous HyperBand waiting for its
+                    // bracket to fill), so neither side would move again:
+                    // the scheduler decides with the trials it has.
+                    tracing::warn!(
+                        "the {} searcher waits for trials the {} scheduler holds paused; \
+                         no more trials are created",
+                        self.searcher.name(),
+                        self.scheduler.name()
+                    );
+                    self.search_over = true;
+                    self.scheduler.on_no_more_trials();
+                    continue;
+                }
+                if searcher_waits {
                     // Nothing runs, so nothing will ever change the
                     // searcher's mind.
                     self.persist_now(&trials, "internal error");
@@ -564,7 +602,7 @@ impl<B: TrialBackend> Runner<B> {
                     if pausing {
                         trials[index].status = TrialStatus::Paused;
                         self.notify(&trials, index, |cb, t| cb.on_trial_pause(t, index));
-                        if self.resizing.remove(&index) && halted.is_none() {
+                        if self.resizing.remove(&index) && halted.is_none() && stopped.is_none() {
                             self.waiting.push_back(index);
                         }
                     }
@@ -579,8 +617,8 @@ impl<B: TrialBackend> Runner<B> {
                     halted.as_deref(),
                 ),
                 Event::Launched(Ok(session)) => {
-                    self.set_fuel(&mut trials[index], session.fuel_total());
                     let trial = &mut trials[index];
+                    trial.fuel_total = session.fuel_total();
                     trial.iterations = session.iteration();
                     trial.time_total_s = session.time_restored_s();
                     trial.iterations_since_restore = 0;
@@ -603,7 +641,7 @@ impl<B: TrialBackend> Runner<B> {
                     fuel_total,
                     ..
                 } => {
-                    self.set_fuel(&mut trials[index], fuel_total);
+                    self.burn(&mut trials[index], fuel_total);
                     self.failure(
                         &mut tasks,
                         &mut trials,
@@ -626,7 +664,7 @@ impl<B: TrialBackend> Runner<B> {
                     trial.time_total_s += secs;
                     trial.time_since_restore += secs;
                     trial.fuel_since_restore += fuel_total.saturating_sub(trial.fuel_total);
-                    self.set_fuel(&mut trials[index], fuel_total);
+                    self.burn(&mut trials[index], fuel_total);
                     let recorded =
                         self.record(&mut trials, index, &step, elapsed)
                             .map(|decision| {
@@ -790,16 +828,18 @@ impl<B: TrialBackend> Runner<B> {
             .unwrap_or(&self.spec.resources_per_trial)
     }
 
-    /// Keeps [`Runner::fuel_sum`] in step with a trial's new `fuel_total`.
-    fn set_fuel(&mut self, trial: &mut Trial, fuel_total: u64) {
-        self.fuel_sum = (self.fuel_sum - trial.fuel_total.min(self.fuel_sum)) + fuel_total;
+    /// A step took `trial` to `fuel_total`: counts what it burned.
+    fn burn(&mut self, trial: &mut Trial, fuel_total: u64) {
+        self.fuel_burned = self
+            .fuel_burned
+            .saturating_add(fuel_total.saturating_sub(trial.fuel_total));
         trial.fuel_total = fuel_total;
     }
 
     fn totals(&self, trials: &[Trial], started: Instant) -> Totals {
         Totals {
             elapsed_s: started.elapsed().as_secs_f64(),
-            fuel_total: self.fuel_sum,
+            fuel_total: self.fuel_burned,
             trials_created: trials.len(),
         }
     }
@@ -817,8 +857,9 @@ impl<B: TrialBackend> Runner<B> {
         let stopper = self.stopper.as_ref()?;
         let now = started.elapsed().as_secs_f64();
         let before = (stopper.elapsed_s() - now).max(0.0);
-        let left = (max - before).max(0.0);
-        Some(tokio::time::Instant::from_std(started) + Duration::from_secs_f64(left))
+        let left = Duration::try_from_secs_f64((max - before).max(0.0)).ok()?;
+        // A deadline past what the clock can represent is no deadline.
+        tokio::time::Instant::from_std(started).checked_add(left)
     }
 
     /// What follows a recorded result besides the scheduler's decision:
@@ -856,6 +897,13 @@ impl<B: TrialBackend> Runner<B> {
             return decision;
         }
         let trial_id = trials[index].trial_id.clone();
+        if resources.memory != self.request(&trials[index]).memory {
+            // The sandbox's memory cap is set when it starts: a new
+            // reservation takes a relaunch, from a checkpoint.
+            trials[index].resources = Some(resources);
+            self.resizing.insert(index);
+            return Decision::Pause;
+        }
         match self.pool.resize(&trial_id, &resources) {
             Ok(Acquire::Granted) => {
                 trials[index].resources = Some(resources);
@@ -1079,6 +1127,19 @@ impl<B: TrialBackend> Runner<B> {
             return;
         };
         let trial = &mut trials[index];
+        // The trial's own checkpoints from this iteration on belong to the
+        // trajectory it leaves: recovery and `wtune resume` continue from
+        // the newest checkpoint on disk, which must be the clone.
+        trial.checkpoints.retain(|own| {
+            let stale = own.iteration >= checkpoint.iteration;
+            if stale {
+                let file = trial.dir.join(&own.path);
+                if let Err(err) = std::fs::remove_file(&file) {
+                    tracing::warn!("removing {}: {err}", file.display());
+                }
+            }
+            !stale
+        });
         let path = checkpoint_path::<B>(checkpoint.iteration);
         let (from, to) = (source_dir.join(&checkpoint.path), trial.dir.join(&path));
         let copied = to
@@ -1218,6 +1279,19 @@ impl<B: TrialBackend> Runner<B> {
                     .join(", ")
             ));
         }
+        if let Some(stopper) = &self.stopper
+            && let Some(missing) = stopper.metrics().find(|m| !record.contains_key(*m))
+        {
+            return Err(format!(
+                "stop_experiment's plateau metric `{missing}` is not in the trainable's report \
+                 (it reports: {})",
+                step.metrics
+                    .iter()
+                    .map(|(n, _)| n.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
         let stop_reason = if step.done {
             Some("the trainable reported done".to_string())
         } else {
@@ -1296,6 +1370,7 @@ impl<B: TrialBackend> Runner<B> {
             scheduler: self.scheduler.as_ref(),
             searcher: self.searcher.as_ref(),
             stopper: self.stopper.as_ref(),
+            fuel_burned: self.fuel_burned,
         }
     }
 
@@ -1304,6 +1379,7 @@ impl<B: TrialBackend> Runner<B> {
             scheduler: self.scheduler.as_ref(),
             searcher: self.searcher.as_ref(),
             stopper: self.stopper.as_ref(),
+            fuel_burned: self.fuel_burned,
         };
         for cb in &mut self.callbacks {
             if let Err(reason) = cb.on_state(trials, &deciders) {

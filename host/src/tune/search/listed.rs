@@ -19,6 +19,11 @@ impl Listed {
     pub fn new(configs: Vec<Value>) -> Self {
         Self { configs, next: 0 }
     }
+
+    /// Passes over the next `count` configs (trials that already exist).
+    pub fn skip(&mut self, count: usize) {
+        self.next = self.next.saturating_add(count).min(self.configs.len());
+    }
 }
 
 impl Searcher for Listed {
