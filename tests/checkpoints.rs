@@ -18,8 +18,6 @@ use wtune::tune::{
 
 fn spec(dir: &Path, configs: Vec<Value>, iterations: u64) -> RunSpec {
     RunSpec {
-        name: "checkpoints".into(),
-        output_dir: dir.to_path_buf(),
         metric: Some("score".into()),
         mode: Mode::Max,
         stop: StopCriteria {
@@ -30,10 +28,7 @@ fn spec(dir: &Path, configs: Vec<Value>, iterations: u64) -> RunSpec {
         configs,
         checkpoint: CheckpointPolicy::default(),
         failure: FailurePolicy::default(),
-        restore_from: None,
-        resources_per_trial: Default::default(),
-        resources: Default::default(),
-        stop_experiment: Default::default(),
+        ..RunSpec::new("checkpoints", dir.to_path_buf())
     }
 }
 

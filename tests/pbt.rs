@@ -155,8 +155,6 @@ fn run(
 ) -> (ExperimentSummary, Arc<Budget>) {
     let budget = Budget::new(POPULATION as u64 * ITERATIONS);
     let spec = RunSpec {
-        name: "pbt".into(),
-        output_dir: dir.to_path_buf(),
         metric: Some("q".into()),
         mode: Mode::Max,
         stop: StopCriteria {
@@ -165,17 +163,13 @@ fn run(
         },
         max_concurrent: POPULATION,
         configs: population(seed),
-        checkpoint: Default::default(),
-        failure: Default::default(),
-        restore_from: None,
-        resources_per_trial: Default::default(),
         // A CPU per trial, however many the machine has: the population
         // trains side by side.
         resources: PoolSpec {
             cpu: Some(POPULATION as f64),
             ..Default::default()
         },
-        stop_experiment: Default::default(),
+        ..RunSpec::new("pbt", dir.to_path_buf())
     };
     let runner = Runner::new(toy(budget.clone()), spec, scheduler);
     let summary = tokio::runtime::Runtime::new()

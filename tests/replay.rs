@@ -27,19 +27,12 @@ fn shipped() -> CurveSet {
 
 fn spec(out: &Path, configs: Vec<Value>, max_concurrent: usize) -> RunSpec {
     RunSpec {
-        name: "replay".into(),
-        output_dir: out.to_path_buf(),
         metric: Some("val_loss".into()),
         mode: Mode::Min,
         stop: StopCriteria::default(),
         max_concurrent,
         configs,
-        checkpoint: Default::default(),
-        failure: Default::default(),
-        restore_from: None,
-        resources_per_trial: Default::default(),
-        resources: Default::default(),
-        stop_experiment: Default::default(),
+        ..RunSpec::new("replay", out.to_path_buf())
     }
 }
 

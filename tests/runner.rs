@@ -20,19 +20,12 @@ fn spec(
     max_concurrent: usize,
 ) -> RunSpec {
     RunSpec {
-        name: "runner-test".into(),
-        output_dir: dir.to_path_buf(),
         metric: Some("score".into()),
         mode: Mode::Max,
         stop,
         max_concurrent,
         configs,
-        checkpoint: Default::default(),
-        failure: Default::default(),
-        restore_from: None,
-        resources_per_trial: Default::default(),
-        resources: Default::default(),
-        stop_experiment: Default::default(),
+        ..RunSpec::new("runner-test", dir.to_path_buf())
     }
 }
 

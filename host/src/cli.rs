@@ -14,8 +14,8 @@ use crate::sandbox::{Limits, Program, Sandbox, SandboxOptions, fuel_text, human_
 use crate::snapshot::{Payload, SnapshotKey};
 use crate::tune::resume::{self, ErroredTrials};
 use crate::tune::{
-    DecisionState, Listed, RunError, RunSpec, Runner, Scheduler, SchedulerSpec, SearchSpace,
-    SearchSpec, Searcher, Trial, TrialStatus,
+    DecisionState, Listed, RunError, RunSpec, Runner, Scheduler, SchedulerSpec, SearchSpec,
+    Searcher, Trial, TrialStatus,
 };
 
 /// Tune hyperparameters of WebAssembly trainables, each trial in its own sandbox.
@@ -202,17 +202,14 @@ impl Setup {
             let count = usize::try_from(self.num_samples).unwrap_or(usize::MAX);
             return Ok(Box::new(Listed::new(vec![config.clone(); count])));
         }
-        let space =
-            SearchSpace::from_json(&self.param_space).map_err(|e| Failure::user(e.to_string()))?;
-        self.search
-            .build(
-                &space,
-                self.num_samples,
-                self.spec.metric.as_deref(),
-                self.spec.mode,
-                self.seed,
-            )
-            .map_err(Failure::user)
+        config::searcher(
+            &self.search,
+            &self.param_space,
+            self.num_samples,
+            &self.spec,
+            self.seed,
+        )
+        .map_err(Failure::user)
     }
 }
 

@@ -156,17 +156,28 @@ pub struct Plan {
 impl Plan {
     /// The searcher that creates the plan's trials.
     pub fn searcher(&self) -> Result<Box<dyn Searcher>, ConfigError> {
-        let space = SearchSpace::from_json(&self.param_space).map_err(|e| bad(e.to_string()))?;
-        self.search
-            .build(
-                &space,
-                self.num_samples,
-                self.spec.metric.as_deref(),
-                self.spec.mode,
-                self.seed,
-            )
-            .map_err(bad)
+        searcher(
+            &self.search,
+            &self.param_space,
+            self.num_samples,
+            &self.spec,
+            self.seed,
+        )
+        .map_err(bad)
     }
+}
+
+/// The searcher `search` builds over `param_space` (JSON) for `spec`'s
+/// metric and mode: for a fresh plan and for `wtune resume` alike.
+pub fn searcher(
+    search: &SearchSpec,
+    param_space: &Value,
+    num_samples: u64,
+    spec: &RunSpec,
+    seed: u64,
+) -> Result<Box<dyn Searcher>, String> {
+    let space = SearchSpace::from_json(param_space).map_err(|e| e.to_string())?;
+    search.build(&space, num_samples, spec.metric.as_deref(), spec.mode, seed)
 }
 
 /// Reads the experiment file (if any), applies overrides, validates.

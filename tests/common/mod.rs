@@ -61,19 +61,12 @@ pub fn run_trials(
     out: &Path,
 ) -> ExperimentSummary {
     let spec = RunSpec {
-        name: "test".into(),
-        output_dir: out.to_path_buf(),
         metric: None,
         mode: Mode::Max,
         stop,
         max_concurrent: 4,
         configs,
-        checkpoint: Default::default(),
-        failure: Default::default(),
-        restore_from: None,
-        resources_per_trial: Default::default(),
-        resources: Default::default(),
-        stop_experiment: Default::default(),
+        ..RunSpec::new("test", out.to_path_buf())
     };
     let runner = Runner::new(
         WasmBackend::new(program, limits, data),

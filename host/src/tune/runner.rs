@@ -124,6 +124,29 @@ pub struct RunSpec {
     pub stop_experiment: ExperimentStop,
 }
 
+impl RunSpec {
+    /// A spec with every option at its default: one trial at a time, no
+    /// metric, no stopping criteria, no checkpoints, no retries, no configs
+    /// (give a searcher, or `configs`), the machine's resources.
+    pub fn new(name: impl Into<String>, output_dir: impl Into<PathBuf>) -> Self {
+        Self {
+            name: name.into(),
+            output_dir: output_dir.into(),
+            metric: None,
+            mode: Mode::default(),
+            stop: StopCriteria::default(),
+            max_concurrent: 1,
+            configs: Vec::new(),
+            checkpoint: CheckpointPolicy::default(),
+            failure: FailurePolicy::default(),
+            restore_from: None,
+            resources_per_trial: Resources::default(),
+            resources: PoolSpec::default(),
+            stop_experiment: ExperimentStop::default(),
+        }
+    }
+}
+
 /// Observes the experiment. File loggers and progress displays are
 /// callbacks. An `Err` from a trial-level hook ends that trial as ERROR with
 /// the message (a full disk fails the trial whose file could not be
@@ -437,15 +460,8 @@ impl<B: TrialBackend> Runner<B> {
         }
         // The first state, before any trial starts: a callback that cannot
         // save it stops the run now rather than after hours of training.
-        let deciders = Deciders {
-            scheduler: self.scheduler.as_ref(),
-            searcher: self.searcher.as_ref(),
-            stopper: self.stopper.as_ref(),
-            fuel_burned: self.fuel_burned,
-        };
-        for cb in &mut self.callbacks {
-            cb.on_state(&trials, &deciders)
-                .map_err(RunError::Callback)?;
+        if let Some(reason) = self.states(&trials).into_iter().next() {
+            return Err(RunError::Callback(reason));
         }
 
         let max_concurrent = self.spec.max_concurrent.max(1);
@@ -1374,17 +1390,33 @@ impl<B: TrialBackend> Runner<B> {
         }
     }
 
-    fn persist(&mut self, trials: &[Trial]) {
+    /// Offers every callback the state ([`Callback::on_state`]); returns
+    /// their errors.
+    fn states(&mut self, trials: &[Trial]) -> Vec<String> {
+        // The callbacks are borrowed mutably, the decision makers shared.
+        let Self {
+            scheduler,
+            searcher,
+            stopper,
+            fuel_burned,
+            callbacks,
+            ..
+        } = self;
         let deciders = Deciders {
-            scheduler: self.scheduler.as_ref(),
-            searcher: self.searcher.as_ref(),
-            stopper: self.stopper.as_ref(),
-            fuel_burned: self.fuel_burned,
+            scheduler: scheduler.as_ref(),
+            searcher: searcher.as_ref(),
+            stopper: stopper.as_ref(),
+            fuel_burned: *fuel_burned,
         };
-        for cb in &mut self.callbacks {
-            if let Err(reason) = cb.on_state(trials, &deciders) {
-                tracing::warn!("{reason}");
-            }
+        callbacks
+            .iter_mut()
+            .filter_map(|cb| cb.on_state(trials, &deciders).err())
+            .collect()
+    }
+
+    fn persist(&mut self, trials: &[Trial]) {
+        for reason in self.states(trials) {
+            tracing::warn!("{reason}");
         }
     }
 
