@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! bash scripts/setup.sh                       # builds the guest components
-//! cargo run --release -p wtune-bench -- all   # or: startup | overhead | step
+//! cargo run --release -p wtune-bench -- all   # or one of the names below
 //! ```
 //!
 //! - `startup`: instantiate-to-first-result latency of one trial (fresh
@@ -20,6 +20,17 @@
 //!   and without `experiment_state.json` persistence: the wall-time
 //!   difference, and the share of the run spent serializing state on the
 //!   runner's thread.
+//! - `decisions [NAME]`: per-call cost of every scheduler and searcher
+//!   (those whose name contains NAME) with 10,000 trials, driven directly by
+//!   a loop that calls them as the runner does (no runner, no sandbox), and
+//!   the size and cost of their `state()`.
+//! - `compare`: ASHA against random search (FIFO) at equal total fuel
+//!   (`stop_experiment.max_fuel`): on the digits example in the sandbox
+//!   (best `val_accuracy` reached, 10 seeds), and on the native replay of
+//!   `CurveSet::synthetic()` (regret against its known optimum, 200 seeds).
+
+mod compare;
+mod decisions;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -78,6 +89,13 @@ fn main() {
     }
     if matches!(what.as_str(), "all" | "state") {
         state_writes();
+    }
+    if matches!(what.as_str(), "all" | "decisions") {
+        decisions::run(std::env::args().nth(2).as_deref());
+    }
+    if matches!(what.as_str(), "all" | "compare") {
+        compare::replay();
+        compare::digits(&root, &guest("digits_mlp"));
     }
 }
 
