@@ -36,7 +36,8 @@
 //! which trial reaches a rung first depends on speed, as in every
 //! asynchronous scheduler).
 
-use std::collections::BTreeMap;
+use std::cmp::Ordering;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -211,6 +212,37 @@ struct Held {
     rung: usize,
 }
 
+/// A result that is a number, in promotion order: the best first, ties by
+/// trial id.
+#[derive(Debug, Clone)]
+struct Ranked {
+    reward: f64,
+    id: String,
+}
+
+impl Ord for Ranked {
+    fn cmp(&self, other: &Self) -> Ordering {
+        other
+            .reward
+            .total_cmp(&self.reward)
+            .then_with(|| self.id.cmp(&other.id))
+    }
+}
+
+impl PartialOrd for Ranked {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl PartialEq for Ranked {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+
+impl Eq for Ranked {}
+
 /// The ASHA scheduler. The stopping variant starts trials in FIFO order;
 /// the promotion variant prefers promotions to new trials.
 #[derive(Debug)]
@@ -228,9 +260,21 @@ pub struct Asha {
     no_more_trials: bool,
     seed: u64,
     fifo: Fifo,
-    /// Promotion variant: trials before this index are finished; a cache,
-    /// not state.
-    cursor: usize,
+    /// Promotion variant, caches rebuilt from the state (not saved): per
+    /// bracket and rung, the results that are numbers in promotion order.
+    ranked: Vec<Vec<Vec<Ranked>>>,
+    /// Per bracket and rung, the held trials whose result there is a
+    /// number, in promotion order.
+    held_ranked: Vec<Vec<BTreeSet<Ranked>>>,
+    /// Held trials last seen PAUSED, by id, with their index: they stay
+    /// so until this scheduler lets them go (promotes or ends them, or is
+    /// told they ended), so the survey need not look at them again.
+    settled: HashMap<String, usize>,
+    /// Indices of the trials the survey still looks at: all those seen
+    /// that are neither finished nor settled.
+    unsettled: BTreeSet<usize>,
+    /// How many trials the survey has seen.
+    seen: usize,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -246,8 +290,6 @@ struct AshaState {
 /// What the promotion variant needs to know about the trials.
 #[derive(Default)]
 struct Survey {
-    /// PAUSED trials by id.
-    paused: BTreeMap<String, usize>,
     /// The first PAUSED trial not held at a rung (paused by an interrupted
     /// run): it goes on first.
     free_paused: Option<usize>,
@@ -274,7 +316,7 @@ impl Asha {
                     .collect()
             })
             .collect();
-        Ok(Self {
+        let mut asha = Self {
             config,
             metric: metric.to_string(),
             mode,
@@ -284,8 +326,94 @@ impl Asha {
             no_more_trials: false,
             seed,
             fifo: Fifo::default(),
-            cursor: 0,
+            ranked: Vec::new(),
+            held_ranked: Vec::new(),
+            settled: HashMap::new(),
+            unsettled: BTreeSet::new(),
+            seen: 0,
+        };
+        asha.rebuild_caches();
+        Ok(asha)
+    }
+
+    /// Rebuilds the promotion caches from `brackets` and `held`, and makes
+    /// the next survey look at every trial again.
+    fn rebuild_caches(&mut self) {
+        self.ranked = self
+            .brackets
+            .iter()
+            .map(|rungs| {
+                rungs
+                    .iter()
+                    .map(|rung| {
+                        let mut ranked: Vec<Ranked> = rung
+                            .recorded
+                            .iter()
+                            .filter(|(_, v)| !v.is_nan())
+                            .map(|(id, &reward)| Ranked {
+                                reward,
+                                id: id.clone(),
+                            })
+                            .collect();
+                        ranked.sort();
+                        ranked
+                    })
+                    .collect()
+            })
+            .collect();
+        self.held_ranked = self
+            .brackets
+            .iter()
+            .map(|rungs| vec![BTreeSet::new(); rungs.len()])
+            .collect();
+        let held: Vec<(String, Held)> = self.held.iter().map(|(k, v)| (k.clone(), *v)).collect();
+        for (id, at) in held {
+            self.index_held(&id, at);
+        }
+        self.settled.clear();
+        self.unsettled.clear();
+        self.seen = 0;
+    }
+
+    /// The held trial's entry in `held_ranked`, when its result at its
+    /// rung is a number.
+    fn held_entry(&self, id: &str, at: Held) -> Option<Ranked> {
+        let reward = *self
+            .brackets
+            .get(at.bracket)?
+            .get(at.rung)?
+            .recorded
+            .get(id)?;
+        (!reward.is_nan()).then(|| Ranked {
+            reward,
+            id: id.to_string(),
         })
+    }
+
+    fn index_held(&mut self, id: &str, at: Held) {
+        if let Some(entry) = self.held_entry(id, at) {
+            self.held_ranked[at.bracket][at.rung].insert(entry);
+        }
+    }
+
+    /// Holds a trial at a rung.
+    fn hold(&mut self, id: &str, at: Held) {
+        self.unhold(id);
+        self.held.insert(id.to_string(), at);
+        self.index_held(id, at);
+    }
+
+    /// Lets a held trial go (no-op when it is not held).
+    fn unhold(&mut self, id: &str) {
+        let Some(at) = self.held.remove(id) else {
+            return;
+        };
+        if let Some(entry) = self.held_entry(id, at) {
+            self.held_ranked[at.bracket][at.rung].remove(&entry);
+        }
+        if let Some(index) = self.settled.remove(id) {
+            self.unsettled.insert(index);
+        }
     }
 
     /// The milestones of each bracket, highest first.
@@ -395,32 +523,24 @@ impl Asha {
             .unwrap_or(rungs.len());
         let rung = (0..limit).find(|&r| t >= rungs[r].milestone)?;
         rungs[rung].recorded.insert(trial_id.to_string(), reward);
+        if !reward.is_nan() {
+            let entry = Ranked {
+                reward,
+                id: trial_id.to_string(),
+            };
+            let ranked = &mut self.ranked[bracket][rung];
+            if let Err(pos) = ranked.binary_search(&entry) {
+                ranked.insert(pos, entry);
+            }
+        }
         Some(Held { bracket, rung })
     }
 
-    /// The trials that may be promoted from a rung: the best
-    /// `n / reduction_factor` (rounded down, or up in the end game) of its
-    /// `n` results that are numbers, best first, ties by trial id.
-    fn top(&self, at: Held, round_up: bool) -> Vec<&str> {
-        let mut ranked: Vec<(&str, f64)> = self.brackets[at.bracket][at.rung]
-            .recorded
-            .iter()
-            .filter(|(_, v)| !v.is_nan())
-            .map(|(id, &v)| (id.as_str(), v))
-            .collect();
-        let share = ranked.len() as f64 / self.config.reduction_factor;
-        let quota = if round_up {
-            share.ceil()
-        } else {
-            share.floor()
-        } as usize;
-        ranked.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(b.0)));
-        ranked.into_iter().take(quota).map(|(id, _)| id).collect()
-    }
-
     /// The trial to promote next: rungs by milestone from the highest (ties
-    /// by bracket), and in each the best held trial within its share that
-    /// `available` allows.
+    /// by bracket), and in each the best held trial that `available` allows,
+    /// if it is among the best `n / reduction_factor` (rounded down, or up
+    /// in the end game) of the rung's `n` results that are numbers (best
+    /// first, ties by trial id).
     fn promotable(&self, round_up: bool, available: impl Fn(&str) -> bool) -> Option<String> {
         let mut rungs: Vec<Held> = (0..self.brackets.len())
             .flat_map(|bracket| {
@@ -434,36 +554,77 @@ impl Asha {
                 .then(a.bracket.cmp(&b.bracket))
         });
         rungs.into_iter().find_map(|at| {
-            self.top(at, round_up)
-                .into_iter()
-                .find(|id| self.held.get(*id) == Some(&at) && available(id))
-                .map(str::to_string)
+            let ranked = &self.ranked[at.bracket][at.rung];
+            let share = ranked.len() as f64 / self.config.reduction_factor;
+            let quota = if round_up {
+                share.ceil()
+            } else {
+                share.floor()
+            } as usize;
+            let last = ranked.get(quota.min(ranked.len()).checked_sub(1)?)?;
+            self.held_ranked[at.bracket][at.rung]
+                .iter()
+                .find(|entry| available(&entry.id))
+                .filter(|entry| *entry <= last)
+                .map(|entry| entry.id.clone())
         })
     }
 
-    /// Looks at the trials, forgetting held trials that have finished.
+    /// Makes the next survey look at every trial again.
+    fn resync(&mut self, len: usize) {
+        self.settled.clear();
+        self.unsettled = (0..len).collect();
+        self.seen = len;
+    }
+
+    /// Whether the settled trial `id` is still PAUSED where it was seen.
+    fn still_settled(&self, trials: &[Trial], id: &str) -> bool {
+        self.settled.get(id).is_some_and(|&i| {
+            trials
+                .get(i)
+                .is_some_and(|t| t.status == TrialStatus::Paused && t.trial_id == id)
+        })
+    }
+
+    /// Looks at the trials not settled, forgetting held trials that have
+    /// finished and settling held trials now PAUSED.
     fn survey(&mut self, trials: &[Trial]) -> Survey {
-        while self.cursor < trials.len() && trials[self.cursor].status.is_finished() {
-            self.held.remove(&trials[self.cursor].trial_id);
-            self.cursor += 1;
+        if trials.len() < self.seen {
+            self.resync(trials.len());
         }
+        self.unsettled.extend(self.seen..trials.len());
+        self.seen = trials.len();
         let mut survey = Survey::default();
-        for (i, trial) in trials.iter().enumerate().skip(self.cursor) {
+        let mut gone = Vec::new();
+        let mut settle = Vec::new();
+        for &i in &self.unsettled {
+            let trial = &trials[i];
             match trial.status {
                 TrialStatus::Paused => {
-                    if survey.free_paused.is_none() && !self.held.contains_key(&trial.trial_id) {
+                    if self.held.contains_key(&trial.trial_id) {
+                        settle.push(i);
+                    } else if survey.free_paused.is_none() {
                         survey.free_paused = Some(i);
                     }
-                    survey.paused.insert(trial.trial_id.clone(), i);
                 }
                 TrialStatus::Pending => {
                     survey.pending = survey.pending.or(Some(i));
                     survey.busy = true;
                 }
                 TrialStatus::Running => survey.busy = true,
-                TrialStatus::Terminated | TrialStatus::Error => {
-                    self.held.remove(&trial.trial_id);
-                }
+                TrialStatus::Terminated | TrialStatus::Error => gone.push(i),
+            }
+        }
+        for i in gone {
+            self.unsettled.remove(&i);
+            self.unhold(&trials[i].trial_id);
+        }
+        for i in settle {
+            self.unsettled.remove(&i);
+            if let Some(old) = self.settled.insert(trials[i].trial_id.clone(), i)
+                && old != i
+            {
+                self.unsettled.insert(old);
             }
         }
         survey
@@ -481,18 +642,18 @@ impl Asha {
             return Decision::Continue;
         };
         if t >= self.config.max_t {
-            self.held.remove(id);
+            self.unhold(id);
             return Decision::Stop;
         }
         let reward = self.reward(result);
         let Some(at) = self.record_above(id, t, reward) else {
             return Decision::Continue;
         };
-        self.held.insert(id.to_string(), at);
+        self.hold(id, at);
         // The slot this trial frees would go to the best promotable trial;
         // when that is this one, it simply goes on.
         if self.promotable(false, |_| true).as_deref() == Some(id) {
-            self.held.remove(id);
+            self.unhold(id);
             Decision::Continue
         } else {
             Decision::Pause
@@ -525,7 +686,7 @@ impl Scheduler for Asha {
                 self.record(trial, t, result);
             }
             AshaVariant::Promotion => {
-                self.held.remove(&trial.trial_id);
+                self.unhold(&trial.trial_id);
                 let reward = self.reward(result);
                 self.record_above(&trial.trial_id, t, reward);
             }
@@ -535,7 +696,7 @@ impl Scheduler for Asha {
     fn on_trial_remove(&mut self, trial: &Trial) {
         // Its results stay recorded (they were real); it just cannot be
         // promoted.
-        self.held.remove(&trial.trial_id);
+        self.unhold(&trial.trial_id);
     }
 
     fn on_no_more_trials(&mut self) {
@@ -551,9 +712,16 @@ impl Scheduler for Asha {
             return survey.free_paused;
         }
         let round_up = self.end_game(&survey);
-        if let Some(id) = self.promotable(round_up, |id| survey.paused.contains_key(id)) {
-            self.held.remove(&id);
-            return survey.paused.get(&id).copied();
+        let settled = &self.settled;
+        if let Some(id) = self.promotable(round_up, |id| settled.contains_key(id)) {
+            if !self.still_settled(trials, &id) {
+                // Changed behind this scheduler's back: look at all again.
+                self.resync(trials.len());
+                return self.choose_next(trials);
+            }
+            let index = self.settled[&id];
+            self.unhold(&id);
+            return Some(index);
         }
         survey.pending
     }
@@ -566,19 +734,28 @@ impl Scheduler for Asha {
         if self.held.is_empty() || !self.end_game(&survey) {
             return Vec::new();
         }
-        if self
-            .promotable(true, |id| survey.paused.contains_key(id))
-            .is_some()
-        {
+        let settled = &self.settled;
+        if let Some(id) = self.promotable(true, |id| settled.contains_key(id)) {
+            if !self.still_settled(trials, &id) {
+                self.resync(trials.len());
+                return self.take_stops(trials);
+            }
             return Vec::new();
         }
-        // Nothing can promote them any more.
-        let mut ended: Vec<usize> = self
-            .held
+        if self
+            .settled
             .keys()
-            .filter_map(|id| survey.paused.get(id).copied())
-            .collect();
-        self.held.retain(|id, _| !survey.paused.contains_key(id));
+            .any(|id| !self.still_settled(trials, id))
+        {
+            self.resync(trials.len());
+            return self.take_stops(trials);
+        }
+        // Nothing can promote them any more.
+        let ids: Vec<String> = self.settled.keys().cloned().collect();
+        let mut ended: Vec<usize> = self.settled.values().copied().collect();
+        for id in ids {
+            self.unhold(&id);
+        }
         ended.sort_unstable();
         ended
     }
@@ -642,7 +819,7 @@ impl Scheduler for Asha {
         self.assigned = saved.assigned;
         self.held = saved.held;
         self.no_more_trials = saved.no_more_trials;
-        self.cursor = 0;
+        self.rebuild_caches();
         Ok(())
     }
 }

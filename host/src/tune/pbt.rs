@@ -55,7 +55,7 @@
 //! whose position is saved with the rest of the state, so `wtune resume`
 //! continues with the same draws.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -401,6 +401,18 @@ pub struct PopulationBasedTraining {
     /// A missing attribute was reported once (`require_attrs = false`);
     /// not state.
     warned: bool,
+    /// Caches rebuilt from the state (not saved): the ids of the members
+    /// not finished, in id order.
+    live: BTreeSet<String>,
+    /// How many of the runner's trials [`Scheduler::choose_next`] has seen.
+    synced: usize,
+    /// Their indices by id.
+    positions: HashMap<String, usize>,
+    /// Members created since the last `choose_next`, to place.
+    unplaced: Vec<String>,
+    /// Indices of the trials seen that were not finished when last looked
+    /// at (a finished trial stays finished).
+    unfinished: BTreeSet<usize>,
 }
 
 impl PopulationBasedTraining {
@@ -418,7 +430,33 @@ impl PopulationBasedTraining {
             checkpoints: 0,
             perturbations: 0,
             warned: false,
+            live: BTreeSet::new(),
+            synced: 0,
+            positions: HashMap::new(),
+            unplaced: Vec::new(),
+            unfinished: BTreeSet::new(),
         })
+    }
+
+    /// Rebuilds the caches from the members, and makes the next
+    /// `choose_next` look at every trial again.
+    fn rebuild_caches(&mut self) {
+        self.live = self
+            .members
+            .iter()
+            .filter(|(_, m)| !m.finished)
+            .map(|(id, _)| id.clone())
+            .collect();
+        self.synced = 0;
+        self.positions.clear();
+        self.unplaced.clear();
+        self.unfinished.clear();
+    }
+
+    /// Marks the trial's member finished (creating it if need be).
+    fn finish(&mut self, trial: &Trial) {
+        self.observe(trial).finished = true;
+        self.live.remove(&trial.trial_id);
     }
 
     /// Checkpoints asked for of upper-quantile trials so far.
@@ -434,6 +472,10 @@ impl PopulationBasedTraining {
     /// The trial's member, created on first sight, with what the trial
     /// shows now.
     fn observe(&mut self, trial: &Trial) -> &mut Member {
+        if !self.members.contains_key(&trial.trial_id) {
+            self.live.insert(trial.trial_id.clone());
+            self.unplaced.push(trial.trial_id.clone());
+        }
         let guess = self.members.len();
         let member = self
             .members
@@ -457,17 +499,21 @@ impl PopulationBasedTraining {
         tracing::error!(trial = %trial.trial_id, "the pbt scheduler stops the trial: {reason}");
         if let Some(member) = self.members.get_mut(&trial.trial_id) {
             member.finished = true;
+            self.live.remove(&trial.trial_id);
         }
         Decision::Stop
     }
 
     /// The ids of the lower and upper quantiles, each worst first.
     fn quantiles(&self) -> (Vec<String>, Vec<String>) {
+        // Only members not finished rank: `live`, in id order as `members`.
         let mut ranked: Vec<(&String, f64, usize)> = self
-            .members
+            .live
             .iter()
-            .filter(|(_, m)| !m.finished)
-            .filter_map(|(id, m)| Some((id, m.score?, m.index)))
+            .filter_map(|id| {
+                let m = &self.members[id];
+                Some((id, m.score?, m.index))
+            })
             .collect();
         let n = ranked.len();
         if n <= 1 {
@@ -669,24 +715,56 @@ impl Scheduler for PopulationBasedTraining {
     }
 
     fn on_trial_remove(&mut self, trial: &Trial) {
-        self.observe(trial).finished = true;
+        self.finish(trial);
     }
 
     fn on_trial_complete(&mut self, trial: &Trial, _result: &Map<String, Value>) {
-        self.observe(trial).finished = true;
+        self.finish(trial);
     }
 
     fn choose_next(&mut self, trials: &[Trial]) -> Option<usize> {
         // The runner's list is the truth about indices; members created
-        // before it was seen (or restored) take their place from it.
-        for (i, trial) in trials.iter().enumerate() {
+        // before it was seen (or restored) take their place from it. The
+        // list only grows, so only trials new since the last call, and
+        // members new since then, need placing.
+        if trials.len() < self.synced {
+            self.synced = 0;
+            self.positions.clear();
+            self.unfinished.clear();
+        }
+        for (i, trial) in trials.iter().enumerate().skip(self.synced) {
+            self.positions.insert(trial.trial_id.clone(), i);
+            self.unfinished.insert(i);
+        }
+        for trial in &trials[self.synced..] {
             if let Some(member) = self.members.get_mut(&trial.trial_id) {
+                member.index = self.positions[&trial.trial_id];
+            }
+        }
+        self.synced = trials.len();
+        for id in std::mem::take(&mut self.unplaced) {
+            if let (Some(member), Some(&i)) = (self.members.get_mut(&id), self.positions.get(&id)) {
                 member.index = i;
             }
         }
-        trials
-            .iter()
-            .position(|t| matches!(t.status, TrialStatus::Pending | TrialStatus::Paused))
+        // The first PENDING or PAUSED trial; finished ones are dropped for
+        // good.
+        let mut chosen = None;
+        let mut gone = Vec::new();
+        for &i in &self.unfinished {
+            match trials[i].status {
+                TrialStatus::Pending | TrialStatus::Paused => {
+                    chosen = Some(i);
+                    break;
+                }
+                TrialStatus::Running => {}
+                TrialStatus::Terminated | TrialStatus::Error => gone.push(i),
+            }
+        }
+        for i in gone {
+            self.unfinished.remove(&i);
+        }
+        chosen
     }
 
     fn name(&self) -> &'static str {
@@ -715,6 +793,7 @@ impl Scheduler for PopulationBasedTraining {
         self.members = saved.trials;
         self.checkpoints = saved.checkpoints;
         self.perturbations = saved.perturbations;
+        self.rebuild_caches();
         Ok(())
     }
 }
