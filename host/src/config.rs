@@ -262,7 +262,7 @@ pub fn plan(
         .as_ref()
         .map_or_else(|| Value::Object(Map::new()), to_json);
     let space = SearchSpace::from_json(&param_space).map_err(|e| bad(e.to_string()))?;
-    space
+    let trial_count = space
         .trial_count(num_samples)
         .map_err(|e| bad(e.to_string()))?;
     // A [search] table without `type` is random search.
@@ -309,28 +309,20 @@ pub fn plan(
         table_as("resources_per_trial", &file.resources_per_trial)?;
     resources_per_trial.validate().map_err(bad)?;
     let resources: PoolSpec = table_as("resources", &file.resources)?;
-    resources
-        .build()
-        .and_then(|pool| pool.check(&resources_per_trial))
-        .map_err(bad)?;
+    let pool = resources.build().map_err(bad)?;
+    pool.check(&resources_per_trial).map_err(bad)?;
     let stop_experiment: ExperimentStop = table_as("stop_experiment", &file.stop_experiment)?;
     ExperimentStopper::new(&stop_experiment, metric.as_deref(), mode).map_err(bad)?;
     if matches!(scheduler, SchedulerSpec::Pbt(_)) {
         // PBT compares a population training side by side; trials that
         // wait for a slot fall behind and are cloned over before they learn.
-        let cpus = resources
-            .build()
-            .map(|pool| pool.total().cpu)
-            .unwrap_or(f64::INFINITY);
         let fit = if resources_per_trial.cpu > 0.0 {
-            (cpus / resources_per_trial.cpu).floor() as u64
+            (pool.total().cpu / resources_per_trial.cpu).floor() as u64
         } else {
             u64::MAX
         };
         let at_once = fit.min(max_concurrent as u64);
-        let population = space
-            .trial_count(num_samples)
-            .map_err(|e| bad(e.to_string()))?;
+        let population = trial_count;
         if at_once < population {
             notes.push(format!(
                 "pbt: only {at_once} of the {population} trials can run at once \
@@ -912,6 +904,31 @@ mod tests {
         assert!(
             message.contains("bohb") && message.contains("hyperband"),
             "{message}"
+        );
+    }
+
+    #[test]
+    fn pbt_notes_a_population_that_cannot_train_side_by_side() {
+        let text = |concurrent: u32| {
+            format!(
+                "seed = 1\nmetric = \"a\"\nnum_samples = 8\nmax_concurrent_trials = {concurrent}\n\
+                 resources = {{ cpu = 8 }}\n[scheduler]\ntype = \"pbt\"\n\
+                 hyperparam_mutations = {{ lr = [0.1, 0.2] }}\n[param_space]\nlr = 0.1"
+            )
+        };
+        let plan = plan_of(&text(2)).unwrap();
+        assert!(
+            plan.notes
+                .iter()
+                .any(|n| n.starts_with("pbt: only 2 of the 8 trials")),
+            "{:?}",
+            plan.notes
+        );
+        let plan = plan_of(&text(8)).unwrap();
+        assert!(
+            !plan.notes.iter().any(|n| n.starts_with("pbt:")),
+            "{:?}",
+            plan.notes
         );
     }
 
