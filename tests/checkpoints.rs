@@ -12,8 +12,8 @@ use wtune::report::{StateFile, TrialFiles, state};
 use wtune::tune::resume::{self, ErroredTrials};
 use wtune::tune::{
     Callback, CheckpointPolicy, Decision, ExperimentSummary, FailFast, FailurePolicy, Fifo,
-    FnBackend, Listed, Mode, RunError, RunSpec, Runner, Scheduler, Searcher, Step, StopCriteria,
-    Trial, TrialFailure, TrialStatus,
+    FnBackend, Listed, Mode, RunError, RunSpec, Runner, Scheduler, SearchSpace, SearchSpec,
+    Searcher, Step, StopCriteria, Trial, TrialFailure, TrialStatus,
 };
 
 fn spec(dir: &Path, configs: Vec<Value>, iterations: u64) -> RunSpec {
@@ -394,6 +394,96 @@ fn an_interrupted_experiment_resumes_from_its_state_and_checkpoints() {
         assert_eq!(a.metric("score"), b.metric("score"), "{}", a.trial_id);
         assert_eq!(a.iterations, b.iterations);
     }
+}
+
+/// A trial that ended in ERROR and runs again under `wtune resume
+/// --retry-errored` completes once for the searcher: TPE learns from its
+/// retry, and a concurrency limit frees its place once, not twice.
+#[test]
+fn a_retried_error_trial_completes_once_for_the_searcher() {
+    let space = SearchSpace::from_json(&json!({"x": {"uniform": [1, 2]}})).unwrap();
+    let search = SearchSpec::from_json(&json!({"type": "tpe", "max_concurrent": 1})).unwrap();
+    let searcher = || {
+        search
+            .build(&space, 3, Some("score"), Mode::Max, 4)
+            .unwrap()
+    };
+    // The first trial traps at iteration 2, once.
+    let trapped = Arc::new(AtomicU32::new(0));
+    let backend = FnBackend::new(move |config: &Value| {
+        let x = config["x"].as_f64().unwrap();
+        let trapped = trapped.clone();
+        Ok(move |it: u64| {
+            if it == 2 && trapped.fetch_add(1, Ordering::SeqCst) == 0 {
+                return Err(TrialFailure::new("trap at iteration 2"));
+            }
+            Ok(Step {
+                metrics: vec![("score".into(), x * it as f64)],
+                done: false,
+                fuel: 10,
+            })
+        })
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let experiment = spec(dir.path(), Vec::new(), 3);
+    let first = Runner::new(
+        backend.clone(),
+        experiment.clone(),
+        Box::new(Fifo::default()),
+    )
+    .searcher(searcher())
+    .callback(StateFile::new(json!({"test": true})));
+    let summary = tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(first.run())
+        .unwrap();
+    let statuses: Vec<TrialStatus> = summary.trials.iter().map(|t| t.status).collect();
+    assert_eq!(
+        statuses,
+        [
+            TrialStatus::Error,
+            TrialStatus::Terminated,
+            TrialStatus::Terminated
+        ]
+    );
+
+    let saved = state::load(dir.path(), false).unwrap();
+    let mut trials = saved.trials;
+    let plan = resume::prepare(
+        &backend,
+        &mut trials,
+        dir.path(),
+        &experiment.checkpoint,
+        ErroredTrials::Retry,
+    );
+    assert_eq!(plan.retried, ["trial_0000"]);
+    let mut scheduler: Box<dyn Scheduler> = Box::new(Fifo::default());
+    let mut restored = searcher();
+    restored
+        .restore_state(&saved.decisions.searcher.unwrap().state)
+        .unwrap();
+    resume::retry_errored(&plan, &trials, scheduler.as_mut(), restored.as_mut());
+    let resumed = Runner::new(backend, experiment, scheduler)
+        .searcher(restored)
+        .with_trials(trials);
+    let summary = tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(resumed.run())
+        .unwrap();
+    assert_eq!(summary.trials.len(), 3, "no trial is created twice");
+    assert!(
+        summary
+            .trials
+            .iter()
+            .all(|t| t.status == TrialStatus::Terminated)
+    );
+    let state = &summary.decisions.searcher.as_ref().unwrap().state;
+    assert_eq!(state["live"], json!([]), "{state}");
+    assert_eq!(
+        state["inner"]["observations"].as_array().unwrap().len(),
+        3,
+        "the retried trial is learned from: {state}"
+    );
 }
 
 /// Sends an interrupt when `trial_0000` reports iteration `at`.

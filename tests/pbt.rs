@@ -252,3 +252,120 @@ fn pbt_beats_random_search_at_equal_budget() {
     assert!(mean > 0.5, "pbt's gains over random search: {gains:?}");
     assert!(worst > 0.3, "pbt's gains over random search: {gains:?}");
 }
+
+/// Counts its steps; the count is the state a clone takes over. Trial
+/// `slow`'s checkpoint is written only after trial `fast` has reached its
+/// exploit (or after a second), so the exploit finds the save in flight.
+struct Counter {
+    count: u64,
+    slow: bool,
+    fast_at_exploit: Arc<AtomicU64>,
+}
+
+impl StatefulStep for Counter {
+    fn step(&mut self, _iteration: u64) -> Result<Step, TrialFailure> {
+        self.count += 1;
+        if !self.slow && self.count == 3 {
+            self.fast_at_exploit.store(1, Ordering::SeqCst);
+        }
+        Ok(Step {
+            metrics: vec![("count".into(), self.count as f64)],
+            done: false,
+            fuel: 1,
+        })
+    }
+
+    fn state(&self) -> Value {
+        if self.slow {
+            let since = std::time::Instant::now();
+            while self.fast_at_exploit.load(Ordering::SeqCst) == 0
+                && since.elapsed() < Duration::from_secs(1)
+            {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            // Time for the runner to handle the fast trial's result.
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        json!({"count": self.count})
+    }
+}
+
+/// `trial_0000` checkpoints at iteration 1; `trial_0001` clones it at its
+/// iteration 3, once.
+struct CloneWhileSaving {
+    exploited: bool,
+}
+
+impl Scheduler for CloneWhileSaving {
+    fn on_result(
+        &mut self,
+        trial: &wtune::tune::Trial,
+        _: &serde_json::Map<String, Value>,
+    ) -> wtune::tune::Decision {
+        use wtune::tune::Decision;
+        match (trial.trial_id.as_str(), trial.iterations) {
+            ("trial_0000", 1) => Decision::Checkpoint,
+            ("trial_0001", 3) if !std::mem::replace(&mut self.exploited, true) => {
+                Decision::Exploit {
+                    source: 0,
+                    config: json!({"slow": false, "cloned": true}),
+                }
+            }
+            _ => Decision::Continue,
+        }
+    }
+
+    fn choose_next(&mut self, trials: &[wtune::tune::Trial]) -> Option<usize> {
+        Fifo::default().choose_next(trials)
+    }
+
+    fn name(&self) -> &'static str {
+        "clone-while-saving"
+    }
+}
+
+/// An exploit whose source is still writing its checkpoint waits for it
+/// (as Ray Tune does) instead of cloning an older one, or, as here, finding
+/// none and not cloning at all.
+#[test]
+fn an_exploit_waits_for_the_source_checkpoint_in_flight() {
+    let flag = Arc::new(AtomicU64::new(0));
+    let shared = flag.clone();
+    let backend = FnBackend::stateful(move |config: &Value, state: Option<&Value>| {
+        Ok(Counter {
+            count: state.and_then(|s| s["count"].as_u64()).unwrap_or(0),
+            slow: config["slow"].as_bool().unwrap_or(false),
+            fast_at_exploit: shared.clone(),
+        })
+    });
+    let out = tempfile::tempdir().unwrap();
+    let spec = RunSpec {
+        metric: Some("count".into()),
+        mode: Mode::Max,
+        stop: StopCriteria {
+            training_iteration: Some(5),
+            ..Default::default()
+        },
+        max_concurrent: 2,
+        configs: vec![json!({"slow": true}), json!({"slow": false})],
+        ..RunSpec::new("clone-while-saving", out.path().to_path_buf())
+    };
+    let runner = Runner::new(
+        backend,
+        spec,
+        Box::new(CloneWhileSaving { exploited: false }),
+    );
+    let summary = tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(runner.run())
+        .unwrap();
+    assert_eq!(flag.load(Ordering::SeqCst), 1);
+    let clone = &summary.trials[1];
+    assert_eq!(clone.config, json!({"slow": false, "cloned": true}));
+    // From trial_0000's checkpoint at iteration 1 (count 1), it steps to
+    // iteration 5: count 5, and one checkpoint, the clone's.
+    assert_eq!(clone.iterations, 5);
+    assert_eq!(clone.metric("count"), Some(5.0));
+    let cloned: Vec<u64> = clone.checkpoints.iter().map(|c| c.iteration).collect();
+    assert_eq!(cloned, [1]);
+}

@@ -616,7 +616,7 @@ fn resume_experiment(args: ResumeArgs) -> Result<(), Failure> {
             .restore_state(&saved.state)
             .map_err(|e| Failure::user(format!("the saved {} scheduler state: {e}", saved.name)))?;
     }
-    let searcher = match &decisions.searcher {
+    let mut searcher = match &decisions.searcher {
         Some(saved) if !setup.param_space.is_null() => {
             let mut searcher = setup.searcher()?;
             if saved.name != searcher.name() {
@@ -635,6 +635,7 @@ fn resume_experiment(args: ResumeArgs) -> Result<(), Failure> {
         // front and is in the saved list.
         _ => Box::new(Listed::default()),
     };
+    resume::retry_errored(&plan, &trials, scheduler.as_mut(), searcher.as_mut());
     setup.spec.output_dir = output_dir;
     let spec = setup.spec.clone();
     let decisions = decisions.clone();

@@ -457,11 +457,14 @@ impl Asha {
 }
 
 /// numpy's default (linear) percentile of non-empty `values`.
-fn percentile(values: &mut [f64], q: f64) -> f64 {
-    values.sort_by(|a, b| a.total_cmp(b));
-    let pos = q / 100.0 * (values.len() - 1) as f64;
+/// numpy's `percentile` (linear interpolation) of the numbers in `ranked`,
+/// which holds them best (highest) first.
+fn percentile(ranked: &[Ranked], q: f64) -> f64 {
+    let n = ranked.len();
+    let ascending = |k: usize| ranked[n - 1 - k].reward;
+    let pos = q / 100.0 * (n - 1) as f64;
     let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
-    values[lo] + (values[hi] - values[lo]) * (pos - lo as f64)
+    ascending(lo) + (ascending(hi) - ascending(lo)) * (pos - lo as f64)
 }
 
 impl Asha {
@@ -477,25 +480,33 @@ impl Asha {
         };
         let bracket = self.bracket_for(&trial.trial_id);
         let keep = 1.0 - 1.0 / self.config.reduction_factor;
-        for rung in &mut self.brackets[bracket] {
-            if t < rung.milestone || rung.recorded.contains_key(&trial.trial_id) {
-                continue;
-            }
-            let mut seen: Vec<f64> = rung
-                .recorded
-                .values()
-                .copied()
-                .filter(|v| !v.is_nan())
-                .collect();
-            let stop = !seen.is_empty() && reward < percentile(&mut seen, keep * 100.0);
-            rung.recorded.insert(trial.trial_id.clone(), reward);
-            return if stop {
-                Decision::Stop
-            } else {
-                Decision::Continue
+        let Some(rung) = self.brackets[bracket]
+            .iter()
+            .position(|r| t >= r.milestone && !r.recorded.contains_key(&trial.trial_id))
+        else {
+            return Decision::Continue;
+        };
+        self.brackets[bracket][rung]
+            .recorded
+            .insert(trial.trial_id.clone(), reward);
+        // The rung's numbers stay sorted as they arrive, so the cutoff is
+        // an index away instead of a sort of every result per call.
+        let ranked = &mut self.ranked[bracket][rung];
+        let stop = !ranked.is_empty() && reward < percentile(ranked, keep * 100.0);
+        if !reward.is_nan() {
+            let entry = Ranked {
+                reward,
+                id: trial.trial_id.clone(),
             };
+            if let Err(pos) = ranked.binary_search(&entry) {
+                ranked.insert(pos, entry);
+            }
         }
-        Decision::Continue
+        if stop {
+            Decision::Stop
+        } else {
+            Decision::Continue
+        }
     }
 }
 

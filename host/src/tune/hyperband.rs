@@ -435,6 +435,15 @@ impl Scheduler for HyperBand {
         self.leave(&trial.trial_id);
     }
 
+    fn on_trial_retry(&mut self, trial: &Trial) {
+        // Its old bracket has moved on without it: it joins the newest
+        // open one (or a new one) as a new trial would.
+        if self.locate(&trial.trial_id).is_none() {
+            self.assigned.remove(&trial.trial_id);
+        }
+        self.join(&trial.trial_id);
+    }
+
     fn on_no_more_trials(&mut self) {
         self.no_more_trials = true;
         for b in 0..self.brackets.len() {
@@ -855,6 +864,27 @@ mod tests {
         assert_eq!(s.choose_next(&trials), Some(9));
         let at9 = result("training_iteration", 9.0, Some(0.0));
         assert_eq!(s.on_result(&trials[5], &at9), Decision::Stop);
+    }
+
+    /// A failed trial run again by `wtune resume --retry-errored` joins
+    /// the newest open bracket, as a new trial would.
+    #[test]
+    fn a_retried_trial_joins_the_open_bracket() {
+        let mut s = hyperband(9.0, 3.0);
+        let mut trials = added(&mut s, 6);
+        let b = s.assigned["trial_0004"];
+        s.on_trial_remove(&trials[4]);
+        assert!(s.locate("trial_0004").is_none());
+        for i in 6..10 {
+            trials.push(trial(i));
+            s.on_trial_add(&trials[i]);
+        }
+        s.on_trial_retry(&trials[4]);
+        assert_eq!(s.assigned["trial_0004"], b + 1);
+        assert_eq!(
+            s.locate("trial_0004").map(|(bracket, _)| bracket),
+            Some(b + 1)
+        );
     }
 
     #[test]

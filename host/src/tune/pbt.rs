@@ -718,6 +718,14 @@ impl Scheduler for PopulationBasedTraining {
         self.finish(trial);
     }
 
+    fn on_trial_retry(&mut self, trial: &Trial) {
+        self.observe(trial).finished = false;
+        self.live.insert(trial.trial_id.clone());
+        if let Some(&i) = self.positions.get(&trial.trial_id) {
+            self.unfinished.insert(i);
+        }
+    }
+
     fn on_trial_complete(&mut self, trial: &Trial, _result: &Map<String, Value>) {
         self.finish(trial);
     }
@@ -895,6 +903,28 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(message.contains("quantile"), "{message}");
+    }
+
+    /// A failed trial run again by `wtune resume --retry-errored` is a
+    /// live member again: it ranks and runs.
+    #[test]
+    fn a_retried_trial_is_a_member_again() {
+        let mut s = pbt(
+            json!({"hyperparam_mutations": {"lr": [0.1, 0.01]}}),
+            Mode::Max,
+        );
+        let mut trials = vec![trial(0, json!({"lr": 0.1})), trial(1, json!({"lr": 0.01}))];
+        trials.iter().for_each(|t| s.on_trial_add(t));
+        trials[1].status = TrialStatus::Error;
+        s.on_trial_remove(&trials[1]);
+        assert_eq!(s.choose_next(&trials), Some(0));
+        trials[0].status = TrialStatus::Running;
+        assert_eq!(s.choose_next(&trials), None, "trial 1 is gone for good");
+        trials[1].status = TrialStatus::Paused;
+        s.on_trial_retry(&trials[1]);
+        assert!(!s.members["trial_0001"].finished);
+        assert!(s.live.contains("trial_0001"));
+        assert_eq!(s.choose_next(&trials), Some(1));
     }
 
     #[test]

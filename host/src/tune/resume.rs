@@ -12,6 +12,8 @@ use std::path::{Path, PathBuf};
 
 use super::backend::TrialBackend;
 use super::runner::{CHECKPOINT_DIR, CheckpointPolicy, checkpoint_iteration, checkpoint_path};
+use super::scheduler::Scheduler;
+use super::search::Searcher;
 use super::trial::{Checkpoint, Trial, TrialStatus};
 
 /// What happens to trials that ended in ERROR.
@@ -34,6 +36,10 @@ pub struct ResumePlan {
     /// Trials starting over (no checkpoint of their own, or restarted):
     /// from scratch, or from their `restore_from` checkpoint.
     pub restarted: Vec<String>,
+    /// Trials that had ended in ERROR and run again (also listed in
+    /// `continued` or `restarted`): their scheduler and searcher must be
+    /// told, see [`retry_errored`].
+    pub retried: Vec<String>,
     /// Trials not yet started.
     pub pending: usize,
     /// Trials that stay finished (TERMINATED, or ERROR kept).
@@ -72,6 +78,7 @@ pub fn prepare<B: TrialBackend>(
         if trial.status == TrialStatus::Error {
             trial.error = None;
             trial.num_failures = 0;
+            plan.retried.push(trial.trial_id.clone());
         }
         if action == Action::Restart {
             let dir = trial.dir.join(CHECKPOINT_DIR);
@@ -93,6 +100,23 @@ pub fn prepare<B: TrialBackend>(
         }
     }
     plan
+}
+
+/// Tells the scheduler and the searcher (restored from the saved state,
+/// where these trials had ended) that the ERROR trials in `plan.retried`
+/// are live again, so that their completion counts once.
+pub fn retry_errored(
+    plan: &ResumePlan,
+    trials: &[Trial],
+    scheduler: &mut dyn Scheduler,
+    searcher: &mut dyn Searcher,
+) {
+    for id in &plan.retried {
+        if let Some(trial) = trials.iter().find(|t| &t.trial_id == id) {
+            scheduler.on_trial_retry(trial);
+            searcher.on_trial_retry(id);
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -302,6 +302,13 @@ pub struct Runner<B: TrialBackend> {
     /// Trials being paused only to change their resources; the runner
     /// itself continues them.
     resizing: HashSet<usize>,
+    /// Trials whose checkpoint is being written.
+    saving: HashSet<usize>,
+    /// PBT exploits waiting for their source's checkpoint in flight, as in
+    /// Ray Tune: cloning the previous one would throw away the progress
+    /// that made the scheduler pick the source. Each holds the exploiting
+    /// trial's session until the source's save ends.
+    parked: Vec<ParkedExploit<B::Session>>,
     /// The experiment-level stopping criteria, if any.
     stopper: Option<ExperimentStopper>,
     /// A saved stopper state to continue from.
@@ -314,6 +321,14 @@ pub struct Runner<B: TrialBackend> {
     callbacks: Vec<Box<dyn Callback>>,
     trials: Option<Vec<Trial>>,
     interrupts: Option<mpsc::UnboundedReceiver<()>>,
+}
+
+/// An exploit waiting for its source's checkpoint (see `Runner::parked`).
+struct ParkedExploit<S> {
+    index: usize,
+    session: S,
+    source: usize,
+    config: Value,
 }
 
 /// What a blocking task hands back to the runner's loop.
@@ -359,6 +374,8 @@ impl<B: TrialBackend> Runner<B> {
             pool: ResourcePool::detect(),
             waiting: VecDeque::new(),
             resizing: HashSet::new(),
+            saving: HashSet::new(),
+            parked: Vec::new(),
             stopper: None,
             stopper_state: None,
             fuel_burned: 0,
@@ -611,6 +628,10 @@ impl<B: TrialBackend> Runner<B> {
                     return Err(RunError::Internal(err.to_string()));
                 }
             };
+            let was_save = matches!(event, Event::Saved { .. });
+            if was_save {
+                self.saving.remove(&index);
+            }
             let failed = match event {
                 Event::Stopped { pausing } => {
                     live -= 1;
@@ -782,6 +803,9 @@ impl<B: TrialBackend> Runner<B> {
                 }
             };
 
+            if was_save {
+                self.release_parked(&mut tasks, &mut trials, index, halted.is_some());
+            }
             if let Some(reason) = failed
                 && halted.is_none()
             {
@@ -1065,6 +1089,7 @@ impl<B: TrialBackend> Runner<B> {
             Then::Pause => true,
         } && !already;
         if due {
+            self.saving.insert(index);
             let path = checkpoint_path::<B>(trial.iterations);
             let score = policy.score(trial.last_result.as_ref());
             let trial_id = trial.trial_id.clone();
@@ -1127,6 +1152,16 @@ impl<B: TrialBackend> Runner<B> {
         source: usize,
         config: Value,
     ) {
+        if self.saving.contains(&source) {
+            tracing::debug!(trial = %trials[index].trial_id, source = %trials[source].trial_id, "exploit waits for the source's checkpoint");
+            self.parked.push(ParkedExploit {
+                index,
+                session,
+                source,
+                config,
+            });
+            return;
+        }
         let cloned = trials
             .get(source)
             .filter(|_| source != index)
@@ -1177,6 +1212,37 @@ impl<B: TrialBackend> Runner<B> {
         self.keep(trial, Checkpoint { path, ..checkpoint });
         self.notify(trials, index, |cb, t| cb.on_checkpoint(t, index));
         self.spawn_launch(tasks, &trials[index], index, Some(session));
+    }
+
+    /// Carries out the exploits that waited for `source`'s checkpoint, now
+    /// written (or failed: they clone the newest one it has). When the run
+    /// is halting, the waiting trials are checkpointed and paused instead,
+    /// on their own trajectory.
+    fn release_parked(
+        &mut self,
+        tasks: &mut JoinSet<(usize, Event<B::Session>)>,
+        trials: &mut [Trial],
+        source: usize,
+        halting: bool,
+    ) {
+        let (ready, waiting) = std::mem::take(&mut self.parked)
+            .into_iter()
+            .partition(|p| p.source == source);
+        self.parked = waiting;
+        for parked in ready {
+            if halting {
+                self.after_step(tasks, trials, parked.index, parked.session, Decision::Pause);
+            } else {
+                self.exploit(
+                    tasks,
+                    trials,
+                    parked.index,
+                    parked.session,
+                    parked.source,
+                    parked.config,
+                );
+            }
+        }
     }
 
     /// A trial failed: recover it from its newest checkpoint if

@@ -142,6 +142,15 @@ pub trait Scheduler: Send {
         let _ = trial;
     }
 
+    /// A trial that ended in ERROR runs again (`wtune resume
+    /// --retry-errored` or `--restart-errored`): it is PAUSED at its newest
+    /// checkpoint or PENDING from scratch, and live again after the
+    /// scheduler was told it ended ([`Scheduler::on_trial_remove`]). By
+    /// default it is treated as a new trial.
+    fn on_trial_retry(&mut self, trial: &Trial) {
+        self.on_trial_add(trial);
+    }
+
     /// The searcher will create no more trials: a scheduler holding trials
     /// back until a group fills up must now decide with the trials it has.
     /// The runner calls it once, when `choose_next` has nothing and the

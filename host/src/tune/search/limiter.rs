@@ -75,6 +75,13 @@ impl Searcher for ConcurrencyLimiter {
         self.inner.on_trial_complete(trial_id, result, error);
     }
 
+    fn on_trial_retry(&mut self, trial_id: &str) {
+        // It counts against the limit again (a retry may exceed it for a
+        // while: the trial already exists).
+        self.live.insert(trial_id.to_string());
+        self.inner.on_trial_retry(trial_id);
+    }
+
     fn total(&self) -> Option<u64> {
         self.inner.total()
     }
@@ -139,6 +146,20 @@ mod tests {
         s.on_trial_complete("d", None, false);
         assert_eq!(s.suggest("f"), Suggestion::Finished, "5 samples in all");
         assert_eq!(s.live().collect::<Vec<_>>(), ["e"]);
+    }
+
+    /// A trial that failed and is retried counts against the limit again,
+    /// so its real completion frees exactly one place.
+    #[test]
+    fn a_retried_trial_counts_until_it_completes_again() {
+        let mut s = limited(1);
+        assert!(is_config(&s.suggest("a")));
+        s.on_trial_complete("a", None, true);
+        s.on_trial_retry("a");
+        assert_eq!(s.suggest("b"), Suggestion::Wait);
+        s.on_trial_complete("a", None, false);
+        assert!(is_config(&s.suggest("b")));
+        assert_eq!(s.suggest("c"), Suggestion::Wait);
     }
 
     #[test]

@@ -58,6 +58,13 @@ pub trait Searcher: Send {
         error: bool,
     );
 
+    /// A trial that ended in ERROR runs again (`wtune resume
+    /// --retry-errored` or `--restart-errored`): it is live again, and its
+    /// next [`Searcher::on_trial_complete`] is its real end.
+    fn on_trial_retry(&mut self, trial_id: &str) {
+        let _ = trial_id;
+    }
+
     /// How many trials the search creates in all, when known in advance
     /// (for progress displays and trial-id widths).
     fn total(&self) -> Option<u64> {

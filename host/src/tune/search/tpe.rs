@@ -328,6 +328,11 @@ struct Parzen {
     /// `ln` of each normalized weight divided by the component's mass
     /// inside the bounds: the truncated component's log scale.
     log_scale: Vec<f64>,
+    /// `log_scale - ln(sigma) - ln(sqrt(2 pi))`, and `1 / sigma`: the parts
+    /// of each component's log density that do not depend on `x`, computed
+    /// once per fit instead of once per candidate and component.
+    log_norm: Vec<f64>,
+    inv_sigma: Vec<f64>,
 }
 
 impl Parzen {
@@ -370,7 +375,7 @@ impl Parzen {
         mixture_weights.push(prior_weight);
         let total: f64 = mixture_weights.iter().sum();
         let mus: Vec<f64> = observed.iter().copied().chain([prior_mu]).collect();
-        let log_scale = mus
+        let log_scale: Vec<f64> = mus
             .iter()
             .zip(&sigmas)
             .zip(&mixture_weights)
@@ -378,6 +383,12 @@ impl Parzen {
                 (w / total).ln() - normal_mass((lo - mu) / sigma, (hi - mu) / sigma).ln()
             })
             .collect();
+        let log_norm = log_scale
+            .iter()
+            .zip(&sigmas)
+            .map(|(&s, &sigma)| s - sigma.ln() - LN_SQRT_2PI)
+            .collect();
+        let inv_sigma = sigmas.iter().map(|&sigma| 1.0 / sigma).collect();
         Self {
             lo,
             hi,
@@ -385,6 +396,8 @@ impl Parzen {
             mus,
             sigmas,
             log_scale,
+            log_norm,
+            inv_sigma,
         }
     }
 
@@ -403,37 +416,34 @@ impl Parzen {
     }
 
     fn log_pdf(&self, x: f64) -> f64 {
-        log_sum_exp(self.components().map(|(log_scale, mu, sigma)| {
-            let z = (x - mu) / sigma;
-            log_scale - 0.5 * z * z - sigma.ln() - LN_SQRT_2PI
-        }))
+        // The hot loop of a suggestion: candidates × components, so no
+        // division, logarithm or allocation per term.
+        log_sum_exp(self.mus.len(), |k| {
+            let z = (x - self.mus[k]) * self.inv_sigma[k];
+            self.log_norm[k] - 0.5 * z * z
+        })
     }
 
     /// `ln` of the mixture's mass over `[a, b]`.
     fn log_mass(&self, a: f64, b: f64) -> f64 {
-        log_sum_exp(self.components().map(|(log_scale, mu, sigma)| {
-            log_scale + normal_mass((a - mu) / sigma, (b - mu) / sigma).ln()
-        }))
-    }
-
-    fn components(&self) -> impl Iterator<Item = (f64, f64, f64)> + '_ {
-        self.log_scale
-            .iter()
-            .zip(&self.mus)
-            .zip(&self.sigmas)
-            .map(|((&s, &mu), &sigma)| (s, mu, sigma))
+        log_sum_exp(self.mus.len(), |k| {
+            let (mu, sigma) = (self.mus[k], self.sigmas[k]);
+            self.log_scale[k] + normal_mass((a - mu) / sigma, (b - mu) / sigma).ln()
+        })
     }
 }
 
 const LN_SQRT_2PI: f64 = 0.918_938_533_204_672_8;
 
-fn log_sum_exp(terms: impl Iterator<Item = f64>) -> f64 {
-    let terms: Vec<f64> = terms.collect();
-    let max = terms.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+/// `ln(sum_k exp(term(k)))` for `k < n`, stable for large terms: one pass
+/// for the largest term, one for the sum (recomputing a term is cheaper
+/// than storing it).
+fn log_sum_exp(n: usize, term: impl Fn(usize) -> f64) -> f64 {
+    let max = (0..n).map(&term).fold(f64::NEG_INFINITY, f64::max);
     if max == f64::NEG_INFINITY {
         return max;
     }
-    max + terms.iter().map(|t| (t - max).exp()).sum::<f64>().ln()
+    max + (0..n).map(|k| (term(k) - max).exp()).sum::<f64>().ln()
 }
 
 /// Box–Muller; one normal per call keeps the draw count per value fixed.
@@ -501,6 +511,10 @@ struct TpeState {
     observations: Vec<Observation>,
     /// Suggested trials not yet complete, with their model values.
     pending: BTreeMap<String, Vec<f64>>,
+    /// Trials that ended in ERROR, with their model values, in case
+    /// `wtune resume --retry-errored` runs them again.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    failed: BTreeMap<String, Vec<f64>>,
 }
 
 /// The TPE searcher.
@@ -516,6 +530,7 @@ pub struct Tpe {
     suggested: u64,
     observations: Vec<Observation>,
     pending: BTreeMap<String, Vec<f64>>,
+    failed: BTreeMap<String, Vec<f64>>,
 }
 
 impl Tpe {
@@ -546,6 +561,7 @@ impl Tpe {
             suggested: 0,
             observations: Vec::new(),
             pending: BTreeMap::new(),
+            failed: BTreeMap::new(),
         })
     }
 
@@ -613,8 +629,18 @@ impl Searcher for Tpe {
             .and_then(|r| r.get(&self.metric))
             .and_then(Value::as_f64)
             .filter(|m| m.is_finite());
-        if let (false, Some(metric)) = (error, metric) {
-            self.observations.push(Observation { values, metric });
+        match (error, metric) {
+            (true, _) => {
+                self.failed.insert(trial_id.to_string(), values);
+            }
+            (false, Some(metric)) => self.observations.push(Observation { values, metric }),
+            (false, None) => {}
+        }
+    }
+
+    fn on_trial_retry(&mut self, trial_id: &str) {
+        if let Some(values) = self.failed.remove(trial_id) {
+            self.pending.insert(trial_id.to_string(), values);
         }
     }
 
@@ -631,6 +657,7 @@ impl Searcher for Tpe {
             suggested: self.suggested,
             observations: self.observations.clone(),
             pending: self.pending.clone(),
+            failed: self.failed.clone(),
         })
     }
 
@@ -644,7 +671,9 @@ impl Searcher for Tpe {
             values.len() == self.params.len()
                 && values.iter().zip(&self.params).all(|(&x, p)| p.admits(x))
         };
-        if !(saved.observations.iter().all(|o| fits(&o.values)) && saved.pending.values().all(fits))
+        if !(saved.observations.iter().all(|o| fits(&o.values))
+            && saved.pending.values().all(fits)
+            && saved.failed.values().all(fits))
         {
             return Err(
                 "the saved TPE state does not fit this search space; was param_space changed?"
@@ -654,6 +683,7 @@ impl Searcher for Tpe {
         self.suggested = saved.suggested;
         self.observations = saved.observations;
         self.pending = saved.pending;
+        self.failed = saved.failed;
         Ok(())
     }
 }
@@ -828,6 +858,25 @@ mod tests {
         searcher.on_trial_complete("d", Some(&result(0.5)), false);
         assert_eq!(searcher.observations.len(), 1);
         assert!(searcher.pending.is_empty());
+    }
+
+    /// A trial retried after an error (`wtune resume --retry-errored`) is
+    /// learned from when it completes, also across a save and restore.
+    #[test]
+    fn a_retried_trial_teaches_when_it_completes() {
+        let s = bowl();
+        let mut searcher = tpe(&s, 10, Mode::Min, 1);
+        searcher.suggest("a");
+        searcher.on_trial_complete("a", None, true);
+        assert!(searcher.observations.is_empty());
+        let mut resumed = tpe(&s, 10, Mode::Min, 1);
+        resumed.restore_state(&searcher.state()).unwrap();
+        resumed.on_trial_retry("a");
+        resumed.on_trial_retry("never-suggested");
+        resumed.on_trial_complete("a", Some(&result(0.25)), false);
+        assert_eq!(resumed.observations.len(), 1);
+        assert_eq!(resumed.observations[0].metric, 0.25);
+        assert!(resumed.pending.is_empty() && resumed.failed.is_empty());
     }
 
     #[test]
