@@ -8,8 +8,8 @@
 //! # What each trial asks for. Left out: 1 CPU and nothing else.
 //! resources_per_trial = { cpu = 0.5, gpu = 0.5, memory = "2GiB", custom = { licence = 1 } }
 //!
-//! # What exists. Anything left out is detected: this machine's cores and
-//! # memory, and no GPU (GPUs are not detected yet, so declare them).
+//! # What exists. Anything left out is detected: this machine's cores,
+//! # memory and NVIDIA or AMD GPUs (see `gpus_on_pci`).
 //! [resources]
 //! gpu = 1
 //! custom = { licence = 4 }
@@ -22,6 +22,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::path::Path;
 
 use serde::de::{self, Deserializer, Visitor};
 use serde::{Deserialize, Serialize};
@@ -179,17 +180,17 @@ impl ResourcePool {
     /// This machine: its cores (`available_parallelism`, which honours CPU
     /// affinity and cgroup quotas), its memory (`MemTotal` in
     /// `/proc/meminfo`, lowered to the cgroup v2 `memory.max` where a
-    /// container sets one) and no GPU: GPU detection is not implemented,
-    /// so experiments using GPUs declare them. Where neither memory file
-    /// can be read (systems other than Linux), memory is
-    /// [`UNLIMITED_MEMORY`]: requests for memory are then never refused.
+    /// container sets one) and its GPUs (see [`gpus_on_pci`]). Where
+    /// neither memory file can be read (systems other than Linux), memory
+    /// is [`UNLIMITED_MEMORY`]: requests for memory are then never refused.
     pub fn detect() -> Self {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
         let meminfo = std::fs::read_to_string("/proc/meminfo").ok();
         let cgroup = std::fs::read_to_string("/sys/fs/cgroup/memory.max").ok();
+        let gpus = gpus_on_pci(Path::new(PCI_DEVICES));
         Self::with_total(Units {
             cpu: cores.saturating_mul(SCALE),
-            gpu: 0,
+            gpu: gpus.saturating_mul(SCALE),
             memory: machine_memory(meminfo.as_deref(), cgroup.as_deref()),
             custom: BTreeMap::new(),
         })
@@ -539,6 +540,39 @@ fn bytes(n: u64) -> String {
     format!("{n} bytes")
 }
 
+/// Where Linux lists PCI devices.
+const PCI_DEVICES: &str = "/sys/bus/pci/devices";
+
+/// PCI vendors whose display controllers are counted as GPUs: NVIDIA and
+/// AMD. Virtual machines show display controllers of their own (QEMU's,
+/// virtio's, VMware's) that no one trains on, and an integrated Intel GPU
+/// shares the CPU's memory and power; neither is offered as a GPU unless
+/// the experiment declares it (`[resources] gpu`).
+const GPU_VENDORS: [&str; 2] = ["0x10de", "0x1002"];
+
+/// The GPUs in `devices` (a directory laid out as `/sys/bus/pci/devices`):
+/// devices of a [`GPU_VENDORS`] vendor whose PCI class is a display
+/// controller (`0x03....`: VGA, 3D, or other). Counted from the PCI bus
+/// rather than a driver's list, so that a GPU counts whichever driver
+/// (or none yet) has bound it; 0 where the directory cannot be read.
+pub fn gpus_on_pci(devices: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(devices) else {
+        return 0;
+    };
+    let read = |dir: &Path, file: &str| {
+        std::fs::read_to_string(dir.join(file)).map(|s| s.trim().to_ascii_lowercase())
+    };
+    entries
+        .flatten()
+        .filter(|entry| {
+            let dir = entry.path();
+            let vendor = read(&dir, "vendor").unwrap_or_default();
+            let class = read(&dir, "class").unwrap_or_default();
+            GPU_VENDORS.contains(&vendor.as_str()) && class.starts_with("0x03")
+        })
+        .count() as u64
+}
+
 /// The machine's memory from `/proc/meminfo` and the cgroup v2 limit,
 /// whichever is lower; [`UNLIMITED_MEMORY`] when neither says.
 fn machine_memory(meminfo: Option<&str>, cgroup_max: Option<&str>) -> u64 {
@@ -864,13 +898,36 @@ mod tests {
         assert_eq!(machine_memory(Some("garbage"), None), UNLIMITED_MEMORY);
         let here = ResourcePool::detect().total();
         assert!(here.cpu >= 1.0 && here.cpu.fract() == 0.0);
-        assert_eq!(here.gpu, 0.0);
+        assert_eq!(here.gpu, gpus_on_pci(Path::new(PCI_DEVICES)) as f64);
         assert!(here.memory > 0);
         assert_eq!(bytes(UNLIMITED_MEMORY), "unlimited");
         assert_eq!(bytes(7 << 29), "3.5 GiB");
         assert_eq!(bytes(512), "512 bytes");
         assert_eq!(amount(12_345), "1.2345");
         assert_eq!(amount(5_000), "0.5");
+    }
+
+    /// Display controllers of NVIDIA and AMD count; a virtual machine's
+    /// display, other NVIDIA functions (its audio) and unreadable entries
+    /// do not.
+    #[test]
+    fn gpus_are_nvidia_and_amd_display_controllers_on_pci() {
+        let root = tempfile::tempdir().unwrap();
+        let device = |name: &str, vendor: &str, class: &str| {
+            let dir = root.path().join(name);
+            std::fs::create_dir(&dir).unwrap();
+            std::fs::write(dir.join("vendor"), format!("{vendor}\n")).unwrap();
+            std::fs::write(dir.join("class"), format!("{class}\n")).unwrap();
+        };
+        assert_eq!(gpus_on_pci(root.path()), 0);
+        device("0000:17:00.0", "0x10de", "0x030200"); // H100: 3D controller
+        device("0000:17:00.1", "0x10de", "0x040300"); // its audio function
+        device("0000:65:00.0", "0x1002", "0x030000"); // AMD VGA
+        device("0000:00:02.0", "0x1234", "0x030000"); // QEMU's display
+        device("0000:00:03.0", "0x8086", "0x030000"); // integrated Intel
+        std::fs::create_dir(root.path().join("0000:00:04.0")).unwrap();
+        assert_eq!(gpus_on_pci(root.path()), 2);
+        assert_eq!(gpus_on_pci(&root.path().join("missing")), 0);
     }
 
     /// One step of the random walk the property test takes.
