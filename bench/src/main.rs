@@ -403,6 +403,36 @@ fn overhead(program: &Program) {
         "plain Rust (FnBackend): runner alone, no files",
         &mut |out| run_experiment(no_work(), TRIALS, out, false),
     );
+    // What the file system alone charges for the files a sandboxed trial
+    // gets, measured in the same minute: on a VM whose file creation cost
+    // swings, the rows above are only comparable to this one.
+    measure(
+        "file system floor: what the files cost without wtune",
+        &mut |out| file_floor(TRIALS, out),
+    );
+}
+
+/// The file operations of `TRIALS` sandboxed trials that report once, done
+/// by a plain loop on as many threads as trials run at once: per trial a
+/// directory and its `work/` directory, `params.json`, `result.jsonl` and
+/// `progress.csv` with one line each.
+fn file_floor(trials: usize, out: &Path) -> Duration {
+    std::fs::create_dir_all(out).unwrap();
+    let started = Instant::now();
+    std::thread::scope(|scope| {
+        for thread in 0..cores() {
+            scope.spawn(move || {
+                for i in (thread..trials).step_by(cores()) {
+                    let dir = out.join(format!("trial_{i:04}"));
+                    std::fs::create_dir_all(dir.join("work")).unwrap();
+                    std::fs::write(dir.join("params.json"), b"{\"attack\": \"none\"}").unwrap();
+                    std::fs::write(dir.join("result.jsonl"), b"{\"score\": 1.0}\n").unwrap();
+                    std::fs::write(dir.join("progress.csv"), b"score\n1.0\n").unwrap();
+                }
+            });
+        }
+    });
+    started.elapsed()
 }
 
 fn step(program: &Program, data: &Path) {
