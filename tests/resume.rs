@@ -331,3 +331,100 @@ fn ctrl_c_checkpoints_and_resume_loses_nothing() {
     assert!(log.contains("continue from checkpoints"), "{log}");
     assert_eq!(digests(&out), expected);
 }
+
+/// Every file under `dir` with its bytes, but the lock file, in path order.
+fn files(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut found = Vec::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(next) = pending.pop() {
+        for entry in std::fs::read_dir(&next).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                pending.push(path);
+            } else if path.file_name().is_some_and(|n| n != ".wtune.lock") {
+                let bytes = std::fs::read(&path).unwrap();
+                found.push((path, bytes));
+            }
+        }
+    }
+    found.sort();
+    found
+}
+
+fn refused(output: &Output, expected: &str) {
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.starts_with("error: ") && stderr.contains(expected),
+        "{stderr}"
+    );
+}
+
+/// `wtune resume` refuses another component and a directory that another
+/// wtune holds before anything in the directory changes (a resume that
+/// restarts errored trials deletes checkpoints); `wtune run` refuses a
+/// snapshot key file too short to be a secret before writing anything.
+#[test]
+fn bad_resumes_and_short_keys_are_refused_and_change_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    // Every trial checkpoints at iteration 1 and traps at 2: ERROR, with a
+    // checkpoint that `--restart-errored` would delete.
+    let traps = "checkpoint_freq = 1\n[param_space.trap_at]\ngrid_search = [2]";
+    let config = experiment(dir.path(), traps, 64, 3);
+    let out = dir.path().join("out");
+    let first = run(&config, &out);
+    assert!(!first.status.success());
+    let before = files(&out);
+    assert!(
+        before
+            .iter()
+            .any(|(p, _)| p.ends_with("experiment_state.json"))
+    );
+    assert!(
+        before
+            .iter()
+            .any(|(p, _)| p.ends_with("trial_0000/checkpoints/checkpoint_000001.wtsnap")),
+        "{:?}",
+        before.iter().map(|(p, _)| p).collect::<Vec<_>>()
+    );
+
+    let other = common::wtune()
+        .arg("resume")
+        .arg(&out)
+        .arg("--model")
+        .arg(common::guest("hostile"))
+        .output()
+        .unwrap();
+    refused(&other, "is not the component the experiment ran");
+    assert!(files(&out) == before, "a refused resume changed files");
+
+    // This test plays the other wtune: it holds the directory's lock.
+    let held = std::fs::OpenOptions::new()
+        .write(true)
+        .open(out.join(".wtune.lock"))
+        .unwrap();
+    held.try_lock().unwrap();
+    for flags in [&[][..], &["--restart-errored"][..]] {
+        let output = common::wtune()
+            .arg("resume")
+            .arg(&out)
+            .args(flags)
+            .output()
+            .unwrap();
+        refused(&output, "another wtune process is running the experiment");
+        assert!(
+            files(&out) == before,
+            "{flags:?}: a refused resume changed files"
+        );
+    }
+    drop(held);
+
+    std::fs::write(dir.path().join("short.key"), b"12345678").unwrap();
+    let keyed = experiment(dir.path(), "snapshot_key_file = \"short.key\"", 64, 2);
+    let keyed_out = dir.path().join("keyed");
+    refused(
+        &run(&keyed, &keyed_out),
+        "holds 8 bytes; use at least 16 bytes of secret",
+    );
+    assert!(!keyed_out.exists(), "nothing is written for a refused run");
+}

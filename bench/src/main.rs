@@ -212,7 +212,7 @@ fn snapshot(program: &Program) {
     ];
     println!("\n### Host snapshots (stateful.wasm, best of {ROUNDS})\n");
     println!(
-        "| memory | size | snapshot (GB/s) | restore (GB/s) | encode + write (ms) | file |\n| --- | --- | --- | --- | --- | --- |"
+        "| memory | size | snapshot (GB/s) | restore (GB/s) | plain copy into fresh memory (GB/s) | encode + write (ms) | file |\n| --- | --- | --- | --- | --- | --- | --- |"
     );
     for (name, config) in cases {
         let dir = scratch();
@@ -260,14 +260,34 @@ fn snapshot(program: &Program) {
         let image = image.unwrap();
         let size = image.memory_bytes();
         println!(
-            "| {name} | {} | {} | {} | {} | {} |",
+            "| {name} | {} | {} | {} | {} | {} | {} |",
             wtune::sandbox::human_bytes(size),
             gbps(size, take),
             gbps(size, restore),
+            gbps(size, fresh_copy(size as usize, ROUNDS)),
             ms(write),
             wtune::sandbox::human_bytes(file)
         );
     }
+}
+
+/// Best time of `rounds` copies of `size` bytes into freshly allocated
+/// memory: what a restore's writes cost at least on this machine, since a
+/// restored instance's memory is fresh and every page is touched first by
+/// the copy (the kernel's page faults and zeroing, not wtune's work).
+fn fresh_copy(size: usize, rounds: usize) -> Duration {
+    let source = vec![0x5au8; size];
+    (0..rounds)
+        .map(|_| {
+            let mut fresh = vec![0u8; size];
+            let started = Instant::now();
+            fresh.copy_from_slice(&source);
+            let took = started.elapsed();
+            std::hint::black_box(&fresh);
+            took
+        })
+        .min()
+        .unwrap_or(Duration::MAX)
 }
 
 fn cores() -> usize {

@@ -377,20 +377,32 @@ fn run(args: RunArgs) -> Result<(), Failure> {
     };
     let scheduler = setup.scheduler()?;
     let searcher = setup.searcher()?;
-    execute(backend, spec, Vec::new(), scheduler, searcher, None, &setup)
+    let lock = lock(&spec.output_dir)?;
+    execute(backend, spec, scheduler, searcher, None, &setup, lock)
 }
 
-/// Runs trials to the end and reports, for `run` and `resume` alike.
+/// What `wtune resume` carries on from: the saved trials and decisions.
+struct Resumed {
+    trials: Vec<Trial>,
+    decisions: DecisionState,
+}
+
+/// Runs trials to the end and reports, for `run` and `resume` alike, while
+/// holding the experiment directory's `lock`.
 fn execute(
     backend: WasmBackend,
     spec: RunSpec,
-    trials: Vec<Trial>,
     scheduler: Box<dyn Scheduler>,
     searcher: Box<dyn Searcher>,
-    resumed: Option<DecisionState>,
+    resumed: Option<Resumed>,
     setup: &Setup,
+    lock: std::fs::File,
 ) -> Result<(), Failure> {
-    let _lock = lock(&spec.output_dir)?;
+    let _lock = lock;
+    let (trials, resumed) = match resumed {
+        Some(Resumed { trials, decisions }) => (trials, Some(decisions)),
+        None => (Vec::new(), None),
+    };
     let total = searcher.total().map(|n| n.max(trials.len() as u64));
     let setup_json = serde_json::to_value(setup).expect("the setup serializes");
     let state = StateFile::new(setup_json);
@@ -528,6 +540,10 @@ fn resume_experiment(args: ResumeArgs) -> Result<(), Failure> {
         };
         Failure::user(format!("{e}{hint}"))
     })?;
+    // Before anything in the directory changes: resuming moves a damaged
+    // state aside and deletes the checkpoints of restarted trials, which
+    // must never happen under a wtune still running the experiment.
+    let lock = lock(&args.dir)?;
     if args.previous_state {
         // Keep the damaged newest state out of the way: the first write of
         // this run would otherwise make it the "previous" one, replacing
@@ -642,11 +658,11 @@ fn resume_experiment(args: ResumeArgs) -> Result<(), Failure> {
     execute(
         backend,
         spec,
-        trials,
         scheduler,
         searcher,
-        Some(decisions),
+        Some(Resumed { trials, decisions }),
         &setup,
+        lock,
     )
 }
 
