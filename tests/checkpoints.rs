@@ -73,6 +73,19 @@ fn wavy(failures: Arc<AtomicU32>, fail_at: u64) -> FnBackend {
     })
 }
 
+/// The saved state of the experiment in `dir`, and its trials prepared as
+/// `wtune resume --retry-errored` prepares them.
+fn prepared_for_retry(
+    backend: &FnBackend,
+    dir: &Path,
+    policy: &CheckpointPolicy,
+) -> (state::ExperimentState, Vec<Trial>, resume::ResumePlan) {
+    let mut saved = state::load(dir, false).unwrap();
+    let mut trials = std::mem::take(&mut saved.trials);
+    let plan = resume::prepare(backend, &mut trials, dir, policy, ErroredTrials::Retry);
+    (saved, trials, plan)
+}
+
 fn checkpoint_files(trial_dir: &Path) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(trial_dir.join("checkpoints"))
         .map(|entries| {
@@ -355,15 +368,7 @@ fn an_interrupted_experiment_resumes_from_its_state_and_checkpoints() {
     let mut spec_after = first.clone();
     assert!(run_with(backend.clone(), first, Box::new(Fifo::default()), None).is_err());
 
-    let saved = state::load(dir.path(), false).unwrap();
-    let mut trials = saved.trials;
-    let plan = resume::prepare(
-        &backend,
-        &mut trials,
-        dir.path(),
-        &spec_after.checkpoint,
-        ErroredTrials::Retry,
-    );
+    let (saved, trials, plan) = prepared_for_retry(&backend, dir.path(), &spec_after.checkpoint);
     let counted = plan.continued.len() + plan.restarted.len() + plan.pending + plan.finished;
     assert_eq!(counted, trials.len(), "{plan:?}");
     // The failed trial continues from its checkpoint at iteration 2.
@@ -447,15 +452,7 @@ fn a_retried_error_trial_completes_once_for_the_searcher() {
         ]
     );
 
-    let saved = state::load(dir.path(), false).unwrap();
-    let mut trials = saved.trials;
-    let plan = resume::prepare(
-        &backend,
-        &mut trials,
-        dir.path(),
-        &experiment.checkpoint,
-        ErroredTrials::Retry,
-    );
+    let (saved, trials, plan) = prepared_for_retry(&backend, dir.path(), &experiment.checkpoint);
     assert_eq!(plan.retried, ["trial_0000"]);
     let mut scheduler: Box<dyn Scheduler> = Box::new(Fifo::default());
     let mut restored = searcher();

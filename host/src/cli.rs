@@ -530,6 +530,11 @@ fn snapshot_key(file: Option<&Path>) -> Result<Option<SnapshotKey>, Failure> {
 }
 
 fn resume_experiment(args: ResumeArgs) -> Result<(), Failure> {
+    // Locked before the state is read, not only before anything changes
+    // (resuming moves a damaged state aside and deletes the checkpoints of
+    // restarted trials): a wtune finishing beside this one may still write
+    // a newer state. A missing directory is left to the state's error.
+    let lock = args.dir.is_dir().then(|| lock(&args.dir)).transpose()?;
     let state = state::load(&args.dir, args.previous_state).map_err(|e| {
         let hint = match e {
             state::StateError::Damaged(..) if !args.previous_state => format!(
@@ -540,23 +545,8 @@ fn resume_experiment(args: ResumeArgs) -> Result<(), Failure> {
         };
         Failure::user(format!("{e}{hint}"))
     })?;
-    // Before anything in the directory changes: resuming moves a damaged
-    // state aside and deletes the checkpoints of restarted trials, which
-    // must never happen under a wtune still running the experiment.
-    let lock = lock(&args.dir)?;
-    if args.previous_state {
-        // Keep the damaged newest state out of the way: the first write of
-        // this run would otherwise make it the "previous" one, replacing
-        // the good state being resumed from.
-        let current = args.dir.join(state::STATE_FILE);
-        if current.exists() {
-            let aside = args.dir.join("experiment_state.damaged.json");
-            std::fs::rename(&current, &aside).map_err(|e| {
-                Failure::runtime(format!("moving {} aside: {e}", current.display()))
-            })?;
-            eprintln!("note: the damaged state is kept as {}", aside.display());
-        }
-    }
+    let lock =
+        lock.ok_or_else(|| Failure::user(format!("{} is not a directory", args.dir.display())))?;
     let mut setup: Setup = serde_json::from_value(state.setup).map_err(|e| {
         Failure::user(format!(
             "{}: the saved setup cannot be read by this wtune: {e}",
@@ -585,36 +575,8 @@ fn resume_experiment(args: ResumeArgs) -> Result<(), Failure> {
         .checkpoint_mode(setup.checkpoint)
         .map_err(Failure::user)?;
 
-    let errored = if args.retry_errored {
-        ErroredTrials::Retry
-    } else if args.restart_errored {
-        ErroredTrials::Restart
-    } else {
-        ErroredTrials::Keep
-    };
-    let mut trials = state.trials;
-    let output_dir = std::path::absolute(&args.dir).unwrap_or(args.dir);
-    let plan = resume::prepare(
-        &backend,
-        &mut trials,
-        &output_dir,
-        &setup.spec.checkpoint,
-        errored,
-    );
-    for (path, why) in &plan.damaged {
-        eprintln!(
-            "note: skipping damaged checkpoint {}: {why}",
-            path.display()
-        );
-    }
-    eprintln!(
-        "resuming {}: {} trials continue from checkpoints, {} start over, {} not started yet, {} finished",
-        output_dir.display(),
-        plan.continued.len(),
-        plan.restarted.len(),
-        plan.pending,
-        plan.finished
-    );
+    // Everything that can refuse the resume comes before anything changes
+    // in the directory.
     let decisions = &state.decisions;
     let mut scheduler = setup.scheduler()?;
     let saved = &decisions.scheduler;
@@ -651,6 +613,49 @@ fn resume_experiment(args: ResumeArgs) -> Result<(), Failure> {
         // front and is in the saved list.
         _ => Box::new(Listed::default()),
     };
+    if args.previous_state {
+        // Keep the damaged newest state out of the way: the first write of
+        // this run would otherwise make it the "previous" one, replacing
+        // the good state being resumed from.
+        let current = args.dir.join(state::STATE_FILE);
+        if current.exists() {
+            let aside = args.dir.join("experiment_state.damaged.json");
+            std::fs::rename(&current, &aside).map_err(|e| {
+                Failure::runtime(format!("moving {} aside: {e}", current.display()))
+            })?;
+            eprintln!("note: the damaged state is kept as {}", aside.display());
+        }
+    }
+    let errored = if args.retry_errored {
+        ErroredTrials::Retry
+    } else if args.restart_errored {
+        ErroredTrials::Restart
+    } else {
+        ErroredTrials::Keep
+    };
+    let mut trials = state.trials;
+    let output_dir = std::path::absolute(&args.dir).unwrap_or(args.dir);
+    let plan = resume::prepare(
+        &backend,
+        &mut trials,
+        &output_dir,
+        &setup.spec.checkpoint,
+        errored,
+    );
+    for (path, why) in &plan.damaged {
+        eprintln!(
+            "note: skipping damaged checkpoint {}: {why}",
+            path.display()
+        );
+    }
+    eprintln!(
+        "resuming {}: {} trials continue from checkpoints, {} start over, {} not started yet, {} finished",
+        output_dir.display(),
+        plan.continued.len(),
+        plan.restarted.len(),
+        plan.pending,
+        plan.finished
+    );
     resume::retry_errored(&plan, &trials, scheduler.as_mut(), searcher.as_mut());
     setup.spec.output_dir = output_dir;
     let spec = setup.spec.clone();

@@ -260,8 +260,9 @@ pub struct Asha {
     no_more_trials: bool,
     seed: u64,
     fifo: Fifo,
-    /// Promotion variant, caches rebuilt from the state (not saved): per
-    /// bracket and rung, the results that are numbers in promotion order.
+    /// Caches rebuilt from the state (not saved). Per bracket and rung,
+    /// the results that are numbers in promotion order (both variants: the
+    /// stopping variant reads its cutoff from it).
     ranked: Vec<Vec<Vec<Ranked>>>,
     /// Per bracket and rung, the held trials whose result there is a
     /// number, in promotion order.
@@ -456,7 +457,6 @@ impl Asha {
     }
 }
 
-/// numpy's default (linear) percentile of non-empty `values`.
 /// numpy's `percentile` (linear interpolation) of the numbers in `ranked`,
 /// which holds them best (highest) first.
 fn percentile(ranked: &[Ranked], q: f64) -> f64 {

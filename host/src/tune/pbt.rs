@@ -719,7 +719,16 @@ impl Scheduler for PopulationBasedTraining {
     }
 
     fn on_trial_retry(&mut self, trial: &Trial) {
-        self.observe(trial).finished = false;
+        let member = self.observe(trial);
+        member.finished = false;
+        // What it has now, not what its failed run had: its checkpoints
+        // may be gone (`--restart-errored`), and a trial starting over has
+        // no standing until it reports again.
+        member.has_checkpoint = trial.latest_checkpoint().is_some();
+        if !member.has_checkpoint {
+            member.score = None;
+            member.last_perturbation_time = 0.0;
+        }
         self.live.insert(trial.trial_id.clone());
         if let Some(&i) = self.positions.get(&trial.trial_id) {
             self.unfinished.insert(i);
@@ -920,9 +929,14 @@ mod tests {
         assert_eq!(s.choose_next(&trials), Some(0));
         trials[0].status = TrialStatus::Running;
         assert_eq!(s.choose_next(&trials), None, "trial 1 is gone for good");
-        trials[1].status = TrialStatus::Paused;
+        s.members.get_mut("trial_0001").unwrap().score = Some(0.9);
+        s.members.get_mut("trial_0001").unwrap().has_checkpoint = true;
+        trials[1].status = TrialStatus::Pending;
         s.on_trial_retry(&trials[1]);
         assert!(!s.members["trial_0001"].finished);
+        // It starts over: no checkpoint, no rank from its failed run.
+        assert!(!s.members["trial_0001"].has_checkpoint);
+        assert_eq!(s.members["trial_0001"].score, None);
         assert!(s.live.contains("trial_0001"));
         assert_eq!(s.choose_next(&trials), Some(1));
     }

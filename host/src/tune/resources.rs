@@ -9,7 +9,7 @@
 //! resources_per_trial = { cpu = 0.5, gpu = 0.5, memory = "2GiB", custom = { licence = 1 } }
 //!
 //! # What exists. Anything left out is detected: this machine's cores,
-//! # memory and NVIDIA or AMD GPUs (see `gpus_on_pci`).
+//! # memory and the NVIDIA or AMD GPUs it can reach (see `detect_gpus`).
 //! [resources]
 //! gpu = 1
 //! custom = { licence = 4 }
@@ -180,14 +180,16 @@ impl ResourcePool {
     /// This machine: its cores (`available_parallelism`, which honours CPU
     /// affinity and cgroup quotas), its memory (`MemTotal` in
     /// `/proc/meminfo`, lowered to the cgroup v2 `memory.max` where a
-    /// container sets one) and its GPUs (see [`gpus_on_pci`]). Where
+    /// container sets one) and its GPUs (see [`detect_gpus`]). Where
     /// neither memory file can be read (systems other than Linux), memory
     /// is [`UNLIMITED_MEMORY`]: requests for memory are then never refused.
     pub fn detect() -> Self {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
         let meminfo = std::fs::read_to_string("/proc/meminfo").ok();
         let cgroup = std::fs::read_to_string("/sys/fs/cgroup/memory.max").ok();
-        let gpus = gpus_on_pci(Path::new(PCI_DEVICES));
+        let gpus = detect_gpus(Path::new(PCI_DEVICES), Path::new("/dev"), &|name| {
+            std::env::var(name).ok()
+        });
         Self::with_total(Units {
             cpu: cores.saturating_mul(SCALE),
             gpu: gpus.saturating_mul(SCALE),
@@ -543,34 +545,76 @@ fn bytes(n: u64) -> String {
 /// Where Linux lists PCI devices.
 const PCI_DEVICES: &str = "/sys/bus/pci/devices";
 
-/// PCI vendors whose display controllers are counted as GPUs: NVIDIA and
-/// AMD. Virtual machines show display controllers of their own (QEMU's,
-/// virtio's, VMware's) that no one trains on, and an integrated Intel GPU
-/// shares the CPU's memory and power; neither is offered as a GPU unless
-/// the experiment declares it (`[resources] gpu`).
-const GPU_VENDORS: [&str; 2] = ["0x10de", "0x1002"];
+/// PCI vendor ids of the GPUs counted: NVIDIA's and AMD's. Virtual
+/// machines show display controllers of their own (QEMU's, virtio's,
+/// VMware's) that no one trains on, and an integrated Intel GPU shares the
+/// CPU's memory and power; neither is offered unless the experiment
+/// declares it (`[resources] gpu`).
+const NVIDIA: &str = "0x10de";
+const AMD: &str = "0x1002";
 
-/// The GPUs in `devices` (a directory laid out as `/sys/bus/pci/devices`):
-/// devices of a [`GPU_VENDORS`] vendor whose PCI class is a display
-/// controller (`0x03....`: VGA, 3D, or other). Counted from the PCI bus
-/// rather than a driver's list, so that a GPU counts whichever driver
-/// (or none yet) has bound it; 0 where the directory cannot be read.
-pub fn gpus_on_pci(devices: &Path) -> u64 {
-    let Ok(entries) = std::fs::read_dir(devices) else {
-        return 0;
-    };
+/// The GPUs this process can use: NVIDIA and AMD display controllers
+/// (PCI class `0x03....`) on the PCI bus (`pci`, laid out as
+/// `/sys/bus/pci/devices`), no more than the device nodes the process
+/// sees (`dev`: `nvidiaN`; for AMD, `dri/renderD*` beside `kfd`), and no
+/// more than the `*_VISIBLE_DEVICES` variables `var` gives allow
+/// (`CUDA_VISIBLE_DEVICES` or `NVIDIA_VISIBLE_DEVICES`;
+/// `ROCR_VISIBLE_DEVICES` or `HIP_VISIBLE_DEVICES`). A container sees the
+/// host's whole PCI bus but only the device nodes it was given, so the
+/// nodes and variables are what make the count right there. An AMD APU's
+/// integrated GPU counts like a discrete one; declare `gpu` to override.
+pub fn detect_gpus(pci: &Path, dev: &Path, var: &dyn Fn(&str) -> Option<String>) -> u64 {
     let read = |dir: &Path, file: &str| {
-        std::fs::read_to_string(dir.join(file)).map(|s| s.trim().to_ascii_lowercase())
+        std::fs::read_to_string(dir.join(file))
+            .map(|s| s.trim().to_ascii_lowercase())
+            .unwrap_or_default()
     };
-    entries
-        .flatten()
-        .filter(|entry| {
-            let dir = entry.path();
-            let vendor = read(&dir, "vendor").unwrap_or_default();
-            let class = read(&dir, "class").unwrap_or_default();
-            GPU_VENDORS.contains(&vendor.as_str()) && class.starts_with("0x03")
-        })
-        .count() as u64
+    let (mut nvidia, mut amd) = (0u64, 0u64);
+    for entry in std::fs::read_dir(pci).into_iter().flatten().flatten() {
+        let dir = entry.path();
+        if !read(&dir, "class").starts_with("0x03") {
+            continue;
+        }
+        match read(&dir, "vendor").as_str() {
+            NVIDIA => nvidia += 1,
+            AMD => amd += 1,
+            _ => {}
+        }
+    }
+    let nodes = |dir: &Path, prefix: &str| -> u64 {
+        std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|entry| {
+                entry.file_name().to_str().is_some_and(|name| {
+                    name.strip_prefix(prefix)
+                        .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+                })
+            })
+            .count() as u64
+    };
+    let nvidia_nodes = nodes(dev, "nvidia");
+    let amd_nodes = if dev.join("kfd").exists() {
+        nodes(&dev.join("dri"), "renderD")
+    } else {
+        0
+    };
+    let visible = |names: [&str; 2], count: u64| match names.iter().find_map(|n| var(n)) {
+        None => count,
+        Some(value) => match value.trim() {
+            "all" => count,
+            "" | "none" | "void" | "-1" => 0,
+            list => count.min(list.split(',').filter(|s| !s.trim().is_empty()).count() as u64),
+        },
+    };
+    visible(
+        ["CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES"],
+        nvidia.min(nvidia_nodes),
+    ) + visible(
+        ["ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES"],
+        amd.min(amd_nodes),
+    )
 }
 
 /// The machine's memory from `/proc/meminfo` and the cgroup v2 limit,
@@ -898,7 +942,10 @@ mod tests {
         assert_eq!(machine_memory(Some("garbage"), None), UNLIMITED_MEMORY);
         let here = ResourcePool::detect().total();
         assert!(here.cpu >= 1.0 && here.cpu.fract() == 0.0);
-        assert_eq!(here.gpu, gpus_on_pci(Path::new(PCI_DEVICES)) as f64);
+        let gpus = detect_gpus(Path::new(PCI_DEVICES), Path::new("/dev"), &|name| {
+            std::env::var(name).ok()
+        });
+        assert_eq!(here.gpu, gpus as f64);
         assert!(here.memory > 0);
         assert_eq!(bytes(UNLIMITED_MEMORY), "unlimited");
         assert_eq!(bytes(7 << 29), "3.5 GiB");
@@ -907,27 +954,51 @@ mod tests {
         assert_eq!(amount(5_000), "0.5");
     }
 
-    /// Display controllers of NVIDIA and AMD count; a virtual machine's
-    /// display, other NVIDIA functions (its audio) and unreadable entries
-    /// do not.
+    /// NVIDIA and AMD display controllers count, as far as the process has
+    /// their device nodes and the visibility variables allow; a virtual
+    /// machine's display, integrated Intel graphics, other functions of a
+    /// GPU (its audio) and unreadable entries do not.
     #[test]
-    fn gpus_are_nvidia_and_amd_display_controllers_on_pci() {
+    fn gpus_are_display_controllers_the_process_can_reach() {
         let root = tempfile::tempdir().unwrap();
+        let (pci, dev) = (root.path().join("pci"), root.path().join("dev"));
+        std::fs::create_dir_all(dev.join("dri")).unwrap();
         let device = |name: &str, vendor: &str, class: &str| {
-            let dir = root.path().join(name);
-            std::fs::create_dir(&dir).unwrap();
+            let dir = pci.join(name);
+            std::fs::create_dir_all(&dir).unwrap();
             std::fs::write(dir.join("vendor"), format!("{vendor}\n")).unwrap();
             std::fs::write(dir.join("class"), format!("{class}\n")).unwrap();
         };
-        assert_eq!(gpus_on_pci(root.path()), 0);
-        device("0000:17:00.0", "0x10de", "0x030200"); // H100: 3D controller
+        let node = |path: &str| std::fs::write(dev.join(path), b"").unwrap();
+        let none = |_: &str| None;
+        assert_eq!(detect_gpus(&pci, &dev, &none), 0);
+        device("0000:17:00.0", "0x10de", "0x030200"); // 3D controller
         device("0000:17:00.1", "0x10de", "0x040300"); // its audio function
+        device("0000:18:00.0", "0x10de", "0x030200");
         device("0000:65:00.0", "0x1002", "0x030000"); // AMD VGA
         device("0000:00:02.0", "0x1234", "0x030000"); // QEMU's display
         device("0000:00:03.0", "0x8086", "0x030000"); // integrated Intel
-        std::fs::create_dir(root.path().join("0000:00:04.0")).unwrap();
-        assert_eq!(gpus_on_pci(root.path()), 2);
-        assert_eq!(gpus_on_pci(&root.path().join("missing")), 0);
+        std::fs::create_dir(pci.join("0000:00:04.0")).unwrap();
+        assert_eq!(detect_gpus(&pci, &dev, &none), 0, "no device nodes");
+        node("nvidia0");
+        node("nvidiactl");
+        node("nvidia-uvm");
+        assert_eq!(detect_gpus(&pci, &dev, &none), 1, "a container given one");
+        node("nvidia1");
+        node("dri/renderD128");
+        assert_eq!(detect_gpus(&pci, &dev, &none), 2, "AMD needs kfd");
+        node("kfd");
+        assert_eq!(detect_gpus(&pci, &dev, &none), 3);
+        let cuda = |value: &'static str| {
+            move |name: &str| (name == "CUDA_VISIBLE_DEVICES").then(|| value.to_string())
+        };
+        assert_eq!(detect_gpus(&pci, &dev, &cuda("1")), 2);
+        assert_eq!(detect_gpus(&pci, &dev, &cuda("0,1,2,3")), 3);
+        assert_eq!(detect_gpus(&pci, &dev, &cuda("")), 1);
+        assert_eq!(detect_gpus(&pci, &dev, &cuda("all")), 3);
+        let rocr = |name: &str| (name == "ROCR_VISIBLE_DEVICES").then(|| "none".to_string());
+        assert_eq!(detect_gpus(&pci, &dev, &rocr), 2);
+        assert_eq!(detect_gpus(&root.path().join("missing"), &dev, &none), 0);
     }
 
     /// One step of the random walk the property test takes.
