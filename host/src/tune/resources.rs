@@ -121,7 +121,7 @@ pub struct PoolSpec {
     /// CPUs; default: this machine's cores.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cpu: Option<f64>,
-    /// GPUs; default: none (not detected yet).
+    /// GPUs; default: those detected (see [`detect_gpus`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gpu: Option<f64>,
     /// Bytes of memory; default: this machine's.
@@ -251,7 +251,7 @@ impl ResourcePool {
         }
         if request.gpu > total.gpu {
             let hint = if total.gpu == 0 {
-                " (GPUs are not detected; declare them in [resources])"
+                " (none was found on this machine; declare GPUs in [resources])"
             } else {
                 ""
             };
@@ -769,7 +769,7 @@ mod tests {
         let no_gpu = pool(4.0, 0.0).check(&ask(1.0, 0.5)).unwrap_err();
         assert!(
             no_gpu.starts_with("trial asks for 0.5 GPU but the experiment has 0;")
-                && no_gpu.contains("GPUs are not detected"),
+                && no_gpu.contains("none was found on this machine; declare GPUs in [resources]"),
             "{no_gpu}"
         );
         let memory = Resources {
