@@ -42,6 +42,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+use super::decisions::read_saved;
 use super::result::Mode;
 use super::scheduler::{Decision, Fifo, Scheduler};
 use super::trial::{Trial, TrialStatus};
@@ -786,11 +787,9 @@ impl Scheduler for Asha {
     }
 
     fn restore_state(&mut self, state: &Value) -> Result<(), String> {
-        if state.is_null() {
+        let Some(saved) = read_saved::<AshaState>(state, "ASHA")? else {
             return Ok(());
-        }
-        let saved: AshaState = serde_json::from_value(state.clone())
-            .map_err(|e| format!("the saved ASHA state cannot be read: {e}"))?;
+        };
         let same_shape = saved.brackets.len() == self.brackets.len()
             && saved.brackets.iter().zip(&self.brackets).all(|(a, b)| {
                 a.len() == b.len()

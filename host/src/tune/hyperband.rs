@@ -43,6 +43,7 @@ use std::collections::BTreeSet;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+use super::decisions::read_saved;
 use super::result::Mode;
 use super::scheduler::{Decision, Scheduler};
 use super::trial::{Trial, TrialStatus};
@@ -520,11 +521,9 @@ impl Scheduler for HyperBand {
     }
 
     fn restore_state(&mut self, state: &Value) -> Result<(), String> {
-        if state.is_null() {
+        let Some(saved) = read_saved::<HyperBandState>(state, "HyperBand")? else {
             return Ok(());
-        }
-        let saved: HyperBandState = serde_json::from_value(state.clone())
-            .map_err(|e| format!("the saved HyperBand state cannot be read: {e}"))?;
+        };
         let per_band = self.config.brackets_per_band();
         let mut brackets = saved.brackets;
         for (b, bracket) in brackets.iter_mut().enumerate() {

@@ -12,6 +12,7 @@ use std::collections::{BTreeMap, HashMap};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+use super::decisions::read_saved;
 use super::result::Mode;
 use super::scheduler::{Decision, Fifo, Scheduler};
 use super::trial::Trial;
@@ -253,11 +254,11 @@ impl Scheduler for MedianStopping {
     }
 
     fn restore_state(&mut self, state: &Value) -> Result<(), String> {
-        if state.is_null() {
+        let Some(saved) =
+            read_saved::<BTreeMap<String, Vec<(f64, f64)>>>(state, "median stopping")?
+        else {
             return Ok(());
-        }
-        let saved: BTreeMap<String, Vec<(f64, f64)>> = serde_json::from_value(state.clone())
-            .map_err(|e| format!("the saved median stopping state cannot be read: {e}"))?;
+        };
         self.index.clear();
         self.ids.clear();
         self.histories.clear();

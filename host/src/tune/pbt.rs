@@ -62,6 +62,7 @@ use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Number, Value, json};
 
+use super::decisions::read_saved;
 use super::result::Mode;
 use super::scheduler::{Decision, Scheduler};
 use super::space::{Domain, SearchSpace};
@@ -799,11 +800,9 @@ impl Scheduler for PopulationBasedTraining {
     }
 
     fn restore_state(&mut self, state: &Value) -> Result<(), String> {
-        if state.is_null() {
+        let Some(saved) = read_saved::<PbtState>(state, "PBT")? else {
             return Ok(());
-        }
-        let saved: PbtState = serde_json::from_value(state.clone())
-            .map_err(|e| format!("the saved PBT state cannot be read: {e}"))?;
+        };
         let mut rng = ChaCha8Rng::seed_from_u64(self.seed);
         rng.set_word_pos(u128::from(saved.rng_word_pos));
         self.rng = rng;

@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use super::{Searcher, Suggestion};
+use crate::tune::decisions::read_saved;
 use crate::tune::space::{Configs, SearchSpace, SpaceError};
 
 /// Random or grid search: configurations drawn lazily, one per suggestion.
@@ -86,11 +87,10 @@ impl Searcher for BasicVariant {
     }
 
     fn restore_state(&mut self, state: &Value) -> Result<(), String> {
-        if state.is_null() {
+        let what = format!("{} search", self.name);
+        let Some(saved) = read_saved::<BasicState>(state, &what)? else {
             return Ok(());
-        }
-        let saved: BasicState = serde_json::from_value(state.clone())
-            .map_err(|e| format!("the saved {} search state cannot be read: {e}", self.name))?;
+        };
         let total = self.start.total();
         if saved.handed_out > total {
             return Err(format!(

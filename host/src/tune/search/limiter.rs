@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use super::{Searcher, Suggestion};
+use crate::tune::decisions::read_saved;
 
 /// Wraps a searcher so that at most `max_concurrent` of the trials it
 /// suggested are not yet complete; beyond that it answers
@@ -100,11 +101,9 @@ impl Searcher for ConcurrencyLimiter {
     }
 
     fn restore_state(&mut self, state: &Value) -> Result<(), String> {
-        if state.is_null() {
+        let Some(saved) = read_saved::<LimiterState>(state, "concurrency-limiter")? else {
             return Ok(());
-        }
-        let saved: LimiterState = serde_json::from_value(state.clone())
-            .map_err(|e| format!("the saved concurrency-limiter state cannot be read: {e}"))?;
+        };
         self.inner.restore_state(&saved.inner)?;
         self.live = saved.live;
         Ok(())

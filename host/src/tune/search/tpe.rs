@@ -46,6 +46,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Number, Value};
 
 use super::{Searcher, Suggestion};
+use crate::tune::decisions::read_saved;
 use crate::tune::result::Mode;
 use crate::tune::space::{Domain, SearchSpace};
 
@@ -662,11 +663,9 @@ impl Searcher for Tpe {
     }
 
     fn restore_state(&mut self, state: &Value) -> Result<(), String> {
-        if state.is_null() {
+        let Some(saved) = read_saved::<TpeState>(state, "TPE")? else {
             return Ok(());
-        }
-        let saved: TpeState = serde_json::from_value(state.clone())
-            .map_err(|e| format!("the saved TPE state cannot be read: {e}"))?;
+        };
         let fits = |values: &Vec<f64>| {
             values.len() == self.params.len()
                 && values.iter().zip(&self.params).all(|(&x, p)| p.admits(x))
