@@ -24,12 +24,16 @@
 //!   (those whose name contains NAME) with 10,000 trials, driven directly by
 //!   a loop that calls them as the runner does (no runner, no sandbox), and
 //!   the size and cost of their `state()`.
+//! - `compute`: squaring an `n x n` matrix (512, 1024, 2048) on the CPU
+//!   compute backend called directly, through the guest interface, and in
+//!   plain wasm with fuel; and the interface's cost per call.
 //! - `compare`: ASHA against random search (FIFO) at equal total fuel
 //!   (`stop_experiment.max_fuel`): on the digits example in the sandbox
 //!   (best `val_accuracy` reached, 10 seeds), and on the native replay of
 //!   `CurveSet::synthetic()` (regret against its known optimum, 200 seeds).
 
 mod compare;
+mod compute;
 mod decisions;
 
 use std::path::{Path, PathBuf};
@@ -92,6 +96,9 @@ fn main() {
     }
     if matches!(what.as_str(), "all" | "decisions") {
         decisions::run(std::env::args().nth(2).as_deref());
+    }
+    if matches!(what.as_str(), "all" | "compute") {
+        compute::run(&guest("kernels"));
     }
     if matches!(what.as_str(), "all" | "compare") {
         compare::replay();

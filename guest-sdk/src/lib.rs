@@ -60,6 +60,12 @@
 //! # fn main() {}
 //! ```
 //!
+//! ## Heavy math
+//! Inside the sandbox every instruction is metered. For matrix products and
+//! the other kernels a model spends its time in, use [`compute::Tensor`]: the
+//! host runs them natively (charged in fuel by the work done) and keeps the
+//! tensors across host snapshots.
+//!
 //! ## What the host guarantees
 //! Each trial runs in its own sandbox: its working directory (`.`) is the
 //! trial's own directory, data the experiment grants is mounted read-only under
@@ -76,6 +82,7 @@ extern crate self as wtune_guest;
 
 #[doc(hidden)]
 pub mod bindings;
+pub mod compute;
 mod error;
 #[doc(hidden)]
 pub mod glue;

@@ -7,6 +7,7 @@ use clap::{Args, Parser, Subcommand};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
+use crate::compute::ComputeOptions;
 use crate::config::{self, Overrides};
 use crate::exec::{CheckpointMode, WasmBackend};
 use crate::report::{ExperimentFile, Progress, StateFile, TrialFiles, state, summary_text};
@@ -103,6 +104,9 @@ struct RunArgs {
     /// Search algorithm: random, grid or tpe (parameters from the file's [search] when it names the same one).
     #[arg(long, value_name = "NAME")]
     search: Option<String>,
+    /// Where the guests' compute kernels run: auto or cpu.
+    #[arg(long, value_name = "BACKEND")]
+    compute: Option<String>,
     /// Start every trial from this checkpoint file.
     #[arg(long, value_name = "FILE")]
     restore_from: Option<PathBuf>,
@@ -166,6 +170,9 @@ struct Setup {
     /// snapshot (`restore_from`), which holds its own.
     #[serde(default)]
     fixed_config: Option<Value>,
+    /// The host compute backend and quotas.
+    #[serde(default)]
+    compute: ComputeOptions,
 }
 
 impl Setup {
@@ -184,7 +191,10 @@ impl Setup {
                 "memory_bytes": limits.memory_bytes,
                 "call_timeout_s": limits.call_timeout.map(|d| d.as_secs_f64()),
                 "max_wasm_stack": self.max_wasm_stack,
+                "compute_memory": self.compute.trial_quota,
+                "compute_memory_total": self.compute.total_quota,
             },
+            "compute": self.compute.mode,
             "data": self.data.iter().map(|(n, d)| (n.clone(), d.display().to_string())).collect::<std::collections::BTreeMap<_, _>>(),
             "wtune_version": env!("CARGO_PKG_VERSION"),
         })
@@ -262,9 +272,14 @@ fn init_tracing() {
         .try_init();
 }
 
-fn sandbox(cache: CacheArgs, max_wasm_stack: usize) -> Result<Sandbox, Failure> {
+fn sandbox(
+    cache: CacheArgs,
+    max_wasm_stack: usize,
+    compute: ComputeOptions,
+) -> Result<Sandbox, Failure> {
     let mut options = SandboxOptions {
         max_wasm_stack,
+        compute,
         ..SandboxOptions::default()
     };
     if cache.no_cache {
@@ -298,10 +313,11 @@ fn run(args: RunArgs) -> Result<(), Failure> {
         restore_from: args.restore_from,
         scheduler: args.scheduler,
         search: args.search,
+        compute: args.compute,
     };
     let plan =
         config::plan(&args.model, args.config.as_deref(), &overrides).map_err(Failure::user)?;
-    let sandbox = sandbox(args.cache, plan.max_wasm_stack)?;
+    let sandbox = sandbox(args.cache, plan.max_wasm_stack, plan.compute)?;
     let program = sandbox.load(&args.model).map_err(Failure::user)?;
     for note in &plan.notes {
         eprintln!("note: {note}");
@@ -354,6 +370,16 @@ fn run(args: RunArgs) -> Result<(), Failure> {
             .call_timeout
             .map_or("none".into(), |d| humantime::format_duration(d).to_string()),
     );
+    if program.uses_compute() {
+        let compute = sandbox.compute();
+        eprintln!(
+            "compute: {} on {}, {} per trial, {} in all",
+            compute.kind,
+            compute.name,
+            human_bytes(plan.compute.trial_quota),
+            human_bytes(plan.compute.total_quota),
+        );
+    }
 
     let mut spec = plan.spec;
     spec.configs = Vec::new();
@@ -374,6 +400,7 @@ fn run(args: RunArgs) -> Result<(), Failure> {
         param_space: plan.param_space,
         search: plan.search,
         fixed_config,
+        compute: plan.compute,
     };
     let scheduler = setup.scheduler()?;
     let searcher = setup.searcher()?;
@@ -557,7 +584,7 @@ fn resume_experiment(args: ResumeArgs) -> Result<(), Failure> {
         .model
         .map(|m| std::path::absolute(&m).unwrap_or(m))
         .unwrap_or_else(|| setup.model.clone());
-    let sandbox = sandbox(args.cache, setup.max_wasm_stack)?;
+    let sandbox = sandbox(args.cache, setup.max_wasm_stack, setup.compute)?;
     let program: Program = sandbox.load(&model).map_err(Failure::user)?;
     if program.digest() != setup.model_blake3 {
         return Err(Failure::user(format!(
@@ -680,6 +707,7 @@ fn inspect(model: &Path) -> Result<(), Failure> {
             no_cache: false,
         },
         1 << 20,
+        ComputeOptions::default(),
     )?;
     let description = sandbox
         .describe(&bytes)

@@ -12,8 +12,9 @@ use std::time::{Duration, SystemTime};
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
+use crate::compute::ComputeOptions;
 use crate::exec::CheckpointMode;
-use crate::sandbox::Limits;
+use crate::sandbox::{Limits, human_bytes};
 use crate::tune::{
     CheckpointPolicy, ExperimentStop, ExperimentStopper, FailFast, FailurePolicy, Mode, PoolSpec,
     Resources, RunSpec, SchedulerSpec, SearchSpace, SearchSpec, Searcher, StopCriteria,
@@ -60,6 +61,7 @@ struct ExperimentToml {
     resources_per_trial: Option<toml::Table>,
     resources: Option<toml::Table>,
     stop_experiment: Option<toml::Table>,
+    compute: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -72,6 +74,8 @@ struct LimitsToml {
     stack: Option<toml::Value>,
     log_size: Option<toml::Value>,
     table_elements: Option<u64>,
+    compute_memory: Option<toml::Value>,
+    compute_memory_total: Option<toml::Value>,
 }
 
 /// Command-line values that override the experiment file.
@@ -117,6 +121,8 @@ pub struct Overrides {
     pub scheduler: Option<String>,
     /// `--search NAME`
     pub search: Option<String>,
+    /// `--compute auto|cpu`
+    pub compute: Option<String>,
 }
 
 /// Everything needed to run an experiment.
@@ -151,6 +157,8 @@ pub struct Plan {
     pub param_space: Value,
     /// The search algorithm.
     pub search: SearchSpec,
+    /// The host compute backend and its memory quotas.
+    pub compute: ComputeOptions,
 }
 
 impl Plan {
@@ -303,7 +311,12 @@ pub fn plan(
         ));
     }
 
-    let (limits, max_wasm_stack) = limits(file.limits.unwrap_or_default(), overrides)?;
+    let limits_file = file.limits.unwrap_or_default();
+    let compute = compute(
+        overrides.compute.as_deref().or(file.compute.as_deref()),
+        &limits_file,
+    )?;
+    let (limits, max_wasm_stack) = limits(limits_file, overrides)?;
 
     let resources_per_trial: Resources =
         table_as("resources_per_trial", &file.resources_per_trial)?;
@@ -478,6 +491,7 @@ pub fn plan(
         empty_space: file.param_space.as_ref().is_none_or(|t| t.is_empty()),
         param_space,
         search,
+        compute,
     })
 }
 
@@ -509,6 +523,31 @@ fn scheduler(value: Option<&toml::Value>) -> Result<SchedulerSpec, ConfigError> 
     }
     serde_json::from_value(to_json(&table))
         .map_err(|e| bad(format!("scheduler: {}", one_line(&e.to_string()))))
+}
+
+/// `compute = "auto"` and the `limits.compute_memory*` quotas.
+fn compute(mode: Option<&str>, limits: &LimitsToml) -> Result<ComputeOptions, ConfigError> {
+    let mut options = ComputeOptions::default();
+    if let Some(mode) = mode {
+        options.mode = mode.parse().map_err(bad)?;
+    }
+    if let Some(v) = &limits.compute_memory {
+        options.trial_quota = size(v, "limits.compute_memory")?;
+    }
+    if let Some(v) = &limits.compute_memory_total {
+        options.total_quota = size(v, "limits.compute_memory_total")?;
+    } else {
+        options.total_quota = options.total_quota.max(options.trial_quota);
+    }
+    if options.trial_quota > options.total_quota {
+        return Err(bad(format!(
+            "limits.compute_memory ({}) is more than limits.compute_memory_total ({}): no \
+             trial could use its quota",
+            human_bytes(options.trial_quota),
+            human_bytes(options.total_quota)
+        )));
+    }
+    Ok(options)
 }
 
 fn limits(file: LimitsToml, overrides: &Overrides) -> Result<(Limits, usize), ConfigError> {
@@ -735,6 +774,46 @@ mod tests {
             ..Default::default()
         };
         plan(Path::new("model.wasm"), Some(&path), &overrides)
+    }
+
+    #[test]
+    fn compute_backend_and_quotas_are_read_and_checked() {
+        let plan = plan_of("").unwrap();
+        assert_eq!(plan.compute, ComputeOptions::default());
+        let plan = plan_of(
+            r#"
+            compute = "cpu"
+            [limits]
+            compute_memory = "8GiB"
+            "#,
+        )
+        .unwrap();
+        assert_eq!(plan.compute.mode, crate::compute::ComputeMode::Cpu);
+        assert_eq!(plan.compute.trial_quota, 8 << 30);
+        assert_eq!(
+            plan.compute.total_quota,
+            8 << 30,
+            "the total grows to one trial's"
+        );
+
+        let err = plan_of("compute = \"tpu\"").unwrap_err().to_string();
+        assert!(err.contains("compute = \"tpu\" is not a backend"), "{err}");
+        let err = plan_of("compute = \"gpu\"").unwrap_err().to_string();
+        assert!(err.contains("wgpu worker"), "{err}");
+        let err = plan_of("[limits]\ncompute_memory = \"2GiB\"\ncompute_memory_total = \"1GiB\"")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("is more than limits.compute_memory_total"),
+            "{err}"
+        );
+        let err = plan_of("[limits]\ncompute_memory = \"lots\"")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("limits.compute_memory must be a size"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -11,6 +11,8 @@
 //!   the only module that names wasmtime types.
 //! - [`tune`]: trials, search spaces, stopping, schedulers and the runner
 //!   loop, independent of how trials execute.
+//! - [`compute`]: the native kernels behind the guests' `compute` interface,
+//!   with per-trial buffers, quotas and fuel charges.
 //! - [`exec`]: the backend that runs the runner's trials in the sandbox.
 //! - [`report`]: result files, `experiment.json`, progress and summaries.
 //! - [`config`]: the experiment file and command-line overrides.
@@ -33,6 +35,7 @@
 //! ```
 
 pub mod cli;
+pub mod compute;
 pub mod config;
 pub mod exec;
 pub mod persist;

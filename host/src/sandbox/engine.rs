@@ -13,6 +13,7 @@ use wasmtime::{Config, Engine};
 use super::bindings;
 use super::cache::ArtifactCache;
 use super::host::TrialHost;
+use crate::compute::{Compute, ComputeOptions};
 
 /// How often the engine's epoch advances; deadlines are counted in these.
 pub(crate) const EPOCH_TICK: Duration = Duration::from_millis(10);
@@ -24,6 +25,8 @@ pub struct SandboxOptions {
     pub cache_dir: Option<PathBuf>,
     /// Maximum wasm call-stack size in bytes for every trial.
     pub max_wasm_stack: usize,
+    /// The host compute backend and its device-memory quotas.
+    pub compute: ComputeOptions,
 }
 
 impl Default for SandboxOptions {
@@ -31,6 +34,7 @@ impl Default for SandboxOptions {
         Self {
             cache_dir: ArtifactCache::default_dir(),
             max_wasm_stack: 1 << 20,
+            compute: ComputeOptions::default(),
         }
     }
 }
@@ -45,6 +49,8 @@ pub struct Sandbox {
     /// firing for as long as any instance can run, even if the sandbox that
     /// loaded it is gone.
     pub(crate) ticker: Arc<EpochTicker>,
+    /// Shared by every trial of every program this sandbox loads.
+    pub(crate) compute: Compute,
 }
 
 impl Sandbox {
@@ -74,7 +80,15 @@ impl Sandbox {
             linker,
             cache,
             ticker,
+            compute: Compute::new(options.compute),
         })
+    }
+}
+
+impl Sandbox {
+    /// Where the guests' host compute runs.
+    pub fn compute(&self) -> crate::compute::BackendInfo {
+        self.compute.info()
     }
 }
 

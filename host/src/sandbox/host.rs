@@ -24,6 +24,8 @@ pub(crate) struct TrialHost {
     pub(crate) stdout: CappedSink,
     /// Receives memory contents while a host snapshot is taken.
     pub(crate) sink: Option<super::snapshot::Sink>,
+    /// The trial's host compute buffers and fuel meter.
+    pub(crate) compute: crate::compute::ComputeSession,
 }
 
 impl WasiView for TrialHost {

@@ -304,6 +304,8 @@ fn arm(store: &mut Store<TrialHost>, limits: &Limits, fuel: u64, at: At) -> Resu
         None => 1 << 62,
     };
     store.set_epoch_deadline(ticks);
+    let deadline = limits.call_timeout.map(|limit| Instant::now() + limit);
+    store.data_mut().compute.begin_call(deadline);
     Ok(())
 }
 

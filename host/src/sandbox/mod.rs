@@ -13,6 +13,7 @@
 mod bindings;
 mod cache;
 mod capture;
+mod compute;
 mod contract;
 mod engine;
 mod fault;

@@ -52,6 +52,8 @@ pub struct Program {
     /// The accessor of the instrumented component, or why there is none.
     access: Result<Arc<AccessIndex>, SnapshotRefusal>,
     digest: String,
+    compute: crate::compute::Compute,
+    uses_compute: bool,
     _ticker: Arc<EpochTicker>,
 }
 
@@ -60,6 +62,11 @@ impl Program {
     /// wtune's instrumentation).
     pub fn digest(&self) -> &str {
         &self.digest
+    }
+
+    /// Whether the component imports the host `compute` interface.
+    pub fn uses_compute(&self) -> bool {
+        self.uses_compute
     }
 
     /// Whether the host can snapshot this program's instances, and if not,
@@ -117,10 +124,16 @@ impl Sandbox {
             }
         };
         let pre = self.check(&component)?;
+        let uses_compute = component
+            .component_type()
+            .imports(&self.engine)
+            .any(|(name, _)| name.starts_with("wtune:trainable/compute"));
         Ok(Program {
             pre,
             access,
             digest,
+            compute: self.compute.clone(),
+            uses_compute,
             _ticker: self.ticker.clone(),
         })
     }
@@ -210,9 +223,11 @@ impl Program {
             stderr,
             stdout,
             sink: None,
+            compute: self.compute.session(),
         };
         let mut store = Store::new(self.pre.engine(), host);
         store.limiter(|host| &mut host.limiter);
+        store.call_hook(super::compute::settle);
         TrialInstance::start(store, &self.pre, self.access.clone(), limits.clone())
     }
 

@@ -237,6 +237,7 @@ impl Access<'_> {
             image.globals.push(value);
         }
         self.check_handles(&image)?;
+        image.compute = self.store.data().compute.image();
         Ok(image)
     }
 
@@ -301,6 +302,11 @@ impl Access<'_> {
                 GlobalValue::F64(v) => self.call::<(f64,), ()>(&name, (f64::from_bits(v),))?,
             }
         }
+        self.store
+            .data_mut()
+            .compute
+            .restore(&image.compute)
+            .map_err(|e| SnapshotError::Failed(format!("restoring compute buffers: {e}")))?;
         let live = self.live_handles();
         if live != entries.len() {
             return Err(SnapshotError::Failed(format!(

@@ -9,7 +9,8 @@
 //! header_len   u32 LE
 //! header       JSON        SnapshotMeta + memory sizes and runs + globals
 //! payload_len  u64 LE
-//! payload      zstd        the runs' bytes, all memories, in order; or the
+//! payload      zstd        the runs' bytes, all memories, in order, then the
+//!                          host compute buffers' (one frame each); or the
 //!                          guest's saved bytes (one frame)
 //! trailer      32 bytes    blake3 of everything above, keyed when flag 0 is set
 //! ```
@@ -24,11 +25,18 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::image::{GlobalValue, GuestImage, MemoryImage};
+use crate::compute::ComputeImage;
 
 /// First bytes of every snapshot file.
 pub const MAGIC: &[u8; 8] = b"WTSNAP\r\n";
-/// The version this build writes and reads.
-pub const FORMAT_VERSION: u32 = 1;
+/// The version this build writes for snapshots that hold host compute
+/// buffers; it reads this one and [`FORMAT_VERSION_PLAIN`].
+pub const FORMAT_VERSION: u32 = 2;
+/// The version written when there are no compute buffers, so that builds
+/// from before host compute still read those files.
+pub const FORMAT_VERSION_PLAIN: u32 = 1;
+/// Most compute-buffer bytes a snapshot may describe.
+const MAX_COMPUTE: u64 = 16 << 30;
 const FLAG_KEYED: u32 = 1;
 const FLAG_GUEST: u32 = 2;
 const TRAILER: usize = 32;
@@ -128,8 +136,8 @@ impl fmt::Display for FormatError {
             FormatError::NotASnapshot => f.write_str("not a wtune snapshot file"),
             FormatError::Version(v) => write!(
                 f,
-                "snapshot format version {v} is not supported (this build reads version \
-                 {FORMAT_VERSION})"
+                "snapshot format version {v} is not supported (this build reads versions \
+                 {FORMAT_VERSION_PLAIN} and {FORMAT_VERSION})"
             ),
             FormatError::Truncated => f.write_str("the snapshot file is truncated"),
             FormatError::Checksum => f.write_str(
@@ -169,6 +177,16 @@ struct Header {
     globals: Vec<GlobalValueJson>,
     /// Uncompressed payload length.
     data_len: u64,
+    /// The trial's host compute buffers (format version 2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    compute: Option<ComputeHeader>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct ComputeHeader {
+    next_buffer: u32,
+    /// `(number, elements)` of each buffer, in the payload's order.
+    buffers: Vec<(u32, u64)>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -214,13 +232,30 @@ pub fn encode(meta: &SnapshotMeta, payload: &Payload, key: Option<&SnapshotKey>)
             })
             .collect(),
         data_len: guest.map_or(image.stored_bytes(), |bytes| bytes.len() as u64),
+        compute: (!image.compute.is_empty()).then(|| ComputeHeader {
+            next_buffer: image.compute.next_buffer,
+            buffers: image
+                .compute
+                .buffers
+                .iter()
+                .map(|(id, b)| (*id, b.len() as u64))
+                .collect(),
+        }),
     };
     let header = serde_json::to_vec(&header).expect("snapshot headers always serialize");
     let mut compressor = zstd::bulk::Compressor::new(ZSTD_LEVEL).expect("zstd level is valid");
     let mut payload = Vec::new();
     // One frame per memory keeps peak memory at one memory's data.
-    let frames = guest.map_or_else(
-        || image.memories.iter().map(|m| m.data.as_slice()).collect(),
+    let frames: Vec<&[u8]> = guest.map_or_else(
+        || {
+            let memories = image.memories.iter().map(|m| m.data.as_slice());
+            let buffers = image
+                .compute
+                .buffers
+                .iter()
+                .map(|(_, b)| bytemuck::cast_slice::<f32, u8>(b));
+            memories.chain(buffers).collect()
+        },
         |bytes| vec![bytes],
     );
     for data in frames {
@@ -233,7 +268,12 @@ pub fn encode(meta: &SnapshotMeta, payload: &Payload, key: Option<&SnapshotKey>)
 
     let mut out = Vec::with_capacity(24 + header.len() + payload.len() + TRAILER);
     out.extend_from_slice(MAGIC);
-    out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    let version = if image.compute.is_empty() {
+        FORMAT_VERSION_PLAIN
+    } else {
+        FORMAT_VERSION
+    };
+    out.extend_from_slice(&version.to_le_bytes());
     let mut flags = if key.is_some() { FLAG_KEYED } else { 0 };
     if guest.is_some() {
         flags |= FLAG_GUEST;
@@ -266,7 +306,7 @@ pub fn decode(
         at: MAGIC.len(),
     };
     let version = cursor.u32()?;
-    if version != FORMAT_VERSION {
+    if version != FORMAT_VERSION && version != FORMAT_VERSION_PLAIN {
         return Err(FormatError::Version(version));
     }
     let flags = cursor.u32()?;
@@ -329,9 +369,9 @@ pub fn decode(
     }
 
     if flags & FLAG_GUEST != 0 {
-        if !header.memories.is_empty() || !header.globals.is_empty() {
+        if !header.memories.is_empty() || !header.globals.is_empty() || header.compute.is_some() {
             return Err(FormatError::Malformed(
-                "a guest checkpoint lists memories".into(),
+                "a guest checkpoint lists memories or compute buffers".into(),
             ));
         }
         let frame_len = payload.u64()? as usize;
@@ -368,6 +408,14 @@ pub fn decode(
         image_memory.validate().map_err(FormatError::Malformed)?;
         image.memories.push(image_memory);
     }
+    if let Some(compute) = header.compute {
+        if version != FORMAT_VERSION {
+            return Err(FormatError::Malformed(format!(
+                "compute buffers in a version {version} file"
+            )));
+        }
+        image.compute = decode_compute(compute, &mut payload)?;
+    }
     if payload.at != payload.bytes.len() {
         return Err(FormatError::Malformed("unused memory data".into()));
     }
@@ -387,6 +435,44 @@ pub fn decode(
         ));
     }
     Ok((header.meta, Payload::Memory(image)))
+}
+
+/// The compute buffers a header lists, from their frames.
+fn decode_compute(
+    header: ComputeHeader,
+    payload: &mut Cursor<'_>,
+) -> Result<ComputeImage, FormatError> {
+    let malformed = |why: &str| FormatError::Malformed(format!("compute buffers: {why}"));
+    let mut total: u64 = 0;
+    let mut previous = 0;
+    let mut buffers = Vec::with_capacity(header.buffers.len().min(1 << 16));
+    for (id, elements) in header.buffers {
+        if id <= previous || id >= header.next_buffer {
+            return Err(malformed("numbers out of order or out of range"));
+        }
+        previous = id;
+        // Each buffer is bounded like a live one, so no single allocation
+        // exceeds what a trial could create.
+        if elements.saturating_mul(4) > crate::compute::MAX_BUFFER_BYTES {
+            return Err(malformed("a buffer is larger than any backend allows"));
+        }
+        total += elements * 4;
+        if total > MAX_COMPUTE {
+            return Err(malformed("too large"));
+        }
+        let frame_len = payload.u64()? as usize;
+        let frame = payload.take(frame_len)?;
+        let bytes = zstd::bulk::decompress(frame, (elements * 4) as usize)
+            .map_err(|e| malformed(&e.to_string()))?;
+        if bytes.len() as u64 != elements * 4 {
+            return Err(malformed("a buffer's length differs from the header"));
+        }
+        buffers.push((id, bytemuck::pod_collect_to_vec::<u8, f32>(&bytes)));
+    }
+    Ok(ComputeImage {
+        next_buffer: header.next_buffer,
+        buffers,
+    })
 }
 
 /// A body whose own lengths run past its end was cut short, which says more
@@ -484,6 +570,7 @@ mod tests {
                 GlobalValue::I32(-5),
                 GlobalValue::F64(f64::NAN.to_bits() | 3),
             ],
+            compute: Default::default(),
         };
         let meta = SnapshotMeta {
             component: "ab".repeat(32),
@@ -495,6 +582,40 @@ mod tests {
             result: serde_json::json!({"loss": 0.25}),
         };
         (meta, Payload::Memory(image))
+    }
+
+    #[test]
+    fn compute_buffers_round_trip_in_version_2_only() {
+        let (meta, payload) = sample();
+        let plain = encode(&meta, &payload, None);
+        assert_eq!(plain[8..12], FORMAT_VERSION_PLAIN.to_le_bytes());
+        let Payload::Memory(mut image) = payload else {
+            unreachable!()
+        };
+        image.compute = ComputeImage {
+            next_buffer: 9,
+            buffers: vec![(2, vec![1.5; 1000]), (7, vec![f32::NAN, -0.0])],
+        };
+        let payload = Payload::Memory(image);
+        let bytes = encode(&meta, &payload, None);
+        assert_eq!(bytes[8..12], FORMAT_VERSION.to_le_bytes());
+        let (_, read) = decode(&bytes, &meta.component, None).unwrap();
+        assert_eq!(read, payload);
+
+        // Numbers out of order, behind a valid checksum, are refused.
+        let at = bytes
+            .windows(16)
+            .position(|w| w == b"[[2,1000],[7,2]]")
+            .unwrap();
+        let mut forged = bytes.clone();
+        forged[at..at + 16].copy_from_slice(b"[[7,1000],[2,2]]");
+        let body = forged.len() - TRAILER;
+        let sum = blake3::hash(&forged[..body]);
+        forged[body..].copy_from_slice(sum.as_bytes());
+        assert_eq!(
+            decode(&forged, &meta.component, None).unwrap_err(),
+            FormatError::Malformed("compute buffers: numbers out of order or out of range".into())
+        );
     }
 
     #[test]
@@ -571,10 +692,10 @@ mod tests {
         let err = decode(&bytes, &"cd".repeat(32), None).unwrap_err();
         assert!(matches!(err, FormatError::Foreign { .. }), "{err}");
         let mut future = bytes.clone();
-        future[8] = 2;
+        future[8] = 3;
         assert_eq!(
             decode(&future, &meta.component, None),
-            Err(FormatError::Version(2))
+            Err(FormatError::Version(3))
         );
     }
 

@@ -240,6 +240,8 @@ pub struct GuestImage {
     pub memories: Vec<MemoryImage>,
     /// Mutable globals in the accessor's order.
     pub globals: Vec<GlobalValue>,
+    /// The trial's host compute buffers, which live outside its memories.
+    pub compute: crate::compute::ComputeImage,
 }
 
 impl GuestImage {

@@ -1,0 +1,149 @@
+//! `compute`: the host compute interface. Squares an `n x n` f32 matrix
+//! with the CPU backend called directly, through the interface from a wasm
+//! guest, and in plain wasm with fuel metering; and the interface's cost per
+//! call.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use wtune::compute::{Compute, ComputeMode, ComputeOptions, ops::Matmul};
+use wtune::sandbox::{Limits, Program, TrialEnv, TrialInstance};
+
+const ROUNDS: usize = 3;
+
+fn options() -> ComputeOptions {
+    ComputeOptions {
+        mode: ComputeMode::Cpu,
+        trial_quota: 1 << 30,
+        total_quota: 1 << 30,
+    }
+}
+
+fn median(mut times: Vec<Duration>) -> Duration {
+    times.sort();
+    times[times.len() / 2]
+}
+
+fn gflops(n: u64, d: Duration) -> String {
+    format!("{:.1}", 2.0 * (n * n * n) as f64 / d.as_secs_f64() / 1e9)
+}
+
+fn cell(n: u64, d: Duration) -> String {
+    format!("{:.1} ms ({} GFLOP/s)", d.as_secs_f64() * 1e3, gflops(n, d))
+}
+
+/// One matmul on the backend, no wasm involved.
+fn direct(n: u32) -> Duration {
+    let compute = Compute::cpu(options());
+    let mut session = compute.session();
+    let data: Vec<f32> = (0..n * n).map(|i| (i % 17) as f32 / 17.0).collect();
+    let a = session.upload_f32(data).unwrap();
+    let out = session.create(n as u64 * n as u64 * 4).unwrap();
+    let spec = Matmul {
+        m: n,
+        n,
+        k: n,
+        transpose_a: false,
+        transpose_b: false,
+        alpha: 1.0,
+        beta: 0.0,
+    };
+    session.matmul(a, a, out, spec).unwrap(); // warm the thread pool
+    median(
+        (0..ROUNDS)
+            .map(|_| {
+                let start = Instant::now();
+                session.matmul(a, a, out, spec).unwrap();
+                start.elapsed()
+            })
+            .collect(),
+    )
+}
+
+fn instance(program: &Program, config: Value) -> (TrialInstance, tempfile::TempDir) {
+    let dir = super::scratch();
+    let work_dir = dir.path().join("work");
+    std::fs::create_dir_all(&work_dir).unwrap();
+    let env = TrialEnv {
+        work_dir,
+        log_dir: dir.path().to_path_buf(),
+        data: vec![],
+    };
+    let limits = Limits {
+        fuel_per_call: None,
+        call_timeout: None,
+        memory_bytes: 1 << 30,
+        ..Limits::default()
+    };
+    let mut instance = program.instantiate(&env, &limits).unwrap();
+    instance.setup(&config.to_string()).unwrap();
+    (instance, dir)
+}
+
+/// Median time of one `train()` call with `config`, divided by `per`.
+fn per_call(program: &Program, config: Value, rounds: usize, per: u32) -> (Duration, u64) {
+    let (mut trial, _dir) = instance(program, config);
+    trial.train().unwrap(); // warm-up
+    let mut fuel = 0;
+    let times = (0..rounds)
+        .map(|_| {
+            let start = Instant::now();
+            let (_, stats) = trial.train().unwrap();
+            fuel = stats.fuel;
+            start.elapsed() / per
+        })
+        .collect();
+    (median(times), fuel / per as u64)
+}
+
+pub fn run(program: &Program) {
+    let info = Compute::cpu(options()).info();
+    println!(
+        "\n### Host compute: square an n x n f32 matrix ({} backend on {})\n",
+        info.kind, info.name
+    );
+    println!(
+        "| n | CPU backend, called directly | through the interface, from wasm | plain wasm with fuel | interface speed-up over plain wasm | fuel per product (interface) |\n| --- | --- | --- | --- | --- | --- |"
+    );
+    for n in [512u32, 1024, 2048] {
+        let n64 = n as u64;
+        let direct = direct(n);
+        let repeat = if n >= 2048 { 1 } else { 4 };
+        let (through, fuel) = per_call(
+            program,
+            json!({"width": 8, "matmul": n, "repeat": repeat}),
+            ROUNDS,
+            repeat,
+        );
+        let (plain, ratio) = if n <= 1024 {
+            let rounds = if n == 512 { ROUNDS } else { 1 };
+            let (plain, _) = per_call(
+                program,
+                json!({"width": 8, "matmul": n, "in_wasm": true}),
+                rounds,
+                1,
+            );
+            (
+                cell(n64, plain),
+                format!("{:.0}x", plain.as_secs_f64() / through.as_secs_f64()),
+            )
+        } else {
+            ("not run (minutes)".into(), "-".into())
+        };
+        println!(
+            "| {n} | {} | {} | {plain} | {ratio} | {:.2e} |",
+            cell(n64, direct),
+            cell(n64, through),
+            fuel as f64
+        );
+    }
+
+    const TINY: u32 = 20_000;
+    let (base, _) = per_call(program, json!({"width": 8}), 5, 1);
+    let (with_tiny, _) = per_call(program, json!({"width": 8, "tiny": TINY}), 5, 1);
+    let each = with_tiny.saturating_sub(base) / TINY;
+    println!(
+        "\nPer-call cost of the interface (a one-element kernel, from wasm, {TINY} calls): {:.2} µs\n",
+        each.as_secs_f64() * 1e6
+    );
+}

@@ -1,0 +1,812 @@
+//! One trial's view of host compute: the buffers it holds, the checks every
+//! call passes before any work, its share of the device memory and the fuel
+//! its kernels cost.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use super::cost::{self, Meter, Stop};
+use super::cpu::{self, Operands};
+use super::error::{ComputeError, invalid};
+use super::ops::{Axis, Binary, Matmul, Reduce, Unary};
+use super::{BackendInfo, Compute};
+use crate::sandbox::human_bytes;
+
+/// A trial's buffers as plain data, carried in host snapshots so that a
+/// restored trial finds its device state where it left it.
+#[derive(Debug, Clone, Default)]
+pub struct ComputeImage {
+    /// The number the next new buffer gets (numbers are never reused).
+    pub next_buffer: u32,
+    /// `(number, contents)` of each live buffer, in ascending order.
+    pub buffers: Vec<(u32, Vec<f32>)>,
+}
+
+/// Bit for bit, so that NaNs compare equal to themselves: an image equals
+/// another when restoring either gives the same state.
+impl PartialEq for ComputeImage {
+    fn eq(&self, other: &Self) -> bool {
+        self.next_buffer == other.next_buffer
+            && self.buffers.len() == other.buffers.len()
+            && self
+                .buffers
+                .iter()
+                .zip(&other.buffers)
+                .all(|((i, a), (j, b))| {
+                    i == j
+                        && bytemuck::cast_slice::<f32, u8>(a) == bytemuck::cast_slice::<f32, u8>(b)
+                })
+    }
+}
+
+impl Eq for ComputeImage {}
+
+impl ComputeImage {
+    /// Total size of the buffers in bytes.
+    pub fn byte_len(&self) -> u64 {
+        self.buffers.iter().map(|(_, b)| b.len() as u64 * 4).sum()
+    }
+
+    /// Whether there is nothing to carry: no buffers, and none ever made.
+    pub fn is_empty(&self) -> bool {
+        self.buffers.is_empty() && self.next_buffer <= 1
+    }
+}
+
+/// One trial's compute state. Every method checks its arguments and charges
+/// its fuel before touching a buffer, so a refused call changes nothing.
+pub struct ComputeSession {
+    compute: Compute,
+    buffers: HashMap<u32, Vec<f32>>,
+    next_buffer: u32,
+    /// Bytes held by this trial (also counted in the shared pool).
+    held: u64,
+    meter: Meter,
+}
+
+impl ComputeSession {
+    pub(super) fn new(compute: Compute) -> Self {
+        Self {
+            compute,
+            buffers: HashMap::new(),
+            next_buffer: 1,
+            held: 0,
+            meter: Meter::default(),
+        }
+    }
+
+    /// Where kernels run and this trial's quota.
+    pub fn info(&self) -> BackendInfo {
+        self.compute.info()
+    }
+
+    /// Bytes of device memory this trial holds.
+    pub fn held_bytes(&self) -> u64 {
+        self.held
+    }
+
+    /// Live buffers.
+    pub fn buffer_count(&self) -> usize {
+        self.buffers.len()
+    }
+
+    /// The guest is calling into the host with `fuel` left.
+    pub fn enter(&mut self, fuel: Option<u64>) {
+        self.meter.enter(fuel);
+    }
+
+    /// A new call into the guest begins, with this deadline.
+    pub fn begin_call(&mut self, deadline: Option<Instant>) {
+        self.meter.begin_call(deadline);
+    }
+
+    /// Fuel the returning host call owes, or why it was stopped.
+    pub fn settle(&mut self) -> Result<u64, Stop> {
+        self.meter.settle()
+    }
+
+    fn charge(&mut self, flops: u64, bytes: u64) -> Result<(), ComputeError> {
+        self.meter.charge(cost::fuel(flops, bytes)).map_err(|stop| {
+            // The guest never sees this: the sandbox traps when the host
+            // call returns.
+            ComputeError::Quota(match stop {
+                Stop::OutOfFuel => "out of fuel".into(),
+                Stop::Deadline => "the call's deadline has passed".into(),
+            })
+        })
+    }
+
+    // ----- buffers -------------------------------------------------------
+
+    /// A new zero-filled buffer of `bytes` bytes.
+    pub fn create(&mut self, bytes: u64) -> Result<u32, ComputeError> {
+        let elements = self.check_new(bytes)?;
+        self.admit(bytes, bytes)?;
+        Ok(self.insert(vec![0.0; elements]))
+    }
+
+    /// A new buffer holding `data`.
+    pub fn upload_bytes(&mut self, data: &[u8]) -> Result<u32, ComputeError> {
+        let elements = self.check_new(data.len() as u64)?;
+        self.admit(data.len() as u64, data.len() as u64)?;
+        let mut buffer = vec![0.0f32; elements];
+        bytemuck::cast_slice_mut::<f32, u8>(&mut buffer).copy_from_slice(data);
+        Ok(self.insert(buffer))
+    }
+
+    /// A new buffer holding `data` (taken over without a copy).
+    pub fn upload_f32(&mut self, data: Vec<f32>) -> Result<u32, ComputeError> {
+        let bytes = data.len() as u64 * 4;
+        self.check_new(bytes)?;
+        self.admit(bytes, bytes)?;
+        Ok(self.insert(data))
+    }
+
+    /// Overwrites bytes from byte `offset` on.
+    pub fn write_bytes(&mut self, id: u32, offset: u64, data: &[u8]) -> Result<(), ComputeError> {
+        aligned("offset", offset)?;
+        aligned("data length", data.len() as u64)?;
+        let (start, end) = self.range(id, offset / 4, data.len() as u64 / 4)?;
+        self.charge(0, data.len() as u64)?;
+        let buffer = self.buffers.get_mut(&id).expect("range checked the handle");
+        bytemuck::cast_slice_mut::<f32, u8>(&mut buffer[start..end]).copy_from_slice(data);
+        Ok(())
+    }
+
+    /// Overwrites elements from element `offset` on.
+    pub fn write_f32(&mut self, id: u32, offset: u64, data: &[f32]) -> Result<(), ComputeError> {
+        let (start, end) = self.range(id, offset, data.len() as u64)?;
+        self.charge(0, data.len() as u64 * 4)?;
+        let buffer = self.buffers.get_mut(&id).expect("range checked the handle");
+        buffer[start..end].copy_from_slice(data);
+        Ok(())
+    }
+
+    /// `len` bytes from byte `offset`.
+    pub fn read_bytes(&mut self, id: u32, offset: u64, len: u64) -> Result<Vec<u8>, ComputeError> {
+        aligned("offset", offset)?;
+        aligned("length", len)?;
+        let (start, end) = self.range(id, offset / 4, len / 4)?;
+        self.charge(0, len)?;
+        Ok(bytemuck::cast_slice(&self.buffers[&id][start..end]).to_vec())
+    }
+
+    /// `len` elements from element `offset`.
+    pub fn read_f32(&mut self, id: u32, offset: u64, len: u64) -> Result<Vec<f32>, ComputeError> {
+        let (start, end) = self.range(id, offset, len)?;
+        self.charge(0, len * 4)?;
+        Ok(self.buffers[&id][start..end].to_vec())
+    }
+
+    /// Size of a buffer in bytes.
+    pub fn size(&self, id: u32) -> Result<u64, ComputeError> {
+        Ok(self.get(id)?.len() as u64 * 4)
+    }
+
+    /// Releases a buffer and its share of the quota.
+    pub fn free(&mut self, id: u32) -> Result<(), ComputeError> {
+        self.get(id)?;
+        self.charge(0, 0)?;
+        let buffer = self.buffers.remove(&id).expect("checked above");
+        self.release(buffer.len() as u64 * 4);
+        Ok(())
+    }
+
+    /// Copies `len` elements between (or within) buffers; overlapping ranges
+    /// in one buffer copy as if through a temporary.
+    pub fn copy(
+        &mut self,
+        src: u32,
+        src_offset: u64,
+        dst: u32,
+        dst_offset: u64,
+        len: u64,
+    ) -> Result<(), ComputeError> {
+        let (s0, s1) = self.range(src, src_offset, len)?;
+        let (d0, _) = self.range(dst, dst_offset, len)?;
+        self.charge(0, len * 8)?;
+        if src == dst {
+            self.buffers
+                .get_mut(&dst)
+                .expect("checked")
+                .copy_within(s0..s1, d0);
+        } else {
+            let from = self.buffers.remove(&src).expect("checked");
+            let to = self.buffers.get_mut(&dst).expect("checked");
+            to[d0..d0 + (s1 - s0)].copy_from_slice(&from[s0..s1]);
+            self.buffers.insert(src, from);
+        }
+        Ok(())
+    }
+
+    // ----- kernels -------------------------------------------------------
+
+    /// `out = alpha * op(a) * op(b) + beta * out`.
+    pub fn matmul(&mut self, a: u32, b: u32, out: u32, spec: Matmul) -> Result<(), ComputeError> {
+        let (m, n, k) = (spec.m as u64, spec.n as u64, spec.k as u64);
+        self.need(a, "a", m * k, "m * k")?;
+        self.need(b, "b", k * n, "k * n")?;
+        self.need(out, "out", m * n, "m * n")?;
+        if out == a || out == b {
+            let which = if out == a { "a" } else { "b" };
+            return Err(invalid!(
+                "matmul's out must be a buffer other than a and b (buffer {out} is also {which})"
+            ));
+        }
+        self.charge(spec.flops(), 4 * (m * k + k * n + 2 * m * n))?;
+        let mut target = self.buffers.remove(&out).expect("checked");
+        cpu::matmul(&self.buffers[&a], &self.buffers[&b], &mut target, &spec);
+        self.buffers.insert(out, target);
+        Ok(())
+    }
+
+    /// `out[i] = op(x[i])` for `len` elements.
+    pub fn unary(&mut self, op: Unary, x: u32, out: u32, len: u64) -> Result<(), ComputeError> {
+        self.need(x, "x", len, "len")?;
+        self.need(out, "out", len, "len")?;
+        self.charge(op.flops() * len, 8 * len)?;
+        let len = len as usize;
+        if x == out {
+            cpu::unary_in_place(op, &mut self.buffers.get_mut(&out).expect("checked")[..len]);
+        } else {
+            let mut target = self.buffers.remove(&out).expect("checked");
+            cpu::unary(op, &self.buffers[&x][..len], &mut target[..len]);
+            self.buffers.insert(out, target);
+        }
+        Ok(())
+    }
+
+    /// `out[i] = op(a[i], b[i])` for `len` elements.
+    pub fn binary(
+        &mut self,
+        op: Binary,
+        a: u32,
+        b: u32,
+        out: u32,
+        len: u64,
+    ) -> Result<(), ComputeError> {
+        self.need(a, "a", len, "len")?;
+        self.need(b, "b", len, "len")?;
+        self.need(out, "out", len, "len")?;
+        self.charge(len, 12 * len)?;
+        let n = len as usize;
+        let mut target = self.buffers.remove(&out).expect("checked");
+        let operands = match (a == out, b == out) {
+            (false, false) => Operands::Both(&self.buffers[&a][..n], &self.buffers[&b][..n]),
+            (true, false) => Operands::OutIsA(&self.buffers[&b][..n]),
+            (false, true) => Operands::OutIsB(&self.buffers[&a][..n]),
+            (true, true) => Operands::OutIsBoth,
+        };
+        cpu::binary(op, operands, &mut target[..n]);
+        self.buffers.insert(out, target);
+        Ok(())
+    }
+
+    /// `out[r, c] = op(x[r, c], row[c])` over a `rows x cols` matrix.
+    pub fn binary_rows(
+        &mut self,
+        op: Binary,
+        x: u32,
+        row: u32,
+        out: u32,
+        rows: u32,
+        cols: u32,
+    ) -> Result<(), ComputeError> {
+        let cells = rows as u64 * cols as u64;
+        self.need(x, "x", cells, "rows * cols")?;
+        self.need(row, "row", cols as u64, "cols")?;
+        self.need(out, "out", cells, "rows * cols")?;
+        if row == out {
+            return Err(invalid!(
+                "binary-rows' out must not be its row buffer ({row})"
+            ));
+        }
+        self.charge(cells, 8 * cells + 4 * cols as u64)?;
+        let n = cells as usize;
+        let mut target = self.buffers.remove(&out).expect("checked");
+        let source = (x != out).then(|| &self.buffers[&x][..n]);
+        cpu::binary_rows(
+            op,
+            source,
+            &self.buffers[&row],
+            &mut target[..n],
+            cols as usize,
+        );
+        self.buffers.insert(out, target);
+        Ok(())
+    }
+
+    /// `out[i] = x[i] * scale + shift` for `len` elements.
+    pub fn affine(
+        &mut self,
+        x: u32,
+        out: u32,
+        len: u64,
+        scale: f32,
+        shift: f32,
+    ) -> Result<(), ComputeError> {
+        self.need(x, "x", len, "len")?;
+        self.need(out, "out", len, "len")?;
+        self.charge(2 * len, 8 * len)?;
+        let n = len as usize;
+        let mut target = self.buffers.remove(&out).expect("checked");
+        let source = (x != out).then(|| &self.buffers[&x][..n]);
+        cpu::affine(source, &mut target[..n], scale, shift);
+        self.buffers.insert(out, target);
+        Ok(())
+    }
+
+    /// `y[i] += alpha * x[i]` for `len` elements.
+    pub fn axpy(&mut self, alpha: f32, x: u32, y: u32, len: u64) -> Result<(), ComputeError> {
+        self.need(x, "x", len, "len")?;
+        self.need(y, "y", len, "len")?;
+        self.charge(2 * len, 12 * len)?;
+        let n = len as usize;
+        let mut target = self.buffers.remove(&y).expect("checked");
+        let source = (x != y).then(|| &self.buffers[&x][..n]);
+        cpu::axpy(alpha, source, &mut target[..n]);
+        self.buffers.insert(y, target);
+        Ok(())
+    }
+
+    /// Reduces a `rows x cols` matrix along `along` into `out`.
+    pub fn reduce(
+        &mut self,
+        op: Reduce,
+        along: Axis,
+        x: u32,
+        out: u32,
+        rows: u32,
+        cols: u32,
+    ) -> Result<(), ComputeError> {
+        let cells = rows as u64 * cols as u64;
+        self.need(x, "x", cells, "rows * cols")?;
+        let (results, what) = match along {
+            Axis::Rows => (rows as u64, "rows"),
+            Axis::Cols => (cols as u64, "cols"),
+        };
+        self.need(out, "out", results, what)?;
+        if out == x {
+            return Err(invalid!("reduce's out must be a buffer other than x ({x})"));
+        }
+        self.charge(cells, 4 * (cells + results))?;
+        let mut target = self.buffers.remove(&out).expect("checked");
+        cpu::reduce(
+            op,
+            along,
+            &self.buffers[&x],
+            &mut target,
+            rows as usize,
+            cols as usize,
+        );
+        self.buffers.insert(out, target);
+        Ok(())
+    }
+
+    /// Row-wise softmax of a `rows x cols` matrix.
+    pub fn softmax(&mut self, x: u32, out: u32, rows: u32, cols: u32) -> Result<(), ComputeError> {
+        let cells = rows as u64 * cols as u64;
+        self.need(x, "x", cells, "rows * cols")?;
+        self.need(out, "out", cells, "rows * cols")?;
+        self.charge(Unary::Exp.flops() * cells + 3 * cells, 8 * cells)?;
+        let n = cells as usize;
+        if x != out {
+            let mut target = self.buffers.remove(&out).expect("checked");
+            target[..n].copy_from_slice(&self.buffers[&x][..n]);
+            self.buffers.insert(out, target);
+        }
+        cpu::softmax_in_place(
+            &mut self.buffers.get_mut(&out).expect("checked")[..n],
+            cols as usize,
+        );
+        Ok(())
+    }
+
+    // ----- shaders -------------------------------------------------------
+
+    /// Compiles a WGSL pipeline: needs a GPU backend.
+    pub fn create_pipeline(&mut self, wgsl: &str, entry_point: &str) -> Result<u32, ComputeError> {
+        let _ = (wgsl, entry_point);
+        self.charge(0, 0)?;
+        Err(self.no_shaders())
+    }
+
+    /// Runs a pipeline: this trial holds none on a backend without shaders.
+    pub fn dispatch(
+        &mut self,
+        pipeline: u32,
+        bindings: &[u32],
+        groups: [u32; 3],
+    ) -> Result<(), ComputeError> {
+        let _ = (bindings, groups);
+        self.charge(0, 0)?;
+        Err(ComputeError::BadHandle(format!(
+            "pipeline {pipeline} does not exist ({})",
+            self.no_shaders()
+        )))
+    }
+
+    /// Releases a pipeline.
+    pub fn free_pipeline(&mut self, pipeline: u32) -> Result<(), ComputeError> {
+        Err(ComputeError::BadHandle(format!(
+            "pipeline {pipeline} does not exist"
+        )))
+    }
+
+    fn no_shaders(&self) -> ComputeError {
+        ComputeError::Unsupported(format!(
+            "custom WGSL shaders need a GPU backend; this trial computes on {} (the \
+             built-in kernels work everywhere)",
+            self.compute.info().name
+        ))
+    }
+
+    // ----- snapshots -----------------------------------------------------
+
+    /// The buffers as plain data, for a host snapshot.
+    pub fn image(&self) -> ComputeImage {
+        let mut buffers: Vec<(u32, Vec<f32>)> = self
+            .buffers
+            .iter()
+            .map(|(&id, b)| (id, b.clone()))
+            .collect();
+        buffers.sort_unstable_by_key(|(id, _)| *id);
+        ComputeImage {
+            next_buffer: self.next_buffer,
+            buffers,
+        }
+    }
+
+    /// Takes over a snapshot's buffers. The session must hold none yet; the
+    /// buffers count against this trial's quota as if newly created.
+    pub fn restore(&mut self, image: &ComputeImage) -> Result<(), ComputeError> {
+        if !self.buffers.is_empty() {
+            return Err(invalid!(
+                "compute state can only be restored into a fresh trial"
+            ));
+        }
+        for (id, buffer) in &image.buffers {
+            let bytes = buffer.len() as u64 * 4;
+            let fits = self.check_new(bytes).and_then(|_| self.reserve(bytes));
+            if let Err(err) = fits {
+                self.clear();
+                return Err(err);
+            }
+            if *id == 0
+                || *id >= image.next_buffer
+                || self.buffers.insert(*id, buffer.clone()).is_some()
+            {
+                self.clear();
+                return Err(invalid!(
+                    "the snapshot's compute state names buffer {id} twice or out of range"
+                ));
+            }
+        }
+        self.next_buffer = image.next_buffer.max(1);
+        Ok(())
+    }
+
+    fn clear(&mut self) {
+        self.buffers.clear();
+        let held = std::mem::take(&mut self.held);
+        self.compute.release(held);
+    }
+
+    // ----- checks --------------------------------------------------------
+
+    fn get(&self, id: u32) -> Result<&Vec<f32>, ComputeError> {
+        self.buffers.get(&id).ok_or_else(|| {
+            ComputeError::BadHandle(if id != 0 && id < self.next_buffer {
+                format!("buffer {id} was freed")
+            } else {
+                format!("buffer {id} does not exist")
+            })
+        })
+    }
+
+    /// `id` must hold at least `elements` (`formula` says where the number
+    /// comes from, for the message).
+    fn need(&self, id: u32, name: &str, elements: u64, formula: &str) -> Result<(), ComputeError> {
+        let have = self.get(id)?.len() as u64;
+        if have < elements {
+            return Err(invalid!(
+                "{name} (buffer {id}) has {have} elements; {formula} = {elements} are needed"
+            ));
+        }
+        Ok(())
+    }
+
+    /// Element range `[offset, offset + len)` of `id`, checked.
+    fn range(&self, id: u32, offset: u64, len: u64) -> Result<(usize, usize), ComputeError> {
+        let have = self.get(id)?.len() as u64;
+        match offset.checked_add(len) {
+            Some(end) if end <= have => Ok((offset as usize, end as usize)),
+            _ => Err(invalid!(
+                "elements {offset}..{} are outside buffer {id}, which has {have}",
+                offset.saturating_add(len)
+            )),
+        }
+    }
+
+    /// Checks a new buffer's size and reserves it; returns its elements.
+    fn check_new(&mut self, bytes: u64) -> Result<usize, ComputeError> {
+        aligned("buffer size", bytes)?;
+        let info = self.compute.info();
+        if bytes > info.max_buffer_bytes {
+            return Err(invalid!(
+                "a buffer of {} is larger than the largest this backend allows ({})",
+                human_bytes(bytes),
+                human_bytes(info.max_buffer_bytes)
+            ));
+        }
+        if self.next_buffer == u32::MAX {
+            return Err(invalid!("this trial has used up all buffer numbers"));
+        }
+        Ok((bytes / 4) as usize)
+    }
+
+    /// Reserves `bytes` of quota and charges for moving `moved` bytes; on
+    /// failure neither happened.
+    fn admit(&mut self, bytes: u64, moved: u64) -> Result<(), ComputeError> {
+        self.reserve(bytes)?;
+        self.charge(0, moved).inspect_err(|_| self.release(bytes))
+    }
+
+    /// Stores a buffer whose bytes [`Self::admit`] reserved.
+    fn insert(&mut self, buffer: Vec<f32>) -> u32 {
+        let id = self.next_buffer;
+        self.next_buffer += 1;
+        self.buffers.insert(id, buffer);
+        id
+    }
+
+    fn reserve(&mut self, bytes: u64) -> Result<(), ComputeError> {
+        let quota = self.compute.info().quota_bytes;
+        if self.held.saturating_add(bytes) > quota {
+            return Err(ComputeError::Quota(format!(
+                "this trial holds {} of compute memory; {} more would pass its quota of {} \
+                 (limits.compute_memory)",
+                human_bytes(self.held),
+                human_bytes(bytes),
+                human_bytes(quota)
+            )));
+        }
+        self.compute.reserve(bytes)?;
+        self.held += bytes;
+        Ok(())
+    }
+
+    fn release(&mut self, bytes: u64) {
+        self.held -= bytes;
+        self.compute.release(bytes);
+    }
+}
+
+impl Drop for ComputeSession {
+    fn drop(&mut self) {
+        self.compute.release(self.held);
+    }
+}
+
+fn aligned(what: &str, value: u64) -> Result<(), ComputeError> {
+    if !value.is_multiple_of(4) {
+        return Err(invalid!(
+            "{what} {value} is not a multiple of 4 (buffers hold 4-byte elements)"
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compute::{ComputeMode, ComputeOptions};
+
+    fn compute(trial_quota: u64, total_quota: u64) -> Compute {
+        Compute::cpu(ComputeOptions {
+            mode: ComputeMode::Cpu,
+            trial_quota,
+            total_quota,
+        })
+    }
+
+    fn session() -> ComputeSession {
+        compute(1 << 20, 1 << 21).session()
+    }
+
+    #[test]
+    fn buffers_round_trip_and_freed_handles_are_named() {
+        let mut s = session();
+        let a = s.upload_f32(vec![1.0, 2.0, 3.0, 4.0]).unwrap();
+        let b = s.upload_bytes(&1.5f32.to_le_bytes().repeat(2)).unwrap();
+        assert_ne!(a, b);
+        assert_eq!(s.read_f32(b, 0, 2).unwrap(), [1.5, 1.5]);
+        s.write_f32(a, 2, &[30.0, 40.0]).unwrap();
+        assert_eq!(s.read_bytes(a, 8, 4).unwrap(), 30.0f32.to_le_bytes());
+        s.copy(a, 2, b, 0, 2).unwrap();
+        assert_eq!(s.read_f32(b, 0, 2).unwrap(), [30.0, 40.0]);
+        s.copy(a, 0, a, 1, 3).unwrap();
+        assert_eq!(s.read_f32(a, 0, 4).unwrap(), [1.0, 1.0, 2.0, 30.0]);
+        assert_eq!(s.size(a).unwrap(), 16);
+        s.free(a).unwrap();
+        assert_eq!(
+            s.free(a),
+            Err(ComputeError::BadHandle(format!("buffer {a} was freed")))
+        );
+        assert_eq!(
+            s.read_f32(a, 0, 1),
+            Err(ComputeError::BadHandle(format!("buffer {a} was freed")))
+        );
+        assert_eq!(
+            s.size(99),
+            Err(ComputeError::BadHandle("buffer 99 does not exist".into()))
+        );
+        // A new buffer never takes a freed number.
+        assert!(s.create(4).unwrap() > b);
+    }
+
+    #[test]
+    fn bad_sizes_and_ranges_are_refused_and_change_nothing() {
+        let mut s = session();
+        let a = s.upload_f32(vec![1.0; 4]).unwrap();
+        let refused = [
+            s.create(6).unwrap_err(),
+            s.upload_bytes(&[0; 3]).unwrap_err(),
+            s.write_f32(a, 3, &[9.0, 9.0]).unwrap_err(),
+            s.write_bytes(a, 2, &[0; 4]).unwrap_err(),
+            s.read_f32(a, u64::MAX, 2).unwrap_err(),
+            s.copy(a, 0, a, 2, 3).unwrap_err(),
+            s.create(MAX_BUFFER_BYTES_TEST).unwrap_err(),
+        ];
+        assert!(
+            refused
+                .iter()
+                .all(|e| matches!(e, ComputeError::Invalid(_))),
+            "{refused:?}"
+        );
+        assert_eq!(s.read_f32(a, 0, 4).unwrap(), [1.0; 4]);
+        assert_eq!(s.buffer_count(), 1);
+    }
+
+    const MAX_BUFFER_BYTES_TEST: u64 = (1 << 20) + 4;
+
+    #[test]
+    fn shapes_are_checked_before_any_work() {
+        let mut s = session();
+        let a = s.upload_f32(vec![1.0; 6]).unwrap(); // 2 x 3
+        let b = s.upload_f32(vec![1.0; 6]).unwrap(); // 3 x 2
+        let out = s.upload_f32(vec![7.0; 3]).unwrap(); // too small for 2 x 2
+        let spec = Matmul {
+            m: 2,
+            n: 2,
+            k: 3,
+            transpose_a: false,
+            transpose_b: false,
+            alpha: 1.0,
+            beta: 0.0,
+        };
+        let err = s.matmul(a, b, out, spec).unwrap_err();
+        assert_eq!(
+            err,
+            ComputeError::Invalid(format!(
+                "out (buffer {out}) has 3 elements; m * n = 4 are needed"
+            ))
+        );
+        assert_eq!(s.read_f32(out, 0, 3).unwrap(), [7.0; 3]);
+        assert!(matches!(
+            s.matmul(a, b, a, spec),
+            Err(ComputeError::Invalid(_))
+        ));
+        assert!(matches!(
+            s.unary(Unary::Exp, a, out, 4),
+            Err(ComputeError::Invalid(_))
+        ));
+        assert!(matches!(
+            s.binary(Binary::Add, a, 77, a, 1),
+            Err(ComputeError::BadHandle(_))
+        ));
+        assert!(matches!(
+            s.reduce(Reduce::Sum, Axis::Rows, a, a, 2, 3),
+            Err(ComputeError::Invalid(_))
+        ));
+        let good = s.create(16).unwrap();
+        s.matmul(a, b, good, spec).unwrap();
+        assert_eq!(s.read_f32(good, 0, 4).unwrap(), [3.0; 4]);
+    }
+
+    #[test]
+    fn in_place_kernels_work() {
+        let mut s = session();
+        let x = s.upload_f32(vec![-1.0, 2.0, -3.0, 4.0]).unwrap();
+        s.unary(Unary::Relu, x, x, 4).unwrap();
+        assert_eq!(s.read_f32(x, 0, 4).unwrap(), [0.0, 2.0, 0.0, 4.0]);
+        s.binary(Binary::Add, x, x, x, 4).unwrap();
+        assert_eq!(s.read_f32(x, 0, 4).unwrap(), [0.0, 4.0, 0.0, 8.0]);
+        let bias = s.upload_f32(vec![1.0, 10.0]).unwrap();
+        s.binary_rows(Binary::Add, x, bias, x, 2, 2).unwrap();
+        assert_eq!(s.read_f32(x, 0, 4).unwrap(), [1.0, 14.0, 1.0, 18.0]);
+        s.axpy(-1.0, x, x, 4).unwrap();
+        assert_eq!(s.read_f32(x, 0, 4).unwrap(), [0.0; 4]);
+        s.affine(x, x, 4, 3.0, 0.5).unwrap();
+        s.softmax(x, x, 2, 2).unwrap();
+        assert_eq!(s.read_f32(x, 0, 4).unwrap(), [0.5; 4]);
+    }
+
+    #[test]
+    fn quotas_bound_each_trial_and_all_together() {
+        let shared = compute(1024, 1536);
+        let mut one = shared.session();
+        let mut two = shared.session();
+        let a = one.create(1024).unwrap();
+        let err = one.create(4).unwrap_err();
+        assert!(
+            matches!(&err, ComputeError::Quota(m) if m.contains("its quota of 1 KiB")),
+            "{err}"
+        );
+        two.create(512).unwrap();
+        let err = two.create(4).unwrap_err();
+        assert!(
+            matches!(&err, ComputeError::Quota(m) if m.contains("experiment's total")),
+            "{err}"
+        );
+        assert_eq!(shared.used_bytes(), 1536);
+        one.free(a).unwrap();
+        two.create(512).unwrap();
+        drop(two);
+        drop(one);
+        assert_eq!(shared.used_bytes(), 0);
+    }
+
+    #[test]
+    fn work_the_trial_cannot_pay_for_is_not_done() {
+        let mut s = session();
+        let x = s.upload_f32(vec![1.0; 1024]).unwrap();
+        s.enter(Some(cost::fuel(1024, 8 * 1024) - 1));
+        assert!(s.unary(Unary::Neg, x, x, 1024).is_err());
+        assert_eq!(s.settle(), Err(Stop::OutOfFuel));
+        assert_eq!(s.read_f32(x, 0, 1).unwrap(), [1.0]);
+        s.enter(Some(cost::fuel(1024, 8 * 1024)));
+        s.unary(Unary::Neg, x, x, 1024).unwrap();
+        assert_eq!(s.settle(), Ok(cost::fuel(1024, 8 * 1024)));
+        assert_eq!(s.read_f32(x, 0, 1).unwrap(), [-1.0]);
+    }
+
+    #[test]
+    fn images_restore_buffers_numbers_and_quota() {
+        let shared = compute(1 << 20, 1 << 21);
+        let mut s = shared.session();
+        let a = s.upload_f32(vec![f32::NAN, 2.0]).unwrap();
+        let b = s.create(8).unwrap();
+        s.free(b).unwrap();
+        let image = s.image();
+        assert_eq!(image.buffers.len(), 1);
+        let mut t = shared.session();
+        t.restore(&image).unwrap();
+        assert_eq!(t.image(), image);
+        assert_eq!(t.read_f32(a, 1, 1).unwrap(), [2.0]);
+        assert!(t.create(4).unwrap() > b);
+        assert_eq!(shared.used_bytes(), 8 + 8 + 4);
+
+        let small = compute(8, 4);
+        let mut u = small.session();
+        assert!(matches!(u.restore(&image), Err(ComputeError::Quota(_))));
+        assert_eq!((u.buffer_count(), small.used_bytes()), (0, 0));
+    }
+
+    #[test]
+    fn shaders_are_unsupported_on_the_cpu() {
+        let mut s = session();
+        assert!(matches!(
+            s.create_pipeline("@compute @workgroup_size(1) fn main() {}", "main"),
+            Err(ComputeError::Unsupported(_))
+        ));
+        assert!(matches!(
+            s.dispatch(1, &[], [1, 1, 1]),
+            Err(ComputeError::BadHandle(_))
+        ));
+        assert!(matches!(
+            s.free_pipeline(1),
+            Err(ComputeError::BadHandle(_))
+        ));
+    }
+}

@@ -1,0 +1,275 @@
+//! The host side of the `wtune:trainable/compute` interface: converts WIT
+//! values into [`crate::compute`] calls on the trial's session, and the call
+//! hook that settles host compute against the store's fuel.
+
+use wasmtime::{CallHook, StoreContextMut, Trap};
+
+use super::bindings::wtune::trainable::compute as wit;
+use super::host::TrialHost;
+use crate::compute::cost::Stop;
+use crate::compute::ops::{Axis, Binary, Matmul, Reduce, Unary};
+use crate::compute::{BackendInfo, ComputeError};
+
+type Result<T> = std::result::Result<T, wit::ComputeError>;
+
+fn to_wit(err: ComputeError) -> wit::ComputeError {
+    match err {
+        ComputeError::BadHandle(m) => wit::ComputeError::BadHandle(m),
+        ComputeError::Invalid(m) => wit::ComputeError::Invalid(m),
+        ComputeError::Quota(m) => wit::ComputeError::Quota(m),
+        ComputeError::Shader(m) => wit::ComputeError::Shader(m),
+        ComputeError::Unsupported(m) => wit::ComputeError::Unsupported(m),
+        ComputeError::Device(m) => wit::ComputeError::Device(m),
+    }
+}
+
+fn unary(op: wit::UnaryOp) -> Unary {
+    match op {
+        wit::UnaryOp::Relu => Unary::Relu,
+        wit::UnaryOp::Sigmoid => Unary::Sigmoid,
+        wit::UnaryOp::Tanh => Unary::Tanh,
+        wit::UnaryOp::Exp => Unary::Exp,
+        wit::UnaryOp::Log => Unary::Log,
+        wit::UnaryOp::Neg => Unary::Neg,
+        wit::UnaryOp::Abs => Unary::Abs,
+        wit::UnaryOp::Sqrt => Unary::Sqrt,
+        wit::UnaryOp::Square => Unary::Square,
+        wit::UnaryOp::Recip => Unary::Recip,
+    }
+}
+
+fn binary(op: wit::BinaryOp) -> Binary {
+    match op {
+        wit::BinaryOp::Add => Binary::Add,
+        wit::BinaryOp::Sub => Binary::Sub,
+        wit::BinaryOp::Mul => Binary::Mul,
+        wit::BinaryOp::Div => Binary::Div,
+        wit::BinaryOp::Max => Binary::Max,
+        wit::BinaryOp::Min => Binary::Min,
+        wit::BinaryOp::ReluBackward => Binary::ReluBackward,
+    }
+}
+
+impl wit::Host for TrialHost {
+    fn info(&mut self) -> wit::BackendInfo {
+        let BackendInfo {
+            kind,
+            name,
+            max_buffer_bytes,
+            quota_bytes,
+            shaders,
+        } = self.compute.info();
+        wit::BackendInfo {
+            kind: kind.into(),
+            name,
+            max_buffer_bytes,
+            quota_bytes,
+            shaders,
+        }
+    }
+
+    fn create_buffer(&mut self, bytes: u64) -> Result<wit::Buffer> {
+        self.compute.create(bytes).map_err(to_wit)
+    }
+
+    fn upload(&mut self, data: Vec<u8>) -> Result<wit::Buffer> {
+        self.compute.upload_bytes(&data).map_err(to_wit)
+    }
+
+    fn upload_f32(&mut self, data: Vec<f32>) -> Result<wit::Buffer> {
+        self.compute.upload_f32(data).map_err(to_wit)
+    }
+
+    fn write(&mut self, buf: wit::Buffer, offset: u64, data: Vec<u8>) -> Result<()> {
+        self.compute.write_bytes(buf, offset, &data).map_err(to_wit)
+    }
+
+    fn write_f32(&mut self, buf: wit::Buffer, offset: u64, data: Vec<f32>) -> Result<()> {
+        self.compute.write_f32(buf, offset, &data).map_err(to_wit)
+    }
+
+    fn read(&mut self, buf: wit::Buffer, offset: u64, len: u64) -> Result<Vec<u8>> {
+        self.compute.read_bytes(buf, offset, len).map_err(to_wit)
+    }
+
+    fn read_f32(&mut self, buf: wit::Buffer, offset: u64, len: u64) -> Result<Vec<f32>> {
+        self.compute.read_f32(buf, offset, len).map_err(to_wit)
+    }
+
+    fn buffer_size(&mut self, buf: wit::Buffer) -> Result<u64> {
+        self.compute.size(buf).map_err(to_wit)
+    }
+
+    fn free(&mut self, buf: wit::Buffer) -> Result<()> {
+        self.compute.free(buf).map_err(to_wit)
+    }
+
+    fn copy(
+        &mut self,
+        src: wit::Buffer,
+        src_offset: u64,
+        dst: wit::Buffer,
+        dst_offset: u64,
+        len: u64,
+    ) -> Result<()> {
+        self.compute
+            .copy(src, src_offset, dst, dst_offset, len)
+            .map_err(to_wit)
+    }
+
+    fn matmul(
+        &mut self,
+        a: wit::Buffer,
+        b: wit::Buffer,
+        out: wit::Buffer,
+        spec: wit::MatmulSpec,
+    ) -> Result<()> {
+        let spec = Matmul {
+            m: spec.m,
+            n: spec.n,
+            k: spec.k,
+            transpose_a: spec.transpose_a,
+            transpose_b: spec.transpose_b,
+            alpha: spec.alpha,
+            beta: spec.beta,
+        };
+        self.compute.matmul(a, b, out, spec).map_err(to_wit)
+    }
+
+    fn unary(
+        &mut self,
+        op: wit::UnaryOp,
+        x: wit::Buffer,
+        out: wit::Buffer,
+        len: u64,
+    ) -> Result<()> {
+        self.compute.unary(unary(op), x, out, len).map_err(to_wit)
+    }
+
+    fn binary(
+        &mut self,
+        op: wit::BinaryOp,
+        a: wit::Buffer,
+        b: wit::Buffer,
+        out: wit::Buffer,
+        len: u64,
+    ) -> Result<()> {
+        self.compute
+            .binary(binary(op), a, b, out, len)
+            .map_err(to_wit)
+    }
+
+    fn binary_rows(
+        &mut self,
+        op: wit::BinaryOp,
+        x: wit::Buffer,
+        row: wit::Buffer,
+        out: wit::Buffer,
+        rows: u32,
+        cols: u32,
+    ) -> Result<()> {
+        self.compute
+            .binary_rows(binary(op), x, row, out, rows, cols)
+            .map_err(to_wit)
+    }
+
+    fn affine(
+        &mut self,
+        x: wit::Buffer,
+        out: wit::Buffer,
+        len: u64,
+        scale: f32,
+        shift: f32,
+    ) -> Result<()> {
+        self.compute
+            .affine(x, out, len, scale, shift)
+            .map_err(to_wit)
+    }
+
+    fn axpy(&mut self, alpha: f32, x: wit::Buffer, y: wit::Buffer, len: u64) -> Result<()> {
+        self.compute.axpy(alpha, x, y, len).map_err(to_wit)
+    }
+
+    fn reduce(
+        &mut self,
+        op: wit::ReduceOp,
+        along: wit::Axis,
+        x: wit::Buffer,
+        out: wit::Buffer,
+        rows: u32,
+        cols: u32,
+    ) -> Result<()> {
+        let op = match op {
+            wit::ReduceOp::Sum => Reduce::Sum,
+            wit::ReduceOp::Mean => Reduce::Mean,
+            wit::ReduceOp::Max => Reduce::Max,
+            wit::ReduceOp::Min => Reduce::Min,
+        };
+        let along = match along {
+            wit::Axis::Rows => Axis::Rows,
+            wit::Axis::Cols => Axis::Cols,
+        };
+        self.compute
+            .reduce(op, along, x, out, rows, cols)
+            .map_err(to_wit)
+    }
+
+    fn softmax(&mut self, x: wit::Buffer, out: wit::Buffer, rows: u32, cols: u32) -> Result<()> {
+        self.compute.softmax(x, out, rows, cols).map_err(to_wit)
+    }
+
+    fn create_pipeline(&mut self, wgsl: String, entry_point: String) -> Result<wit::Pipeline> {
+        self.compute
+            .create_pipeline(&wgsl, &entry_point)
+            .map_err(to_wit)
+    }
+
+    fn dispatch(
+        &mut self,
+        p: wit::Pipeline,
+        bindings: Vec<wit::Buffer>,
+        groups: (u32, u32, u32),
+    ) -> Result<()> {
+        self.compute
+            .dispatch(p, &bindings, [groups.0, groups.1, groups.2])
+            .map_err(to_wit)
+    }
+
+    fn free_pipeline(&mut self, p: wit::Pipeline) -> Result<()> {
+        self.compute.free_pipeline(p).map_err(to_wit)
+    }
+}
+
+/// The store's call hook: tells the trial's compute session how much fuel
+/// is left when the guest calls into the host, and takes what host compute
+/// cost off the store's fuel when the host returns. A call that could not
+/// pay, or ran past its deadline, traps as the guest would have.
+pub(crate) fn settle(
+    mut store: StoreContextMut<'_, TrialHost>,
+    hook: CallHook,
+) -> wasmtime::Result<()> {
+    match hook {
+        CallHook::CallingHost => {
+            let fuel = store.get_fuel().ok();
+            store.data_mut().compute.enter(fuel);
+            Ok(())
+        }
+        CallHook::ReturningFromHost => match store.data_mut().compute.settle() {
+            Ok(0) => Ok(()),
+            Ok(debt) => {
+                let left = store.get_fuel()?;
+                if debt > left {
+                    store.set_fuel(0)?;
+                    return Err(Trap::OutOfFuel.into());
+                }
+                store.set_fuel(left - debt)
+            }
+            Err(Stop::OutOfFuel) => {
+                store.set_fuel(0)?;
+                Err(Trap::OutOfFuel.into())
+            }
+            Err(Stop::Deadline) => Err(Trap::Interrupt.into()),
+        },
+        _ => Ok(()),
+    }
+}

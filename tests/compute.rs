@@ -1,0 +1,245 @@
+//! The host `compute` interface seen from a real guest: kernels match a
+//! plain reference, misuse comes back to the guest as an error naming the
+//! cause, host work is charged in fuel, and tensors survive host snapshots.
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use wtune::compute::{ComputeMode, ComputeOptions};
+use wtune::sandbox::{
+    GuestReport, Limits, Program, Sandbox, SandboxOptions, TrialEnv, TrialFault, TrialInstance,
+};
+
+fn env(dir: &Path) -> TrialEnv {
+    let work_dir = dir.join("work");
+    std::fs::create_dir_all(&work_dir).unwrap();
+    TrialEnv {
+        work_dir,
+        log_dir: dir.to_path_buf(),
+        data: vec![],
+    }
+}
+
+fn program_with(compute: ComputeOptions) -> Program {
+    let sandbox = Sandbox::new(SandboxOptions {
+        compute,
+        ..SandboxOptions::default()
+    })
+    .unwrap();
+    sandbox.load(&common::guest("kernels")).unwrap()
+}
+
+fn started(program: &Program, dir: &Path, limits: &Limits, config: Value) -> TrialInstance {
+    let mut instance = program.instantiate(&env(dir), limits).unwrap();
+    instance.setup(&config.to_string()).unwrap();
+    instance
+}
+
+fn metric(report: &GuestReport, name: &str) -> f64 {
+    report
+        .metrics
+        .iter()
+        .find(|(n, _)| n == name)
+        .unwrap_or_else(|| panic!("no metric {name} in {:?}", report.metrics))
+        .1
+}
+
+#[test]
+fn every_kernel_matches_the_reference_through_the_interface() {
+    let dir = tempfile::tempdir().unwrap();
+    let program = common::load("kernels");
+    let mut trial = started(
+        &program,
+        dir.path(),
+        &Limits::default(),
+        json!({"check": true}),
+    );
+    let (report, _) = trial.train().unwrap();
+    let errors: Vec<_> = report
+        .metrics
+        .iter()
+        .filter(|(name, _)| name.starts_with("err_"))
+        .collect();
+    // 4 matmuls, 10 unary, 7 binary twice, row, axpy, affine, 8
+    // reductions, softmax.
+    assert_eq!(errors.len(), 4 + 10 + 14 + 3 + 8 + 1, "{errors:?}");
+    for (name, err) in errors {
+        assert!(*err <= 1e-5, "{name}: {err}");
+    }
+    assert_eq!(metric(&report, "backend_is_cpu"), 1.0);
+}
+
+#[test]
+fn misuse_is_an_error_the_guest_receives_and_the_host_survives() {
+    let dir = tempfile::tempdir().unwrap();
+    let compute = ComputeOptions {
+        mode: ComputeMode::Cpu,
+        trial_quota: 128 << 20,
+        total_quota: 1 << 30,
+    };
+    let program = program_with(compute);
+    let cases = [
+        ("freed", "BadHandle(\"buffer 4 was freed\")"),
+        ("quota", "would pass its quota of 128 MiB"),
+        ("huge", "larger than the largest this backend allows"),
+        ("outside", "elements 2..6 are outside buffer"),
+        ("shader", "custom WGSL shaders need a GPU backend"),
+        (
+            "shape",
+            "out (buffer 5) has 1 elements; m * n = 16 are needed",
+        ),
+    ];
+    for (misuse, expected) in cases {
+        let mut trial = started(
+            &program,
+            dir.path(),
+            &Limits::default(),
+            json!({"misuse": misuse}),
+        );
+        match trial.train() {
+            Err(TrialFault::GuestError { message, .. }) => {
+                assert!(
+                    message.starts_with(&format!("misuse {misuse}: ")),
+                    "{message}"
+                );
+                assert!(message.contains(expected), "{misuse}: {message}");
+            }
+            other => panic!("{misuse}: {other:?}"),
+        }
+    }
+    // The host is undisturbed: a trial after them computes correctly.
+    let config = json!({"check": true});
+    let mut fine = started(&program, dir.path(), &Limits::default(), config);
+    let (report, _) = fine.train().unwrap();
+    let errors = report.metrics.iter().filter(|(n, _)| n.starts_with("err_"));
+    assert!(errors.clone().count() > 0 && errors.clone().all(|(_, e)| *e <= 1e-5));
+}
+
+#[test]
+fn host_compute_is_charged_in_fuel_and_cannot_overspend() {
+    let dir = tempfile::tempdir().unwrap();
+    let program = common::load("kernels");
+    let small = json!({"width": 8});
+    let heavy = json!({"width": 8, "matmul": 256});
+    let mut a = started(&program, dir.path(), &Limits::default(), small);
+    let mut b = started(&program, dir.path(), &Limits::default(), heavy.clone());
+    let (_, light) = a.train().unwrap();
+    let (_, loaded) = b.train().unwrap();
+    // 2 * 256^3 flops are charged on top of the wasm work.
+    let flops = 2 * 256u64.pow(3);
+    assert!(
+        loaded.fuel > light.fuel + flops,
+        "{} vs {}",
+        loaded.fuel,
+        light.fuel
+    );
+
+    // A per-call limit the matmul cannot fit in ends the call out of fuel,
+    // as any instruction the guest cannot pay for does.
+    let limits = Limits {
+        fuel_per_call: Some(flops / 2),
+        ..Limits::default()
+    };
+    let mut c = started(&program, dir.path(), &limits, heavy);
+    match c.train() {
+        Err(fault @ TrialFault::FuelPerCall { .. }) => {
+            assert!(fault.to_string().contains("fuel"), "{fault}");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn tensors_survive_a_host_snapshot_and_restore() {
+    let dir = tempfile::tempdir().unwrap();
+    let program = common::load("kernels");
+    let config = json!({"width": 64, "iterations": 100});
+    let mut original = started(&program, dir.path(), &Limits::default(), config.clone());
+    for _ in 0..3 {
+        original.train().unwrap();
+    }
+    let image = original.snapshot().unwrap();
+    assert_eq!(image.compute.buffers.len(), 3, "state, weights, bias");
+    let expected: Vec<GuestReport> = (0..3).map(|_| original.train().unwrap().0).collect();
+
+    let restored_dir = dir.path().join("restored");
+    std::fs::create_dir_all(&restored_dir).unwrap();
+    let mut restored = program
+        .restore(&env(&restored_dir), &Limits::default(), &image, 3, 0)
+        .unwrap();
+    let continued: Vec<GuestReport> = (0..3).map(|_| restored.train().unwrap().0).collect();
+    assert_eq!(continued, expected);
+
+    // Through the file format too.
+    let meta = wtune::snapshot::SnapshotMeta {
+        component: program.digest().into(),
+        trial_id: "t".into(),
+        config,
+        iteration: 3,
+        fuel_total: 0,
+        time_total_s: 0.0,
+        result: Value::Null,
+    };
+    let bytes = wtune::snapshot::encode(
+        &meta,
+        &wtune::snapshot::Payload::Memory(image.clone()),
+        None,
+    );
+    let (_, payload) = wtune::snapshot::decode(&bytes, program.digest(), None).unwrap();
+    assert_eq!(payload, wtune::snapshot::Payload::Memory(image));
+}
+
+#[test]
+fn a_restore_that_does_not_fit_the_quota_fails_clearly() {
+    let dir = tempfile::tempdir().unwrap();
+    let program = common::load("kernels");
+    let mut original = started(
+        &program,
+        dir.path(),
+        &Limits::default(),
+        json!({"width": 512}),
+    );
+    original.train().unwrap();
+    let image = original.snapshot().unwrap();
+    let small = program_with(ComputeOptions {
+        mode: ComputeMode::Cpu,
+        // Room for the 1 MiB weights, not for the state and bias beside them.
+        trial_quota: (1 << 20) + 2048,
+        total_quota: 1 << 30,
+    });
+    let err = small
+        .restore(&env(dir.path()), &Limits::default(), &image, 1, 0)
+        .err()
+        .unwrap();
+    assert!(
+        err.to_string().contains("restoring compute buffers: quota"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_call_spending_its_time_in_host_compute_ends_at_its_deadline() {
+    // Whichever notices first ends the call: the epoch check in the guest's
+    // own code between kernels, or the compute meter's deadline check
+    // before the next kernel (unit-tested in compute::cost). A single
+    // kernel is not interrupted; fuel bounds its size.
+    let dir = tempfile::tempdir().unwrap();
+    let program = common::load("kernels");
+    let limits = Limits {
+        call_timeout: Some(Duration::from_millis(100)),
+        ..Limits::default()
+    };
+    // Setup is quick; the 50 products of 512 x 512 matrices in the next
+    // call take far longer than the deadline.
+    let config = json!({"width": 8, "matmul": 512, "repeat": 50});
+    let mut slow = started(&program, dir.path(), &limits, config);
+    match slow.train() {
+        Err(fault @ TrialFault::Timeout { .. }) => {
+            assert!(fault.to_string().contains("deadline"), "{fault}")
+        }
+        other => panic!("{other:?}"),
+    }
+}
