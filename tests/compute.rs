@@ -14,13 +14,7 @@ use wtune::sandbox::{
 };
 
 fn env(dir: &Path) -> TrialEnv {
-    let work_dir = dir.join("work");
-    std::fs::create_dir_all(&work_dir).unwrap();
-    TrialEnv {
-        work_dir,
-        log_dir: dir.to_path_buf(),
-        data: vec![],
-    }
+    common::trial_env(dir, vec![])
 }
 
 fn program_with(compute: ComputeOptions) -> Program {

@@ -12,7 +12,7 @@ use serde_json::{Map, Value, json};
 use wtune::config::{Overrides, plan};
 use wtune::exec::{CheckpointMode, WasmBackend};
 use wtune::report::{ExperimentFile, TrialFiles};
-use wtune::sandbox::{Limits, TrialEnv};
+use wtune::sandbox::Limits;
 use wtune::tune::replay::{CurveSet, Sampling, replay_backend};
 use wtune::tune::space::SearchSpace;
 use wtune::tune::{
@@ -165,13 +165,7 @@ fn guest_checkpoints_keep_the_epoch_and_reset_switches_the_curve() {
     let set = shipped();
     let program = common::load("replay");
     let dir = tempfile::tempdir().unwrap();
-    let work_dir = dir.path().join("work");
-    std::fs::create_dir_all(&work_dir).unwrap();
-    let env = TrialEnv {
-        work_dir,
-        log_dir: dir.path().to_path_buf(),
-        data: vec![],
-    };
+    let env = common::trial_env(dir.path(), vec![]);
     let start = |config: &Value| {
         let mut instance = program.instantiate(&env, &Limits::default()).unwrap();
         instance.setup(&config.to_string()).unwrap();

@@ -4,23 +4,11 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-
 use serde_json::{Value, json};
 use wtune::sandbox::{GuestReport, Limits, Program, SnapshotError, TrialEnv, TrialInstance};
 use wtune::snapshot::{
     self, FormatError, GuestImage, Payload, ReadError, SnapshotMeta, instrument,
 };
-
-fn env(dir: &Path, data: Vec<(String, PathBuf)>) -> TrialEnv {
-    let work_dir = dir.join("work");
-    std::fs::create_dir_all(&work_dir).unwrap();
-    TrialEnv {
-        work_dir,
-        log_dir: dir.to_path_buf(),
-        data,
-    }
-}
 
 fn started(program: &Program, env: &TrialEnv, config: &Value) -> TrialInstance {
     let mut instance = program.instantiate(env, &Limits::default()).unwrap();
@@ -50,7 +38,7 @@ fn a_restored_instance_continues_bit_exactly_and_keeps_its_handles() {
     let program = common::load("stateful");
     program.snapshots().unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let env = env(dir.path(), vec![]);
+    let env = common::trial_env(dir.path(), vec![]);
     let config = json!({"seed": 11, "buffer_kib": 512, "print": true, "read_data": true});
 
     let mut original = started(&program, &env, &config);
@@ -95,7 +83,7 @@ fn the_digits_model_resumes_with_identical_metrics() {
         "digits".to_string(),
         common::workspace().join("examples/digits-mlp/data"),
     )];
-    let env = env(dir.path(), data);
+    let env = common::trial_env(dir.path(), data);
     let config = json!({"lr": 0.05, "hidden": 32, "batch_size": 32, "seed": 3});
     let mut original = started(&program, &env, &config);
     train(&mut original, 2);
@@ -111,7 +99,7 @@ fn the_digits_model_resumes_with_identical_metrics() {
 fn a_file_held_open_across_calls_is_refused_with_the_cause() {
     let program = common::load("stateful");
     let dir = tempfile::tempdir().unwrap();
-    let env = env(dir.path(), vec![]);
+    let env = common::trial_env(dir.path(), vec![]);
     let mut instance = started(&program, &env, &json!({"hold_file": true}));
     train(&mut instance, 1);
     let err = instance.snapshot().unwrap_err();
@@ -125,7 +113,7 @@ fn a_file_held_open_across_calls_is_refused_with_the_cause() {
 fn a_trapped_instance_cannot_be_snapshotted() {
     let program = common::load("stateful");
     let dir = tempfile::tempdir().unwrap();
-    let env = env(dir.path(), vec![]);
+    let env = common::trial_env(dir.path(), vec![]);
     let mut instance = started(&program, &env, &json!({"trap_at": 1}));
     assert!(instance.train().is_err());
     assert_eq!(instance.snapshot().unwrap_err(), SnapshotError::Poisoned);
@@ -135,7 +123,7 @@ fn a_trapped_instance_cannot_be_snapshotted() {
 fn an_image_that_does_not_fit_is_rejected() {
     let program = common::load("stateful");
     let dir = tempfile::tempdir().unwrap();
-    let env = env(dir.path(), vec![]);
+    let env = common::trial_env(dir.path(), vec![]);
     let mut instance = started(&program, &env, &json!({}));
     let image = instance.snapshot().unwrap();
 
@@ -160,7 +148,7 @@ fn an_image_that_does_not_fit_is_rejected() {
 fn a_restore_beyond_the_memory_limit_fails_clearly() {
     let program = common::load("stateful");
     let dir = tempfile::tempdir().unwrap();
-    let env = env(dir.path(), vec![]);
+    let env = common::trial_env(dir.path(), vec![]);
     let mut instance = started(&program, &env, &json!({"buffer_kib": 8192}));
     let image: GuestImage = instance.snapshot().unwrap();
     let small = Limits {
@@ -175,7 +163,7 @@ fn a_restore_beyond_the_memory_limit_fails_clearly() {
 fn a_snapshot_file_resumes_the_trial_and_rejects_other_components() {
     let program = common::load("stateful");
     let dir = tempfile::tempdir().unwrap();
-    let env = env(dir.path(), vec![]);
+    let env = common::trial_env(dir.path(), vec![]);
     let config = json!({"seed": 5, "buffer_kib": 4096, "print": true});
     let mut original = started(&program, &env, &config);
     train(&mut original, 2);

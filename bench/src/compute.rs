@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use wtune::compute::{Compute, ComputeMode, ComputeOptions, ops::Matmul};
-use wtune::sandbox::{Limits, Program, TrialEnv, TrialInstance};
+use wtune::sandbox::{Limits, Program, TrialInstance};
 
 const ROUNDS: usize = 3;
 
@@ -62,13 +62,7 @@ fn direct(n: u32) -> Duration {
 
 fn instance(program: &Program, config: Value) -> (TrialInstance, tempfile::TempDir) {
     let dir = super::scratch();
-    let work_dir = dir.path().join("work");
-    std::fs::create_dir_all(&work_dir).unwrap();
-    let env = TrialEnv {
-        work_dir,
-        log_dir: dir.path().to_path_buf(),
-        data: vec![],
-    };
+    let env = super::trial_env(dir.path(), vec![]);
     let limits = Limits {
         fuel_per_call: None,
         call_timeout: None,

@@ -55,6 +55,18 @@ fn scratch() -> tempfile::TempDir {
     tempfile::tempdir_in(base).unwrap()
 }
 
+/// A trial's filesystem under `dir`: `dir/work` for the guest (created),
+/// `dir` for the logs.
+fn trial_env(dir: &Path, data: Vec<(String, PathBuf)>) -> TrialEnv {
+    let work_dir = dir.join("work");
+    std::fs::create_dir_all(&work_dir).unwrap();
+    TrialEnv {
+        work_dir,
+        log_dir: dir.to_path_buf(),
+        data,
+    }
+}
+
 fn main() {
     let what = std::env::args().nth(1).unwrap_or_else(|| "all".into());
     let root = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -223,12 +235,7 @@ fn snapshot(program: &Program) {
     );
     for (name, config) in cases {
         let dir = scratch();
-        std::fs::create_dir_all(dir.path().join("work")).unwrap();
-        let env = TrialEnv {
-            work_dir: dir.path().join("work"),
-            log_dir: dir.path().to_path_buf(),
-            data: vec![],
-        };
+        let env = trial_env(dir.path(), vec![]);
         let mut instance = program.instantiate(&env, &limits).unwrap();
         instance.setup(&config.to_string()).unwrap();
         let (mut take, mut restore, mut write) = (Duration::MAX, Duration::MAX, Duration::MAX);
@@ -316,13 +323,7 @@ fn startup(program: &Program) {
     let mut instantiate = Vec::with_capacity(TRIALS);
     let mut first_result = Vec::with_capacity(TRIALS);
     for i in 0..TRIALS {
-        let trial = dir.path().join(format!("t{i}"));
-        std::fs::create_dir_all(trial.join("work")).unwrap();
-        let env = TrialEnv {
-            work_dir: trial.join("work"),
-            log_dir: trial.clone(),
-            data: vec![],
-        };
+        let env = trial_env(&dir.path().join(format!("t{i}")), vec![]);
         let started = Instant::now();
         let mut instance = program.instantiate(&env, &limits).unwrap();
         instantiate.push(started.elapsed());
@@ -477,13 +478,7 @@ fn step(program: &Program, data: &Path) {
     }
 
     let dir = scratch();
-    let work = dir.path().join("work");
-    std::fs::create_dir_all(&work).unwrap();
-    let env = TrialEnv {
-        work_dir: work,
-        log_dir: dir.path().to_path_buf(),
-        data: vec![("digits".into(), PathBuf::from(data))],
-    };
+    let env = trial_env(dir.path(), vec![("digits".into(), PathBuf::from(data))]);
     let mut instance = program.instantiate(&env, &Limits::default()).unwrap();
     instance.setup(&config.to_string()).unwrap();
     let mut wasm_times = Vec::new();

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 use wtune::exec::WasmBackend;
 use wtune::report::{ExperimentFile, TrialFiles};
-use wtune::sandbox::{Limits, Program, Sandbox, SandboxOptions};
+use wtune::sandbox::{Limits, Program, Sandbox, SandboxOptions, TrialEnv};
 use wtune::tune::{ExperimentSummary, Fifo, Mode, RunSpec, Runner, StopCriteria};
 
 pub fn workspace() -> PathBuf {
@@ -33,6 +33,18 @@ pub fn guest(name: &str) -> PathBuf {
         path.display()
     );
     path
+}
+
+/// A trial's filesystem under `dir`: `dir/work` for the guest (created),
+/// `dir` for the logs.
+pub fn trial_env(dir: &Path, data: Vec<(String, PathBuf)>) -> TrialEnv {
+    let work_dir = dir.join("work");
+    std::fs::create_dir_all(&work_dir).unwrap();
+    TrialEnv {
+        work_dir,
+        log_dir: dir.to_path_buf(),
+        data,
+    }
 }
 
 /// A sandbox whose compile cache is shared by all tests (and kept in target/).

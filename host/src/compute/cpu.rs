@@ -60,17 +60,19 @@ fn scale(out: &mut [f32], beta: f32) {
     }
 }
 
-/// `out[i] = op(x[i])`.
-pub fn unary(op: Unary, x: &[f32], out: &mut [f32]) {
-    for (o, &v) in out.iter_mut().zip(x) {
-        *o = op.apply(v);
-    }
-}
-
-/// `x[i] = op(x[i])`.
-pub fn unary_in_place(op: Unary, x: &mut [f32]) {
-    for v in x {
-        *v = op.apply(*v);
+/// `out[i] = op(x[i])`; `x` is `None` when `out` is `x`.
+pub fn unary(op: Unary, x: Option<&[f32]>, out: &mut [f32]) {
+    match x {
+        Some(x) => {
+            for (o, &v) in out.iter_mut().zip(x) {
+                *o = op.apply(v);
+            }
+        }
+        None => {
+            for v in out {
+                *v = op.apply(*v);
+            }
+        }
     }
 }
 
@@ -354,10 +356,10 @@ mod tests {
         binary(Binary::Add, Operands::OutIsBoth, &mut z);
         assert_eq!(z, [2.0, -4.0, 6.0]);
         let mut r = a;
-        unary_in_place(Unary::Relu, &mut r);
+        unary(Unary::Relu, None, &mut r);
         assert_eq!(r, [1.0, 0.0, 3.0]);
         let mut s = [0.0; 3];
-        unary(Unary::Square, &a, &mut s);
+        unary(Unary::Square, Some(&a), &mut s);
         assert_eq!(s, [1.0, 4.0, 9.0]);
         let mut y = [1.0, 1.0, 1.0];
         axpy(-0.5, Some(&a), &mut y);

@@ -57,7 +57,7 @@ impl ComputeImage {
 /// its fuel before touching a buffer, so a refused call changes nothing.
 pub struct ComputeSession {
     compute: Compute,
-    buffers: HashMap<u32, Vec<f32>>,
+    buffers: Buffers,
     next_buffer: u32,
     /// Bytes held by this trial (also counted in the shared pool).
     held: u64,
@@ -205,17 +205,10 @@ impl ComputeSession {
         let (s0, s1) = self.range(src, src_offset, len)?;
         let (d0, _) = self.range(dst, dst_offset, len)?;
         self.charge(0, len * 8)?;
-        if src == dst {
-            self.buffers
-                .get_mut(&dst)
-                .expect("checked")
-                .copy_within(s0..s1, d0);
-        } else {
-            let from = self.buffers.remove(&src).expect("checked");
-            let to = self.buffers.get_mut(&dst).expect("checked");
-            to[d0..d0 + (s1 - s0)].copy_from_slice(&from[s0..s1]);
-            self.buffers.insert(src, from);
-        }
+        self.with_output(dst, |inputs, to| match inputs.get(&src) {
+            Some(from) => to[d0..d0 + (s1 - s0)].copy_from_slice(&from[s0..s1]),
+            None => to.copy_within(s0..s1, d0),
+        });
         Ok(())
     }
 
@@ -234,9 +227,9 @@ impl ComputeSession {
             ));
         }
         self.charge(spec.flops(), 4 * (m * k + k * n + 2 * m * n))?;
-        let mut target = self.buffers.remove(&out).expect("checked");
-        cpu::matmul(&self.buffers[&a], &self.buffers[&b], &mut target, &spec);
-        self.buffers.insert(out, target);
+        self.with_output(out, |inputs, target| {
+            cpu::matmul(&inputs[&a], &inputs[&b], target, &spec)
+        });
         Ok(())
     }
 
@@ -245,14 +238,10 @@ impl ComputeSession {
         self.need(x, "x", len, "len")?;
         self.need(out, "out", len, "len")?;
         self.charge(op.flops() * len, 8 * len)?;
-        let len = len as usize;
-        if x == out {
-            cpu::unary_in_place(op, &mut self.buffers.get_mut(&out).expect("checked")[..len]);
-        } else {
-            let mut target = self.buffers.remove(&out).expect("checked");
-            cpu::unary(op, &self.buffers[&x][..len], &mut target[..len]);
-            self.buffers.insert(out, target);
-        }
+        let n = len as usize;
+        self.with_output(out, |inputs, target| {
+            cpu::unary(op, source(inputs, x, n), &mut target[..n])
+        });
         Ok(())
     }
 
@@ -270,15 +259,15 @@ impl ComputeSession {
         self.need(out, "out", len, "len")?;
         self.charge(len, 12 * len)?;
         let n = len as usize;
-        let mut target = self.buffers.remove(&out).expect("checked");
-        let operands = match (a == out, b == out) {
-            (false, false) => Operands::Both(&self.buffers[&a][..n], &self.buffers[&b][..n]),
-            (true, false) => Operands::OutIsA(&self.buffers[&b][..n]),
-            (false, true) => Operands::OutIsB(&self.buffers[&a][..n]),
-            (true, true) => Operands::OutIsBoth,
-        };
-        cpu::binary(op, operands, &mut target[..n]);
-        self.buffers.insert(out, target);
+        self.with_output(out, |inputs, target| {
+            let operands = match (source(inputs, a, n), source(inputs, b, n)) {
+                (Some(a), Some(b)) => Operands::Both(a, b),
+                (None, Some(b)) => Operands::OutIsA(b),
+                (Some(a), None) => Operands::OutIsB(a),
+                (None, None) => Operands::OutIsBoth,
+            };
+            cpu::binary(op, operands, &mut target[..n])
+        });
         Ok(())
     }
 
@@ -303,16 +292,10 @@ impl ComputeSession {
         }
         self.charge(cells, 8 * cells + 4 * cols as u64)?;
         let n = cells as usize;
-        let mut target = self.buffers.remove(&out).expect("checked");
-        let source = (x != out).then(|| &self.buffers[&x][..n]);
-        cpu::binary_rows(
-            op,
-            source,
-            &self.buffers[&row],
-            &mut target[..n],
-            cols as usize,
-        );
-        self.buffers.insert(out, target);
+        self.with_output(out, |inputs, target| {
+            let x = source(inputs, x, n);
+            cpu::binary_rows(op, x, &inputs[&row], &mut target[..n], cols as usize)
+        });
         Ok(())
     }
 
@@ -329,10 +312,9 @@ impl ComputeSession {
         self.need(out, "out", len, "len")?;
         self.charge(2 * len, 8 * len)?;
         let n = len as usize;
-        let mut target = self.buffers.remove(&out).expect("checked");
-        let source = (x != out).then(|| &self.buffers[&x][..n]);
-        cpu::affine(source, &mut target[..n], scale, shift);
-        self.buffers.insert(out, target);
+        self.with_output(out, |inputs, target| {
+            cpu::affine(source(inputs, x, n), &mut target[..n], scale, shift)
+        });
         Ok(())
     }
 
@@ -342,10 +324,9 @@ impl ComputeSession {
         self.need(y, "y", len, "len")?;
         self.charge(2 * len, 12 * len)?;
         let n = len as usize;
-        let mut target = self.buffers.remove(&y).expect("checked");
-        let source = (x != y).then(|| &self.buffers[&x][..n]);
-        cpu::axpy(alpha, source, &mut target[..n]);
-        self.buffers.insert(y, target);
+        self.with_output(y, |inputs, target| {
+            cpu::axpy(alpha, source(inputs, x, n), &mut target[..n])
+        });
         Ok(())
     }
 
@@ -370,16 +351,9 @@ impl ComputeSession {
             return Err(invalid!("reduce's out must be a buffer other than x ({x})"));
         }
         self.charge(cells, 4 * (cells + results))?;
-        let mut target = self.buffers.remove(&out).expect("checked");
-        cpu::reduce(
-            op,
-            along,
-            &self.buffers[&x],
-            &mut target,
-            rows as usize,
-            cols as usize,
-        );
-        self.buffers.insert(out, target);
+        self.with_output(out, |inputs, target| {
+            cpu::reduce(op, along, &inputs[&x], target, rows as usize, cols as usize)
+        });
         Ok(())
     }
 
@@ -390,16 +364,26 @@ impl ComputeSession {
         self.need(out, "out", cells, "rows * cols")?;
         self.charge(Unary::Exp.flops() * cells + 3 * cells, 8 * cells)?;
         let n = cells as usize;
-        if x != out {
-            let mut target = self.buffers.remove(&out).expect("checked");
-            target[..n].copy_from_slice(&self.buffers[&x][..n]);
-            self.buffers.insert(out, target);
-        }
-        cpu::softmax_in_place(
-            &mut self.buffers.get_mut(&out).expect("checked")[..n],
-            cols as usize,
-        );
+        self.with_output(out, |inputs, target| {
+            if let Some(x) = source(inputs, x, n) {
+                target[..n].copy_from_slice(x);
+            }
+            cpu::softmax_in_place(&mut target[..n], cols as usize)
+        });
         Ok(())
+    }
+
+    /// Runs `f` on buffer `out` (checked by the caller) while the other
+    /// buffers stay readable beside it. `out` is out of the table meanwhile,
+    /// so looking up an input that is `out` itself finds nothing: kernels
+    /// read that as "work in place" (see [`source`]).
+    fn with_output(&mut self, out: u32, f: impl FnOnce(&Buffers, &mut [f32])) {
+        let mut target = self
+            .buffers
+            .remove(&out)
+            .expect("the caller checked the handle");
+        f(&self.buffers, &mut target);
+        self.buffers.insert(out, target);
     }
 
     // ----- shaders -------------------------------------------------------
@@ -586,6 +570,15 @@ impl Drop for ComputeSession {
     fn drop(&mut self) {
         self.compute.release(self.held);
     }
+}
+
+/// The buffers of a trial by number.
+type Buffers = HashMap<u32, Vec<f32>>;
+
+/// The first `n` elements of input `id` inside [`ComputeSession::with_output`],
+/// or `None` when `id` is the output being written.
+fn source(inputs: &Buffers, id: u32, n: usize) -> Option<&[f32]> {
+    inputs.get(&id).map(|b| &b[..n])
 }
 
 fn aligned(what: &str, value: u64) -> Result<(), ComputeError> {
