@@ -237,3 +237,150 @@ fn a_call_spending_its_time_in_host_compute_ends_at_its_deadline() {
         other => panic!("{other:?}"),
     }
 }
+
+// ----- the wgpu backend, on whatever Vulkan adapter exists (lavapipe in CI;
+// scripts/setup.sh installs it) ------------------------------------------
+
+fn gpu_program(trial_quota: u64) -> Program {
+    let sandbox = Sandbox::new(SandboxOptions {
+        compute: ComputeOptions {
+            mode: ComputeMode::Gpu,
+            trial_quota,
+            total_quota: 1 << 30,
+        },
+        ..SandboxOptions::default()
+    })
+    .unwrap_or_else(|e| {
+        panic!("compute = \"gpu\" needs a Vulkan adapter (scripts/setup.sh installs one): {e}")
+    });
+    assert!(sandbox.compute().shaders);
+    sandbox.load(&common::guest("kernels")).unwrap()
+}
+
+#[test]
+fn every_kernel_and_a_custom_shader_match_the_reference_on_the_gpu() {
+    let dir = tempfile::tempdir().unwrap();
+    let program = gpu_program(1 << 30);
+    let mut trial = started(
+        &program,
+        dir.path(),
+        &Limits::default(),
+        json!({"check": true}),
+    );
+    let (report, _) = trial.train().unwrap();
+    let errors: Vec<_> = report
+        .metrics
+        .iter()
+        .filter(|(name, _)| name.starts_with("err_"))
+        .collect();
+    // The CPU's cases and the custom shader.
+    assert_eq!(errors.len(), 4 + 10 + 14 + 3 + 8 + 1 + 1, "{errors:?}");
+    for (name, err) in errors {
+        // GPU exp, tanh and sums round differently from the CPU's.
+        assert!(*err <= 1e-4, "{name}: {err}");
+    }
+    assert_eq!(metric(&report, "backend_is_cpu"), 0.0);
+    // The walk runs on the GPU too and agrees with the CPU's.
+    let cpu = common::load("kernels");
+    let mut on_cpu = started(&cpu, dir.path(), &Limits::default(), json!({"check": true}));
+    let (cpu_report, _) = on_cpu.train().unwrap();
+    let (walk_gpu, walk_cpu) = (metric(&report, "walk"), metric(&cpu_report, "walk"));
+    assert!(
+        (walk_gpu - walk_cpu).abs() < 1e-3,
+        "{walk_gpu} vs {walk_cpu}"
+    );
+}
+
+#[test]
+fn gpu_misuse_is_an_error_the_guest_receives() {
+    let dir = tempfile::tempdir().unwrap();
+    let program = gpu_program(128 << 20);
+    let cases = [
+        ("freed", "BadHandle(\"buffer 4 was freed\")"),
+        ("quota", "would pass its quota of 128 MiB"),
+        ("huge", "larger than the largest this backend allows"),
+        ("outside", "elements 2..6 are outside buffer"),
+        (
+            "shape",
+            "out (buffer 5) has 1 elements; m * n = 16 are needed",
+        ),
+        // The WGSL error is located: the file, line 4 and the column.
+        ("bad_wgsl", "shader.wgsl:4:"),
+        ("dispatch", "workgroups along one dimension is more than"),
+        ("binding", "the GPU refused the job"),
+    ];
+    for (misuse, expected) in cases {
+        let mut trial = started(
+            &program,
+            dir.path(),
+            &Limits::default(),
+            json!({"misuse": misuse}),
+        );
+        match trial.train() {
+            Err(TrialFault::GuestError { message, .. }) => {
+                assert!(message.contains(expected), "{misuse}: {message}");
+            }
+            other => panic!("{misuse}: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn a_runaway_shader_is_killed_at_its_deadline_and_only_its_trial_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let program = gpu_program(1 << 30);
+    let config = json!({"width": 32, "iterations": 100});
+    let mut benign = started(&program, dir.path(), &Limits::default(), config.clone());
+    benign.train().unwrap();
+
+    // Fuel would refuse a dispatch this size up front; lift it so that the
+    // deadline is what stops it.
+    let limits = Limits {
+        fuel_per_call: None,
+        fuel_per_trial: None,
+        call_timeout: Some(Duration::from_secs(2)),
+        ..Limits::default()
+    };
+    let mut runaway = started(&program, dir.path(), &limits, json!({"misuse": "runaway"}));
+    let began = std::time::Instant::now();
+    match runaway.train() {
+        Err(fault @ TrialFault::Timeout { .. }) => {
+            assert!(fault.to_string().contains("deadline"), "{fault}")
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        began.elapsed() < Duration::from_secs(60),
+        "the worker was not killed promptly: {:?}",
+        began.elapsed()
+    );
+
+    // The other trial's device state is intact: it continues exactly as a
+    // trial that never saw the runaway.
+    let continued: Vec<GuestReport> = (0..3).map(|_| benign.train().unwrap().0).collect();
+    let mut fresh = started(&program, dir.path(), &Limits::default(), config);
+    fresh.train().unwrap();
+    let expected: Vec<GuestReport> = (0..3).map(|_| fresh.train().unwrap().0).collect();
+    assert_eq!(continued, expected);
+}
+
+#[test]
+fn gpu_tensors_survive_a_host_snapshot_and_restore() {
+    let dir = tempfile::tempdir().unwrap();
+    let program = gpu_program(1 << 30);
+    let config = json!({"width": 64, "iterations": 100});
+    let mut original = started(&program, dir.path(), &Limits::default(), config);
+    for _ in 0..3 {
+        original.train().unwrap();
+    }
+    let image = original.snapshot().unwrap();
+    assert_eq!(image.compute.buffers.len(), 3, "state, weights, bias");
+    let expected: Vec<GuestReport> = (0..3).map(|_| original.train().unwrap().0).collect();
+    let restored_dir = dir.path().join("restored");
+    std::fs::create_dir_all(&restored_dir).unwrap();
+    let mut restored = program
+        .restore(&env(&restored_dir), &Limits::default(), &image, 3, 0)
+        .unwrap();
+    let continued: Vec<GuestReport> = (0..3).map(|_| restored.train().unwrap().0).collect();
+    assert_eq!(continued, expected);
+}

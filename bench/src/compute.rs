@@ -1,13 +1,20 @@
 //! `compute`: the host compute interface. Squares an `n x n` f32 matrix
 //! with the CPU backend called directly, through the interface from a wasm
 //! guest, and in plain wasm with fuel metering; and the interface's cost per
-//! call.
+//! call. Then the same on the GPU backend where a Vulkan adapter exists:
+//! wgpu called in this process (no worker, no wasm) against the interface
+//! from wasm (the guest's jobs cross to the worker process).
 
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+use std::path::Path;
+
+use wtune::compute::device::Kernel;
+use wtune::compute::gpu::LocalGpu;
+use wtune::compute::gpu::protocol::{Reply, Request, f32_bytes};
 use wtune::compute::{Compute, ComputeMode, ComputeOptions, ops::Matmul};
-use wtune::sandbox::{Limits, Program, TrialInstance};
+use wtune::sandbox::{Limits, Program, Sandbox, SandboxOptions, TrialInstance};
 
 const ROUNDS: usize = 3;
 
@@ -30,6 +37,18 @@ fn gflops(n: u64, d: Duration) -> String {
 
 fn cell(n: u64, d: Duration) -> String {
     format!("{:.1} ms ({} GFLOP/s)", d.as_secs_f64() * 1e3, gflops(n, d))
+}
+
+fn square(n: u32) -> Matmul {
+    Matmul {
+        m: n,
+        n,
+        k: n,
+        transpose_a: false,
+        transpose_b: false,
+        alpha: 1.0,
+        beta: 0.0,
+    }
 }
 
 /// One matmul on the backend, no wasm involved.
@@ -138,6 +157,97 @@ pub fn run(program: &Program) {
     let each = with_tiny.saturating_sub(base) / TINY;
     println!(
         "\nPer-call cost of the interface (a one-element kernel, from wasm, {TINY} calls): {:.2} µs\n",
+        each.as_secs_f64() * 1e6
+    );
+}
+
+/// One matmul with wgpu in this process: the worker's code without the
+/// process boundary or the guest.
+fn wgpu_direct(gpu: &mut LocalGpu, n: u32) -> Duration {
+    let data: Vec<f32> = (0..n * n).map(|i| (i % 17) as f32 / 17.0).collect();
+    let elements = n as u64 * n as u64;
+    let create = |id, from_payload| Request::Create {
+        id,
+        elements,
+        from_payload,
+    };
+    assert_eq!(gpu.handle(create(1, true), f32_bytes(&data)).0, Reply::Done);
+    assert_eq!(gpu.handle(create(2, false), &[]).0, Reply::Done);
+    let job = || {
+        Request::Run(Kernel::Matmul {
+            a: 1,
+            b: 1,
+            out: 2,
+            spec: square(n),
+        })
+    };
+    assert_eq!(gpu.handle(job(), &[]).0, Reply::Done); // compiles lazily
+    let time = median(
+        (0..ROUNDS)
+            .map(|_| {
+                let start = Instant::now();
+                gpu.handle(job(), &[]);
+                start.elapsed()
+            })
+            .collect(),
+    );
+    gpu.handle(Request::Reset, &[]);
+    time
+}
+
+/// The GPU backend, where a Vulkan adapter exists.
+pub fn run_gpu(guest: &Path) {
+    let mut gpu = match LocalGpu::open() {
+        Ok(gpu) => gpu,
+        Err(reason) => {
+            println!("\n### Host compute on the GPU: not measured ({reason})\n");
+            return;
+        }
+    };
+    let adapter = gpu.adapter().clone();
+    let sandbox = Sandbox::new(SandboxOptions {
+        compute: ComputeOptions {
+            mode: ComputeMode::Gpu,
+            ..options()
+        },
+        ..SandboxOptions::default()
+    })
+    .expect("a GPU sandbox");
+    let program = sandbox.load(guest).expect("the kernels guest");
+    println!(
+        "\n### Host compute on the GPU: square an n x n f32 matrix ({}, {}, {})\n",
+        adapter.name, adapter.device_type, adapter.driver
+    );
+    println!(
+        "| n | wgpu in process | through the interface, from wasm (worker process) | interface overhead |\n| --- | --- | --- | --- |"
+    );
+    // Software Vulkan takes seconds per 2048 product.
+    let sizes: &[u32] = if adapter.software {
+        &[256, 512, 1024]
+    } else {
+        &[512, 1024, 2048]
+    };
+    for &n in sizes {
+        let local = wgpu_direct(&mut gpu, n);
+        let (through, _) = per_call(
+            &program,
+            json!({"width": 8, "matmul": n, "repeat": 2}),
+            ROUNDS,
+            2,
+        );
+        println!(
+            "| {n} | {} | {} | {:+.1} ms |",
+            cell(n as u64, local),
+            cell(n as u64, through),
+            (through.as_secs_f64() - local.as_secs_f64()) * 1e3
+        );
+    }
+    const TINY: u32 = 2_000;
+    let (base, _) = per_call(&program, json!({"width": 8}), 5, 1);
+    let (with_tiny, _) = per_call(&program, json!({"width": 8, "tiny": TINY}), 5, 1);
+    let each = with_tiny.saturating_sub(base) / TINY;
+    println!(
+        "\nPer-call cost on the GPU backend (a one-element kernel, from wasm, to the worker and back, waiting for the GPU; {TINY} calls): {:.1} µs\n",
         each.as_secs_f64() * 1e6
     );
 }

@@ -27,6 +27,8 @@
 //! - `compute`: squaring an `n x n` matrix (512, 1024, 2048) on the CPU
 //!   compute backend called directly, through the guest interface, and in
 //!   plain wasm with fuel; and the interface's cost per call.
+//! - `compute-gpu` (also part of `compute`): the same products on the wgpu
+//!   backend, in process against through the interface and worker.
 //! - `compare`: ASHA against random search (FIFO) at equal total fuel
 //!   (`stop_experiment.max_fuel`): on the digits example in the sandbox
 //!   (best `val_accuracy` reached, 10 seeds), and on the native replay of
@@ -111,6 +113,9 @@ fn main() {
     }
     if matches!(what.as_str(), "all" | "compute") {
         compute::run(&guest("kernels"));
+    }
+    if matches!(what.as_str(), "all" | "compute" | "compute-gpu") {
+        compute::run_gpu(&root.join("target/wasm32-wasip2/release/kernels.wasm"));
     }
     if matches!(what.as_str(), "all" | "compare") {
         compare::replay();

@@ -38,6 +38,9 @@ enum Command {
         /// The component (.wasm) to inspect.
         model: PathBuf,
     },
+    /// Serve GPU compute jobs over stdin and stdout (started by wtune itself).
+    #[command(name = "gpu-worker", hide = true)]
+    GpuWorker,
 }
 
 #[derive(Debug, Args)]
@@ -104,7 +107,7 @@ struct RunArgs {
     /// Search algorithm: random, grid or tpe (parameters from the file's [search] when it names the same one).
     #[arg(long, value_name = "NAME")]
     search: Option<String>,
-    /// Where the guests' compute kernels run: auto or cpu.
+    /// Where the guests' compute kernels run: auto, cpu or gpu.
     #[arg(long, value_name = "BACKEND")]
     compute: Option<String>,
     /// Start every trial from this checkpoint file.
@@ -248,11 +251,15 @@ impl Failure {
 /// Parses arguments, runs the command, prints a one-line cause on failure.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Command::GpuWorker = cli.command {
+        return crate::compute::gpu::worker_main();
+    }
     init_tracing();
     let outcome = match cli.command {
         Command::Run(args) => run(*args),
         Command::Resume(args) => resume_experiment(args),
         Command::Inspect { model } => inspect(&model),
+        Command::GpuWorker => unreachable!("served above"),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,

@@ -798,8 +798,8 @@ mod tests {
 
         let err = plan_of("compute = \"tpu\"").unwrap_err().to_string();
         assert!(err.contains("compute = \"tpu\" is not a backend"), "{err}");
-        let err = plan_of("compute = \"gpu\"").unwrap_err().to_string();
-        assert!(err.contains("wgpu worker"), "{err}");
+        let gpu = plan_of("compute = \"gpu\"").unwrap();
+        assert_eq!(gpu.compute.mode, crate::compute::ComputeMode::Gpu);
         let err = plan_of("[limits]\ncompute_memory = \"2GiB\"\ncompute_memory_total = \"1GiB\"")
             .unwrap_err()
             .to_string();

@@ -23,7 +23,13 @@
 //!   returns the host's error as the trial's error: `freed` (uses a freed
 //!   tensor), `quota` (allocates until refused), `huge` (one enormous
 //!   buffer), `outside` (reads past a buffer's end), `shader` (asks for a
-//!   custom shader), `shape` (a matmul whose output is too small).
+//!   custom shader), `shape` (a matmul whose output is too small); and on a
+//!   GPU backend `bad_wgsl` (WGSL with a type error), `dispatch` (more
+//!   workgroups than a dispatch allows), `binding` (a pipeline given the
+//!   wrong buffers) and `runaway` (a shader that runs far past any
+//!   deadline, so the host must kill its worker).
+//! - With `check` on a backend with shaders, a custom WGSL pipeline is
+//!   checked too (`err_shader`).
 
 use serde::Deserialize;
 use wtune_guest::compute::{self, Axis, Binary, Reduce, Tensor, Unary, gemm, raw};
@@ -247,6 +253,33 @@ fn misuse(kind: &str) -> Result<()> {
                 .err()
                 .ok_or_else(|| Error::msg("a matmul wrote past its output"))?
         }
+        "bad_wgsl" => compute::Pipeline::new(BAD_WGSL, "main")
+            .err()
+            .ok_or_else(|| Error::msg("WGSL with a type error compiled"))?,
+        "dispatch" => {
+            let pipeline = compute::Pipeline::new(SCALE_WGSL, "main")?;
+            let (x, out) = (Tensor::zeros(1, 4)?, Tensor::zeros(1, 4)?);
+            pipeline
+                .dispatch(&[&x, &out], [1 << 24, 1, 1])
+                .err()
+                .ok_or_else(|| Error::msg("a dispatch of 2^24 workgroups ran"))?
+        }
+        "binding" => {
+            let pipeline = compute::Pipeline::new(SCALE_WGSL, "main")?;
+            let x = Tensor::zeros(1, 4)?;
+            pipeline
+                .dispatch(&[&x], [1, 1, 1])
+                .err()
+                .ok_or_else(|| Error::msg("a dispatch missing a binding ran"))?
+        }
+        "runaway" => {
+            let pipeline = compute::Pipeline::new(RUNAWAY_WGSL, "main")?;
+            let out = Tensor::zeros(1, 256)?;
+            // Software Vulkan caps loops at 65,535 iterations per
+            // invocation, so the length comes from the dispatch's size.
+            pipeline.dispatch(&[&out], [65535, 65535, 1])?;
+            return Err(Error::msg("a runaway shader finished"));
+        }
         other => return Err(Error::msg(format!("unknown misuse {other:?}"))),
     };
     Err(Error::from(refused).context(format!("misuse {kind}")))
@@ -415,7 +448,53 @@ fn check() -> Result<Vec<(String, f32)>> {
         want.extend(exps.iter().map(|e| e / total));
     }
     errors.push(("softmax".into(), max_diff(&soft.to_vec()?, &want)));
+
+    if compute::info().shaders {
+        let pipeline = compute::Pipeline::new(SCALE_WGSL, "main")?;
+        let data = values(1000, 31);
+        let input = Tensor::from_rows(1, 1000, &data)?;
+        let out = Tensor::zeros(1, 1000)?;
+        pipeline.dispatch(&[&input, &out], [1000u32.div_ceil(64), 1, 1])?;
+        let want: Vec<f32> = data.iter().map(|v| v * 2.0 + 1.0).collect();
+        errors.push(("shader".into(), max_diff(&out.to_vec()?, &want)));
+    }
     Ok(errors)
 }
+
+/// `out = 2 x + 1`, 64 invocations per workgroup.
+const SCALE_WGSL: &str = "\
+@group(0) @binding(0) var<storage, read> x: array<f32>;
+@group(0) @binding(1) var<storage, read_write> out: array<f32>;
+
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) id: vec3<u32>) {
+    if (id.x < arrayLength(&out)) {
+        out[id.x] = x[id.x] * 2.0 + 1.0;
+    }
+}
+";
+
+/// A type error on line 4: an `f32` stored into a `u32`.
+const BAD_WGSL: &str = "\
+@group(0) @binding(0) var<storage, read_write> out: array<u32>;
+@compute @workgroup_size(1)
+fn main() {
+    out[0] = 1.5;
+}
+";
+
+/// 60,000 dependent iterations per invocation: about 10^15 in all at the
+/// dispatch `runaway` makes.
+const RUNAWAY_WGSL: &str = "\
+@group(0) @binding(0) var<storage, read_write> out: array<f32>;
+@compute @workgroup_size(256)
+fn main(@builtin(local_invocation_index) i: u32) {
+    var v = f32(i);
+    for (var n = 0u; n < 60000u; n++) {
+        v = sin(v) * 1.0001 + 0.5;
+    }
+    out[i] = v;
+}
+";
 
 wtune_guest::export!(Kernels);

@@ -2,9 +2,11 @@
 
 use std::fmt;
 
+use serde::{Deserialize, Serialize};
+
 /// A refused compute call. The guest receives it as the WIT
 /// `compute-error` of the same name; nothing was changed by the call.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ComputeError {
     /// A buffer or pipeline number the trial does not hold.
     BadHandle(String),

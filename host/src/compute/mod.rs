@@ -6,19 +6,24 @@
 //! - [`ComputeSession`] is one trial's side: its buffers, the checks every
 //!   call passes before any work, its quota and the fuel its kernels cost
 //!   (see [`cost`]).
-//! - [`cpu`] holds the native kernels (`matrixmultiply`'s threaded SIMD
-//!   `sgemm` and vectorized loops).
+//! - [`device`] is where buffers live and checked jobs run: host memory and
+//!   [`cpu`]'s native kernels (`matrixmultiply`'s threaded SIMD `sgemm` and
+//!   vectorized loops), or a GPU through [`gpu`]'s supervised wgpu worker
+//!   processes.
 //!
 //! Nothing here knows about wasm: the sandbox converts the WIT types into
 //! [`ops`] and settles the fuel with the store.
 
 pub mod cost;
 pub mod cpu;
+pub mod device;
 mod error;
+pub mod gpu;
 pub mod ops;
 mod session;
 
 use std::fmt;
+use std::path::Path;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -26,9 +31,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use serde::{Deserialize, Serialize};
 
 pub use error::ComputeError;
-pub use session::{ComputeImage, ComputeSession};
+pub use session::{ComputeImage, ComputeSession, MAX_PIPELINES, MAX_WGSL_BYTES};
 
 use crate::sandbox::human_bytes;
+use device::CpuDevice;
+use gpu::{GpuDevice, WorkerPool};
 
 /// Largest single buffer: WebGPU's default `max_buffer_size`, so a model
 /// that fits one backend fits the other.
@@ -38,11 +45,15 @@ pub const MAX_BUFFER_BYTES: u64 = 256 << 20;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ComputeMode {
-    /// A GPU when one is present, else the CPU.
+    /// A hardware GPU when one is present, else the CPU. Software Vulkan
+    /// (lavapipe) is slower than the CPU kernels, so `auto` never picks it.
     #[default]
     Auto,
     /// The native CPU kernels.
     Cpu,
+    /// A Vulkan adapter through the wgpu worker, software ones included;
+    /// the experiment fails to start without one.
+    Gpu,
 }
 
 impl FromStr for ComputeMode {
@@ -52,13 +63,9 @@ impl FromStr for ComputeMode {
         match text {
             "auto" => Ok(ComputeMode::Auto),
             "cpu" => Ok(ComputeMode::Cpu),
-            "gpu" => Err(
-                "compute = \"gpu\" needs the wgpu worker, which this build of wtune \
-                          does not include yet; use \"auto\" or \"cpu\""
-                    .into(),
-            ),
+            "gpu" => Ok(ComputeMode::Gpu),
             other => Err(format!(
-                "compute = {other:?} is not a backend; use \"auto\" or \"cpu\""
+                "compute = {other:?} is not a backend; use \"auto\", \"cpu\" or \"gpu\""
             )),
         }
     }
@@ -69,6 +76,7 @@ impl fmt::Display for ComputeMode {
         f.write_str(match self {
             ComputeMode::Auto => "auto",
             ComputeMode::Cpu => "cpu",
+            ComputeMode::Gpu => "gpu",
         })
     }
 }
@@ -121,14 +129,52 @@ struct Shared {
     info: BackendInfo,
     total_quota: u64,
     used: AtomicU64,
+    /// The GPU workers, when kernels run there.
+    gpu: Option<Arc<WorkerPool>>,
 }
 
 impl Compute {
-    /// Picks the backend `options.mode` asks for. Without a GPU backend in
-    /// this build, `auto` is the CPU.
-    pub fn new(options: ComputeOptions) -> Self {
+    /// Picks the backend `options.mode` asks for. `gpu` without a usable
+    /// Vulkan adapter is an error naming why; `auto` then quietly uses the
+    /// CPU, and looks for an adapter only where GPUs are detected.
+    pub fn new(options: ComputeOptions) -> Result<Self, String> {
         match options.mode {
-            ComputeMode::Auto | ComputeMode::Cpu => Self::cpu(options),
+            ComputeMode::Cpu => Ok(Self::cpu(options)),
+            ComputeMode::Gpu => match WorkerPool::open()? {
+                Ok(pool) => Ok(Self::gpu(options, pool)),
+                Err(reason) => Err(format!(
+                    "compute = \"gpu\" found no GPU: {reason}. Install the GPU's Vulkan \
+                     driver (or mesa-vulkan-drivers for software Vulkan), or use \
+                     compute = \"auto\" or \"cpu\""
+                )),
+            },
+            ComputeMode::Auto => {
+                let gpus = crate::tune::detect_gpus(
+                    Path::new("/sys/bus/pci/devices"),
+                    Path::new("/dev"),
+                    &|name| std::env::var(name).ok(),
+                );
+                if gpus == 0 {
+                    return Ok(Self::cpu(options));
+                }
+                match WorkerPool::open() {
+                    Ok(Ok(pool)) if !pool.adapter().software => Ok(Self::gpu(options, pool)),
+                    Ok(Ok(pool)) => {
+                        tracing::info!(
+                            adapter = %pool.adapter().name,
+                            "compute: the only Vulkan adapter is software; using the CPU kernels"
+                        );
+                        Ok(Self::cpu(options))
+                    }
+                    Ok(Err(reason)) | Err(reason) => {
+                        tracing::warn!(
+                            "compute: {gpus} GPU(s) detected but not usable ({reason}); using \
+                             the CPU kernels"
+                        );
+                        Ok(Self::cpu(options))
+                    }
+                }
+            }
         }
     }
 
@@ -141,18 +187,42 @@ impl Compute {
             quota_bytes: options.trial_quota,
             shaders: false,
         };
+        Self::with(info, options, None)
+    }
+
+    fn gpu(options: ComputeOptions, pool: Arc<WorkerPool>) -> Self {
+        let adapter = pool.adapter();
+        let info = BackendInfo {
+            kind: "gpu",
+            name: format!("{} (Vulkan, {})", adapter.name, adapter.driver),
+            max_buffer_bytes: MAX_BUFFER_BYTES
+                .min(adapter.max_buffer_bytes)
+                .min(options.trial_quota),
+            quota_bytes: options.trial_quota,
+            shaders: true,
+        };
+        Self::with(info, options, Some(pool))
+    }
+
+    fn with(info: BackendInfo, options: ComputeOptions, gpu: Option<Arc<WorkerPool>>) -> Self {
         Self {
             shared: Arc::new(Shared {
                 info,
                 total_quota: options.total_quota,
                 used: AtomicU64::new(0),
+                gpu,
             }),
         }
     }
 
-    /// A session for one trial.
+    /// A session for one trial. On the GPU it starts (or takes an idle)
+    /// worker process at its first job.
     pub fn session(&self) -> ComputeSession {
-        ComputeSession::new(self.clone())
+        let device: Box<dyn device::Device> = match &self.shared.gpu {
+            Some(pool) => Box::new(GpuDevice::new(Arc::clone(pool))),
+            None => Box::new(CpuDevice::new(self.shared.info.name.clone())),
+        };
+        ComputeSession::new(self.clone(), device)
     }
 
     /// Where kernels run.

@@ -1,8 +1,10 @@
 //! The kernels a trainable can ask for, as plain data. The sandbox layer
 //! converts the WIT types into these, so the kernels know nothing of wasm.
 
+use serde::{Deserialize, Serialize};
+
 /// Element-wise function of one input.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Unary {
     Relu,
     Sigmoid,
@@ -46,7 +48,7 @@ impl Unary {
 }
 
 /// Element-wise function of two inputs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Binary {
     Add,
     Sub,
@@ -81,7 +83,7 @@ impl Binary {
 }
 
 /// How a reduction combines values.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Reduce {
     Sum,
     Mean,
@@ -90,7 +92,7 @@ pub enum Reduce {
 }
 
 /// Which way a reduction runs over a row-major matrix.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Axis {
     /// One result per row.
     Rows,
@@ -100,7 +102,7 @@ pub enum Axis {
 
 /// `out = alpha * op(a) * op(b) + beta * out`, row-major, `op(a)` is
 /// `m x k` and `op(b)` is `k x n`.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Matmul {
     pub m: u32,
     pub n: u32,

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use super::cost::{self, Meter, Stop};
-use super::cpu::{self, Operands};
+use super::device::{Device, Fill, Kernel, PipelineInfo};
 use super::error::{ComputeError, invalid};
 use super::ops::{Axis, Binary, Matmul, Reduce, Unary};
 use super::{BackendInfo, Compute};
@@ -53,23 +53,41 @@ impl ComputeImage {
     }
 }
 
+/// Most pipelines one trial may hold at once.
+pub const MAX_PIPELINES: usize = 256;
+
+/// Largest WGSL source accepted.
+pub const MAX_WGSL_BYTES: usize = 1 << 20;
+
+/// Fuel per invocation of a custom shader: its work is unknown, so each
+/// invocation is charged like a short loop body.
+const FUEL_PER_INVOCATION: u64 = 16;
+
 /// One trial's compute state. Every method checks its arguments and charges
-/// its fuel before touching a buffer, so a refused call changes nothing.
+/// its fuel before handing the work to the [`Device`], so a refused call
+/// changes nothing.
 pub struct ComputeSession {
     compute: Compute,
-    buffers: Buffers,
+    device: Box<dyn Device>,
+    /// Elements of each live buffer.
+    sizes: HashMap<u32, u64>,
     next_buffer: u32,
+    pipelines: HashMap<u32, PipelineInfo>,
+    next_pipeline: u32,
     /// Bytes held by this trial (also counted in the shared pool).
     held: u64,
     meter: Meter,
 }
 
 impl ComputeSession {
-    pub(super) fn new(compute: Compute) -> Self {
+    pub(super) fn new(compute: Compute, device: Box<dyn Device>) -> Self {
         Self {
             compute,
-            buffers: HashMap::new(),
+            device,
+            sizes: HashMap::new(),
             next_buffer: 1,
+            pipelines: HashMap::new(),
+            next_pipeline: 1,
             held: 0,
             meter: Meter::default(),
         }
@@ -87,7 +105,12 @@ impl ComputeSession {
 
     /// Live buffers.
     pub fn buffer_count(&self) -> usize {
-        self.buffers.len()
+        self.sizes.len()
+    }
+
+    /// Live custom pipelines.
+    pub fn pipeline_count(&self) -> usize {
+        self.pipelines.len()
     }
 
     /// The guest is calling into the host with `fuel` left.
@@ -98,6 +121,7 @@ impl ComputeSession {
     /// A new call into the guest begins, with this deadline.
     pub fn begin_call(&mut self, deadline: Option<Instant>) {
         self.meter.begin_call(deadline);
+        self.device.begin_call(deadline);
     }
 
     /// Fuel the returning host call owes, or why it was stopped.
@@ -122,16 +146,14 @@ impl ComputeSession {
     pub fn create(&mut self, bytes: u64) -> Result<u32, ComputeError> {
         let elements = self.check_new(bytes)?;
         self.admit(bytes, bytes)?;
-        Ok(self.insert(vec![0.0; elements]))
+        self.insert(Fill::Zeros(elements))
     }
 
     /// A new buffer holding `data`.
     pub fn upload_bytes(&mut self, data: &[u8]) -> Result<u32, ComputeError> {
-        let elements = self.check_new(data.len() as u64)?;
+        self.check_new(data.len() as u64)?;
         self.admit(data.len() as u64, data.len() as u64)?;
-        let mut buffer = vec![0.0f32; elements];
-        bytemuck::cast_slice_mut::<f32, u8>(&mut buffer).copy_from_slice(data);
-        Ok(self.insert(buffer))
+        self.insert(Fill::Data(bytemuck::pod_collect_to_vec(data)))
     }
 
     /// A new buffer holding `data` (taken over without a copy).
@@ -139,57 +161,53 @@ impl ComputeSession {
         let bytes = data.len() as u64 * 4;
         self.check_new(bytes)?;
         self.admit(bytes, bytes)?;
-        Ok(self.insert(data))
+        self.insert(Fill::Data(data))
     }
 
     /// Overwrites bytes from byte `offset` on.
     pub fn write_bytes(&mut self, id: u32, offset: u64, data: &[u8]) -> Result<(), ComputeError> {
         aligned("offset", offset)?;
         aligned("data length", data.len() as u64)?;
-        let (start, end) = self.range(id, offset / 4, data.len() as u64 / 4)?;
+        let (start, _) = self.range(id, offset / 4, data.len() as u64 / 4)?;
         self.charge(0, data.len() as u64)?;
-        let buffer = self.buffers.get_mut(&id).expect("range checked the handle");
-        bytemuck::cast_slice_mut::<f32, u8>(&mut buffer[start..end]).copy_from_slice(data);
-        Ok(())
+        let values: Vec<f32> = bytemuck::pod_collect_to_vec(data);
+        self.device.write(id, start, &values)
     }
 
     /// Overwrites elements from element `offset` on.
     pub fn write_f32(&mut self, id: u32, offset: u64, data: &[f32]) -> Result<(), ComputeError> {
-        let (start, end) = self.range(id, offset, data.len() as u64)?;
+        let (start, _) = self.range(id, offset, data.len() as u64)?;
         self.charge(0, data.len() as u64 * 4)?;
-        let buffer = self.buffers.get_mut(&id).expect("range checked the handle");
-        buffer[start..end].copy_from_slice(data);
-        Ok(())
+        self.device.write(id, start, data)
     }
 
     /// `len` bytes from byte `offset`.
     pub fn read_bytes(&mut self, id: u32, offset: u64, len: u64) -> Result<Vec<u8>, ComputeError> {
         aligned("offset", offset)?;
         aligned("length", len)?;
-        let (start, end) = self.range(id, offset / 4, len / 4)?;
-        self.charge(0, len)?;
-        Ok(bytemuck::cast_slice(&self.buffers[&id][start..end]).to_vec())
+        let values = self.read_f32(id, offset / 4, len / 4)?;
+        Ok(bytemuck::cast_slice(&values).to_vec())
     }
 
     /// `len` elements from element `offset`.
     pub fn read_f32(&mut self, id: u32, offset: u64, len: u64) -> Result<Vec<f32>, ComputeError> {
         let (start, end) = self.range(id, offset, len)?;
         self.charge(0, len * 4)?;
-        Ok(self.buffers[&id][start..end].to_vec())
+        self.device.read(id, start, end - start)
     }
 
     /// Size of a buffer in bytes.
     pub fn size(&self, id: u32) -> Result<u64, ComputeError> {
-        Ok(self.get(id)?.len() as u64 * 4)
+        Ok(self.elements(id)? * 4)
     }
 
     /// Releases a buffer and its share of the quota.
     pub fn free(&mut self, id: u32) -> Result<(), ComputeError> {
-        self.get(id)?;
+        let elements = self.elements(id)?;
         self.charge(0, 0)?;
-        let buffer = self.buffers.remove(&id).expect("checked above");
-        self.release(buffer.len() as u64 * 4);
-        Ok(())
+        self.sizes.remove(&id);
+        self.release(elements * 4);
+        self.device.free(id)
     }
 
     /// Copies `len` elements between (or within) buffers; overlapping ranges
@@ -202,14 +220,16 @@ impl ComputeSession {
         dst_offset: u64,
         len: u64,
     ) -> Result<(), ComputeError> {
-        let (s0, s1) = self.range(src, src_offset, len)?;
-        let (d0, _) = self.range(dst, dst_offset, len)?;
+        self.range(src, src_offset, len)?;
+        self.range(dst, dst_offset, len)?;
         self.charge(0, len * 8)?;
-        self.with_output(dst, |inputs, to| match inputs.get(&src) {
-            Some(from) => to[d0..d0 + (s1 - s0)].copy_from_slice(&from[s0..s1]),
-            None => to.copy_within(s0..s1, d0),
-        });
-        Ok(())
+        self.device.run(&Kernel::Copy {
+            src,
+            src_offset,
+            dst,
+            dst_offset,
+            len,
+        })
     }
 
     // ----- kernels -------------------------------------------------------
@@ -227,10 +247,7 @@ impl ComputeSession {
             ));
         }
         self.charge(spec.flops(), 4 * (m * k + k * n + 2 * m * n))?;
-        self.with_output(out, |inputs, target| {
-            cpu::matmul(&inputs[&a], &inputs[&b], target, &spec)
-        });
-        Ok(())
+        self.device.run(&Kernel::Matmul { a, b, out, spec })
     }
 
     /// `out[i] = op(x[i])` for `len` elements.
@@ -238,11 +255,7 @@ impl ComputeSession {
         self.need(x, "x", len, "len")?;
         self.need(out, "out", len, "len")?;
         self.charge(op.flops() * len, 8 * len)?;
-        let n = len as usize;
-        self.with_output(out, |inputs, target| {
-            cpu::unary(op, source(inputs, x, n), &mut target[..n])
-        });
-        Ok(())
+        self.device.run(&Kernel::Unary { op, x, out, n: len })
     }
 
     /// `out[i] = op(a[i], b[i])` for `len` elements.
@@ -258,17 +271,13 @@ impl ComputeSession {
         self.need(b, "b", len, "len")?;
         self.need(out, "out", len, "len")?;
         self.charge(len, 12 * len)?;
-        let n = len as usize;
-        self.with_output(out, |inputs, target| {
-            let operands = match (source(inputs, a, n), source(inputs, b, n)) {
-                (Some(a), Some(b)) => Operands::Both(a, b),
-                (None, Some(b)) => Operands::OutIsA(b),
-                (Some(a), None) => Operands::OutIsB(a),
-                (None, None) => Operands::OutIsBoth,
-            };
-            cpu::binary(op, operands, &mut target[..n])
-        });
-        Ok(())
+        self.device.run(&Kernel::Binary {
+            op,
+            a,
+            b,
+            out,
+            n: len,
+        })
     }
 
     /// `out[r, c] = op(x[r, c], row[c])` over a `rows x cols` matrix.
@@ -291,12 +300,14 @@ impl ComputeSession {
             ));
         }
         self.charge(cells, 8 * cells + 4 * cols as u64)?;
-        let n = cells as usize;
-        self.with_output(out, |inputs, target| {
-            let x = source(inputs, x, n);
-            cpu::binary_rows(op, x, &inputs[&row], &mut target[..n], cols as usize)
-        });
-        Ok(())
+        self.device.run(&Kernel::BinaryRows {
+            op,
+            x,
+            row,
+            out,
+            rows,
+            cols,
+        })
     }
 
     /// `out[i] = x[i] * scale + shift` for `len` elements.
@@ -311,11 +322,13 @@ impl ComputeSession {
         self.need(x, "x", len, "len")?;
         self.need(out, "out", len, "len")?;
         self.charge(2 * len, 8 * len)?;
-        let n = len as usize;
-        self.with_output(out, |inputs, target| {
-            cpu::affine(source(inputs, x, n), &mut target[..n], scale, shift)
-        });
-        Ok(())
+        self.device.run(&Kernel::Affine {
+            x,
+            out,
+            n: len,
+            scale,
+            shift,
+        })
     }
 
     /// `y[i] += alpha * x[i]` for `len` elements.
@@ -323,11 +336,12 @@ impl ComputeSession {
         self.need(x, "x", len, "len")?;
         self.need(y, "y", len, "len")?;
         self.charge(2 * len, 12 * len)?;
-        let n = len as usize;
-        self.with_output(y, |inputs, target| {
-            cpu::axpy(alpha, source(inputs, x, n), &mut target[..n])
-        });
-        Ok(())
+        self.device.run(&Kernel::Axpy {
+            alpha,
+            x,
+            y,
+            n: len,
+        })
     }
 
     /// Reduces a `rows x cols` matrix along `along` into `out`.
@@ -351,10 +365,14 @@ impl ComputeSession {
             return Err(invalid!("reduce's out must be a buffer other than x ({x})"));
         }
         self.charge(cells, 4 * (cells + results))?;
-        self.with_output(out, |inputs, target| {
-            cpu::reduce(op, along, &inputs[&x], target, rows as usize, cols as usize)
-        });
-        Ok(())
+        self.device.run(&Kernel::Reduce {
+            op,
+            along,
+            x,
+            out,
+            rows,
+            cols,
+        })
     }
 
     /// Row-wise softmax of a `rows x cols` matrix.
@@ -363,123 +381,148 @@ impl ComputeSession {
         self.need(x, "x", cells, "rows * cols")?;
         self.need(out, "out", cells, "rows * cols")?;
         self.charge(Unary::Exp.flops() * cells + 3 * cells, 8 * cells)?;
-        let n = cells as usize;
-        self.with_output(out, |inputs, target| {
-            if let Some(x) = source(inputs, x, n) {
-                target[..n].copy_from_slice(x);
-            }
-            cpu::softmax_in_place(&mut target[..n], cols as usize)
-        });
-        Ok(())
-    }
-
-    /// Runs `f` on buffer `out` (checked by the caller) while the other
-    /// buffers stay readable beside it. `out` is out of the table meanwhile,
-    /// so looking up an input that is `out` itself finds nothing: kernels
-    /// read that as "work in place" (see [`source`]).
-    fn with_output(&mut self, out: u32, f: impl FnOnce(&Buffers, &mut [f32])) {
-        let mut target = self
-            .buffers
-            .remove(&out)
-            .expect("the caller checked the handle");
-        f(&self.buffers, &mut target);
-        self.buffers.insert(out, target);
+        self.device.run(&Kernel::Softmax { x, out, rows, cols })
     }
 
     // ----- shaders -------------------------------------------------------
 
-    /// Compiles a WGSL pipeline: needs a GPU backend.
+    /// Compiles a WGSL pipeline; a backend without shaders refuses.
     pub fn create_pipeline(&mut self, wgsl: &str, entry_point: &str) -> Result<u32, ComputeError> {
-        let _ = (wgsl, entry_point);
-        self.charge(0, 0)?;
-        Err(self.no_shaders())
+        if wgsl.len() > MAX_WGSL_BYTES {
+            return Err(invalid!(
+                "the shader is {}; at most {} of WGSL is accepted",
+                human_bytes(wgsl.len() as u64),
+                human_bytes(MAX_WGSL_BYTES as u64)
+            ));
+        }
+        if self.pipelines.len() >= MAX_PIPELINES {
+            return Err(ComputeError::Quota(format!(
+                "this trial holds {MAX_PIPELINES} pipelines, the most allowed; free some first"
+            )));
+        }
+        if self.next_pipeline == u32::MAX {
+            return Err(invalid!("this trial has used up all pipeline numbers"));
+        }
+        self.charge(0, wgsl.len() as u64)?;
+        let id = self.next_pipeline;
+        let info = self.device.create_pipeline(id, wgsl, entry_point)?;
+        self.next_pipeline += 1;
+        self.pipelines.insert(id, info);
+        Ok(id)
     }
 
-    /// Runs a pipeline: this trial holds none on a backend without shaders.
+    /// Runs a pipeline with `bindings[i]` at `@group(0) @binding(i)`.
     pub fn dispatch(
         &mut self,
         pipeline: u32,
         bindings: &[u32],
         groups: [u32; 3],
     ) -> Result<(), ComputeError> {
-        let _ = (bindings, groups);
-        self.charge(0, 0)?;
-        Err(ComputeError::BadHandle(format!(
-            "pipeline {pipeline} does not exist ({})",
-            self.no_shaders()
-        )))
+        let info = *self.pipelines.get(&pipeline).ok_or_else(|| {
+            ComputeError::BadHandle(if pipeline != 0 && pipeline < self.next_pipeline {
+                format!("pipeline {pipeline} was freed")
+            } else {
+                format!("pipeline {pipeline} does not exist")
+            })
+        })?;
+        let mut bound = 0;
+        for &buffer in bindings {
+            bound += self.elements(buffer)? * 4;
+        }
+        let invocations = groups
+            .iter()
+            .chain(&info.workgroup_size)
+            .fold(1u64, |total, &n| total.saturating_mul(n as u64));
+        self.charge(invocations.saturating_mul(FUEL_PER_INVOCATION), bound)?;
+        self.device.dispatch(pipeline, bindings, groups)
     }
 
     /// Releases a pipeline.
     pub fn free_pipeline(&mut self, pipeline: u32) -> Result<(), ComputeError> {
-        Err(ComputeError::BadHandle(format!(
-            "pipeline {pipeline} does not exist"
-        )))
-    }
-
-    fn no_shaders(&self) -> ComputeError {
-        ComputeError::Unsupported(format!(
-            "custom WGSL shaders need a GPU backend; this trial computes on {} (the \
-             built-in kernels work everywhere)",
-            self.compute.info().name
-        ))
+        if self.pipelines.remove(&pipeline).is_none() {
+            return Err(ComputeError::BadHandle(format!(
+                "pipeline {pipeline} does not exist"
+            )));
+        }
+        self.device.free_pipeline(pipeline)
     }
 
     // ----- snapshots -----------------------------------------------------
 
-    /// The buffers as plain data, for a host snapshot.
-    pub fn image(&self) -> ComputeImage {
-        let mut buffers: Vec<(u32, Vec<f32>)> = self
-            .buffers
-            .iter()
-            .map(|(&id, b)| (id, b.clone()))
-            .collect();
-        buffers.sort_unstable_by_key(|(id, _)| *id);
-        ComputeImage {
+    /// The buffers as plain data, for a host snapshot. Custom pipelines are
+    /// not carried: a trial holding one cannot be snapshotted exactly.
+    pub fn image(&mut self) -> Result<ComputeImage, ComputeError> {
+        if !self.pipelines.is_empty() {
+            return Err(ComputeError::Unsupported(format!(
+                "the trial holds {} custom WGSL pipeline(s), which snapshots do not carry; \
+                 free them before the call returns (create them again after)",
+                self.pipelines.len()
+            )));
+        }
+        let mut ids: Vec<(u32, u64)> = self.sizes.iter().map(|(&id, &n)| (id, n)).collect();
+        ids.sort_unstable();
+        // The image is the host's, not the guest's: no deadline of a guest
+        // call applies to reading it out.
+        self.device.begin_call(None);
+        let mut buffers = Vec::with_capacity(ids.len());
+        for (id, elements) in ids {
+            buffers.push((id, self.device.read(id, 0, elements as usize)?));
+        }
+        Ok(ComputeImage {
             next_buffer: self.next_buffer,
             buffers,
-        }
+        })
     }
 
     /// Takes over a snapshot's buffers. The session must hold none yet; the
     /// buffers count against this trial's quota as if newly created.
     pub fn restore(&mut self, image: &ComputeImage) -> Result<(), ComputeError> {
-        if !self.buffers.is_empty() {
+        if !self.sizes.is_empty() || !self.pipelines.is_empty() {
             return Err(invalid!(
                 "compute state can only be restored into a fresh trial"
             ));
         }
+        self.device.begin_call(None);
         for (id, buffer) in &image.buffers {
-            let bytes = buffer.len() as u64 * 4;
-            let fits = self.check_new(bytes).and_then(|_| self.reserve(bytes));
-            if let Err(err) = fits {
+            if let Err(err) = self.restore_one(*id, buffer, image.next_buffer) {
                 self.clear();
                 return Err(err);
-            }
-            if *id == 0
-                || *id >= image.next_buffer
-                || self.buffers.insert(*id, buffer.clone()).is_some()
-            {
-                self.clear();
-                return Err(invalid!(
-                    "the snapshot's compute state names buffer {id} twice or out of range"
-                ));
             }
         }
         self.next_buffer = image.next_buffer.max(1);
         Ok(())
     }
 
+    fn restore_one(&mut self, id: u32, buffer: &[f32], next: u32) -> Result<(), ComputeError> {
+        let bytes = buffer.len() as u64 * 4;
+        self.check_new(bytes)?;
+        if id == 0 || id >= next || self.sizes.contains_key(&id) {
+            return Err(invalid!(
+                "the snapshot's compute state names buffer {id} twice or out of range"
+            ));
+        }
+        self.reserve(bytes)?;
+        if let Err(err) = self.device.create(id, Fill::Data(buffer.to_vec())) {
+            self.release(bytes);
+            return Err(err);
+        }
+        self.sizes.insert(id, buffer.len() as u64);
+        Ok(())
+    }
+
     fn clear(&mut self) {
-        self.buffers.clear();
+        for id in std::mem::take(&mut self.sizes).into_keys() {
+            let _ = self.device.free(id);
+        }
         let held = std::mem::take(&mut self.held);
         self.compute.release(held);
     }
 
     // ----- checks --------------------------------------------------------
 
-    fn get(&self, id: u32) -> Result<&Vec<f32>, ComputeError> {
-        self.buffers.get(&id).ok_or_else(|| {
+    /// Elements of buffer `id`, or why it is not a handle.
+    fn elements(&self, id: u32) -> Result<u64, ComputeError> {
+        self.sizes.get(&id).copied().ok_or_else(|| {
             ComputeError::BadHandle(if id != 0 && id < self.next_buffer {
                 format!("buffer {id} was freed")
             } else {
@@ -491,7 +534,7 @@ impl ComputeSession {
     /// `id` must hold at least `elements` (`formula` says where the number
     /// comes from, for the message).
     fn need(&self, id: u32, name: &str, elements: u64, formula: &str) -> Result<(), ComputeError> {
-        let have = self.get(id)?.len() as u64;
+        let have = self.elements(id)?;
         if have < elements {
             return Err(invalid!(
                 "{name} (buffer {id}) has {have} elements; {formula} = {elements} are needed"
@@ -502,7 +545,7 @@ impl ComputeSession {
 
     /// Element range `[offset, offset + len)` of `id`, checked.
     fn range(&self, id: u32, offset: u64, len: u64) -> Result<(usize, usize), ComputeError> {
-        let have = self.get(id)?.len() as u64;
+        let have = self.elements(id)?;
         match offset.checked_add(len) {
             Some(end) if end <= have => Ok((offset as usize, end as usize)),
             _ => Err(invalid!(
@@ -512,7 +555,7 @@ impl ComputeSession {
         }
     }
 
-    /// Checks a new buffer's size and reserves it; returns its elements.
+    /// Checks a new buffer's size; returns its elements.
     fn check_new(&mut self, bytes: u64) -> Result<usize, ComputeError> {
         aligned("buffer size", bytes)?;
         let info = self.compute.info();
@@ -536,12 +579,21 @@ impl ComputeSession {
         self.charge(0, moved).inspect_err(|_| self.release(bytes))
     }
 
-    /// Stores a buffer whose bytes [`Self::admit`] reserved.
-    fn insert(&mut self, buffer: Vec<f32>) -> u32 {
+    /// Makes a buffer whose bytes [`Self::admit`] reserved; if the device
+    /// cannot, the reservation is returned and the number is not used.
+    fn insert(&mut self, fill: Fill) -> Result<u32, ComputeError> {
+        let elements = match &fill {
+            Fill::Zeros(n) => *n as u64,
+            Fill::Data(data) => data.len() as u64,
+        };
         let id = self.next_buffer;
+        if let Err(err) = self.device.create(id, fill) {
+            self.release(elements * 4);
+            return Err(err);
+        }
         self.next_buffer += 1;
-        self.buffers.insert(id, buffer);
-        id
+        self.sizes.insert(id, elements);
+        Ok(id)
     }
 
     fn reserve(&mut self, bytes: u64) -> Result<(), ComputeError> {
@@ -570,15 +622,6 @@ impl Drop for ComputeSession {
     fn drop(&mut self) {
         self.compute.release(self.held);
     }
-}
-
-/// The buffers of a trial by number.
-type Buffers = HashMap<u32, Vec<f32>>;
-
-/// The first `n` elements of input `id` inside [`ComputeSession::with_output`],
-/// or `None` when `id` is the output being written.
-fn source(inputs: &Buffers, id: u32, n: usize) -> Option<&[f32]> {
-    inputs.get(&id).map(|b| &b[..n])
 }
 
 fn aligned(what: &str, value: u64) -> Result<(), ComputeError> {
@@ -771,11 +814,11 @@ mod tests {
         let a = s.upload_f32(vec![f32::NAN, 2.0]).unwrap();
         let b = s.create(8).unwrap();
         s.free(b).unwrap();
-        let image = s.image();
+        let image = s.image().unwrap();
         assert_eq!(image.buffers.len(), 1);
         let mut t = shared.session();
         t.restore(&image).unwrap();
-        assert_eq!(t.image(), image);
+        assert_eq!(t.image().unwrap(), image);
         assert_eq!(t.read_f32(a, 1, 1).unwrap(), [2.0]);
         assert!(t.create(4).unwrap() > b);
         assert_eq!(shared.used_bytes(), 8 + 8 + 4);

@@ -80,7 +80,7 @@ impl Sandbox {
             linker,
             cache,
             ticker,
-            compute: Compute::new(options.compute),
+            compute: Compute::new(options.compute).map_err(wasmtime::Error::msg)?,
         })
     }
 }

@@ -237,7 +237,12 @@ impl Access<'_> {
             image.globals.push(value);
         }
         self.check_handles(&image)?;
-        image.compute = self.store.data().compute.image();
+        image.compute = self
+            .store
+            .data_mut()
+            .compute
+            .image()
+            .map_err(|e| SnapshotError::Inexact(format!("compute state: {e}")))?;
         Ok(image)
     }
 

@@ -1,0 +1,449 @@
+//! The host side of the GPU backend: starting and supervising worker
+//! processes, and [`GpuDevice`], which forwards one trial's jobs to its own
+//! worker.
+//!
+//! Each trial holds a worker of its own while it computes, so killing a
+//! worker whose job overran its deadline ends that trial's device state and
+//! nobody else's. Idle workers wait in a [`WorkerPool`] for the next trial,
+//! which saves opening the device again.
+
+use std::collections::VecDeque;
+use std::io::{BufReader, BufWriter, Read};
+use std::path::PathBuf;
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use super::protocol::{self, Adapter, Hello, Reply, Request};
+use crate::compute::ComputeError;
+use crate::compute::device::{Device, Fill, Kernel, PipelineInfo};
+
+/// How long a new worker may take to open its device.
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The longest any one job may run when the guest call has no deadline
+/// of its own (and the most a reset or snapshot read may take).
+pub const JOB_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Idle workers kept for later trials.
+const MAX_IDLE: usize = 8;
+
+/// Bytes of a worker's stderr kept for messages.
+const STDERR_TAIL: usize = 4096;
+
+/// The executable that serves `gpu-worker`: `$WTUNE_GPU_WORKER`, else this
+/// process when it is `wtune`, else a `wtune` beside it or one directory up
+/// (where cargo puts the binary next to test and bench executables).
+pub fn worker_executable() -> Result<PathBuf, String> {
+    if let Some(path) = std::env::var_os("WTUNE_GPU_WORKER") {
+        return Ok(PathBuf::from(path));
+    }
+    let me = std::env::current_exe().map_err(|e| format!("finding this executable: {e}"))?;
+    if me.file_stem().is_some_and(|s| s == "wtune") {
+        return Ok(me);
+    }
+    let name = format!("wtune{}", std::env::consts::EXE_SUFFIX);
+    me.ancestors()
+        .skip(1)
+        .take(2)
+        .map(|dir| dir.join(&name))
+        .find(|candidate| candidate.is_file())
+        .ok_or_else(|| {
+            format!(
+                "the GPU worker runs as `wtune gpu-worker`, and no wtune executable was found \
+                 beside {}; set WTUNE_GPU_WORKER to one",
+                me.display()
+            )
+        })
+}
+
+/// Why a job got no reply.
+#[derive(Debug)]
+enum Failure {
+    /// The deadline passed; the worker was killed.
+    Deadline,
+    /// The worker died or broke the protocol.
+    Died(String),
+}
+
+/// One running worker process.
+pub struct Worker {
+    child: Child,
+    stdin: BufWriter<ChildStdin>,
+    replies: Receiver<Result<(Reply, Vec<u8>), String>>,
+    stderr: Arc<Mutex<VecDeque<u8>>>,
+}
+
+impl Worker {
+    /// Starts a worker and waits for its greeting.
+    pub fn start(executable: &PathBuf) -> Result<(Worker, Hello), String> {
+        let mut child = Command::new(executable)
+            .arg("gpu-worker")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .env("RUST_LOG", "error")
+            .spawn()
+            .map_err(|e| format!("starting the GPU worker {}: {e}", executable.display()))?;
+        let stdin = BufWriter::with_capacity(1 << 20, child.stdin.take().expect("piped"));
+        let mut stdout = BufReader::with_capacity(1 << 20, child.stdout.take().expect("piped"));
+        let mut stderr_pipe = child.stderr.take().expect("piped");
+
+        let stderr = Arc::new(Mutex::new(VecDeque::new()));
+        let tail = Arc::clone(&stderr);
+        thread::spawn(move || {
+            let mut chunk = [0u8; 1024];
+            while let Ok(n @ 1..) = stderr_pipe.read(&mut chunk) {
+                let mut tail = tail.lock().unwrap_or_else(|e| e.into_inner());
+                tail.extend(&chunk[..n]);
+                let excess = tail.len().saturating_sub(STDERR_TAIL);
+                tail.drain(..excess);
+            }
+        });
+
+        let (hello_tx, hello_rx) = mpsc::channel();
+        let (tx, replies) = mpsc::channel();
+        thread::spawn(move || {
+            let hello = protocol::read_frame::<Hello>(&mut stdout);
+            let ok = matches!(hello, Ok(Some(_)));
+            let _ = hello_tx.send(hello);
+            if !ok {
+                return;
+            }
+            loop {
+                let frame = match protocol::read_frame::<Reply>(&mut stdout) {
+                    Ok(Some(frame)) => Ok(frame),
+                    Ok(None) => Err("it exited".to_string()),
+                    Err(e) => Err(format!("its reply was unreadable: {e}")),
+                };
+                let end = frame.is_err();
+                if tx.send(frame).is_err() || end {
+                    return;
+                }
+            }
+        });
+
+        let mut worker = Worker {
+            child,
+            stdin,
+            replies,
+            stderr,
+        };
+        let hello = match hello_rx.recv_timeout(START_TIMEOUT) {
+            Ok(Ok(Some((hello, _)))) => hello,
+            Ok(Ok(None)) => return Err(worker.died("it exited before greeting")),
+            Ok(Err(e)) => return Err(worker.died(&format!("its greeting was unreadable: {e}"))),
+            Err(_) => {
+                return Err(format!(
+                    "the GPU worker did not open a device within {}",
+                    humantime::format_duration(START_TIMEOUT)
+                ));
+            }
+        };
+        Ok((worker, hello))
+    }
+
+    /// Sends one request and waits for its reply until `deadline`; past it
+    /// the worker is killed.
+    fn call(
+        &mut self,
+        request: &Request,
+        payload: &[u8],
+        deadline: Instant,
+    ) -> Result<(Reply, Vec<u8>), Failure> {
+        if let Err(e) = protocol::write_frame(&mut self.stdin, request, payload) {
+            return Err(Failure::Died(
+                self.died(&format!("it stopped reading: {e}")),
+            ));
+        }
+        let wait = deadline.saturating_duration_since(Instant::now());
+        match self.replies.recv_timeout(wait) {
+            Ok(Ok(reply)) => Ok(reply),
+            Ok(Err(why)) => Err(Failure::Died(self.died(&why))),
+            Err(RecvTimeoutError::Timeout) => {
+                self.kill();
+                Err(Failure::Deadline)
+            }
+            Err(RecvTimeoutError::Disconnected) => Err(Failure::Died(self.died("it exited"))),
+        }
+    }
+
+    /// Ends the process (if it still runs) and describes its death.
+    fn died(&mut self, why: &str) -> String {
+        self.kill();
+        // The stderr thread may still be draining the last lines.
+        thread::sleep(Duration::from_millis(20));
+        let status = self
+            .child
+            .try_wait()
+            .ok()
+            .flatten()
+            .map_or(String::new(), |s| format!(" ({s})"));
+        let tail: Vec<u8> = (self.stderr.lock().unwrap_or_else(|e| e.into_inner()))
+            .iter()
+            .copied()
+            .collect();
+        let tail = String::from_utf8_lossy(&tail).trim().to_string();
+        if tail.is_empty() {
+            format!("the GPU worker failed: {why}{status}")
+        } else {
+            format!("the GPU worker failed: {why}{status}; it said: {tail}")
+        }
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Workers waiting for a trial, and how to start more.
+pub struct WorkerPool {
+    executable: PathBuf,
+    adapter: Adapter,
+    idle: Mutex<Vec<Worker>>,
+}
+
+impl WorkerPool {
+    /// Starts one worker to learn the adapter. `Ok(Err(reason))` when the
+    /// worker runs but finds no adapter.
+    pub fn open() -> Result<Result<Arc<WorkerPool>, String>, String> {
+        let executable = worker_executable()?;
+        let (worker, hello) = Worker::start(&executable)?;
+        Ok(match hello {
+            Hello::Ready(adapter) => Ok(Arc::new(WorkerPool {
+                executable,
+                adapter,
+                idle: Mutex::new(vec![worker]),
+            })),
+            Hello::NoAdapter(reason) => Err(reason),
+        })
+    }
+
+    /// The adapter every worker opens.
+    pub fn adapter(&self) -> &Adapter {
+        &self.adapter
+    }
+
+    fn take(&self) -> Result<Worker, String> {
+        if let Some(worker) = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop() {
+            return Ok(worker);
+        }
+        match Worker::start(&self.executable)? {
+            (worker, Hello::Ready(_)) => Ok(worker),
+            (_, Hello::NoAdapter(reason)) => Err(format!(
+                "a new GPU worker found no adapter this time: {reason}"
+            )),
+        }
+    }
+
+    /// Takes back a worker after clearing it; a worker that cannot be
+    /// cleared promptly is dropped (killed).
+    fn give_back(&self, mut worker: Worker) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        if let Ok((Reply::Done, _)) = worker.call(&Request::Reset, &[], deadline) {
+            let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+            if idle.len() < MAX_IDLE {
+                idle.push(worker);
+            }
+        }
+    }
+}
+
+/// One trial's buffers and pipelines in a worker process of its own.
+pub struct GpuDevice {
+    pool: Arc<WorkerPool>,
+    worker: Option<Worker>,
+    /// Set once the worker died or was killed: the device state is gone.
+    lost: Option<String>,
+    deadline: Option<Instant>,
+}
+
+impl GpuDevice {
+    /// A device that starts (or takes) its worker at the first job.
+    pub fn new(pool: Arc<WorkerPool>) -> Self {
+        Self {
+            pool,
+            worker: None,
+            lost: None,
+            deadline: None,
+        }
+    }
+
+    fn call(
+        &mut self,
+        request: &Request,
+        payload: &[u8],
+    ) -> Result<(Reply, Vec<u8>), ComputeError> {
+        if let Some(lost) = &self.lost {
+            return Err(ComputeError::Device(lost.clone()));
+        }
+        let worker = match &mut self.worker {
+            Some(worker) => worker,
+            None => {
+                let worker = self.pool.take().map_err(ComputeError::Device)?;
+                self.worker.insert(worker)
+            }
+        };
+        let fallback = Instant::now() + JOB_TIMEOUT;
+        let (deadline, why) = match self.deadline {
+            Some(call) if call < fallback => (call, "the guest call's deadline"),
+            _ => (fallback, "the GPU job limit"),
+        };
+        let result = worker.call(request, payload, deadline);
+        match result {
+            Ok((Reply::Failed(err), _)) => Err(err),
+            Ok(reply) => Ok(reply),
+            Err(failure) => {
+                self.worker = None;
+                let lost = match failure {
+                    Failure::Deadline => format!(
+                        "a GPU job ran past {why} and its worker process was killed, taking \
+                         this trial's device buffers with it"
+                    ),
+                    Failure::Died(why) => {
+                        format!("{why}; this trial's device buffers are gone")
+                    }
+                };
+                self.lost = Some(lost.clone());
+                Err(ComputeError::Device(lost))
+            }
+        }
+    }
+
+    fn done(&mut self, request: &Request, payload: &[u8]) -> Result<(), ComputeError> {
+        self.call(request, payload).map(drop)
+    }
+}
+
+impl Drop for GpuDevice {
+    fn drop(&mut self) {
+        if let Some(worker) = self.worker.take() {
+            self.pool.give_back(worker);
+        }
+    }
+}
+
+impl Device for GpuDevice {
+    fn begin_call(&mut self, deadline: Option<Instant>) {
+        self.deadline = deadline;
+    }
+
+    fn create(&mut self, id: u32, fill: Fill) -> Result<(), ComputeError> {
+        match fill {
+            Fill::Zeros(n) => self.done(
+                &Request::Create {
+                    id,
+                    elements: n as u64,
+                    from_payload: false,
+                },
+                &[],
+            ),
+            Fill::Data(data) => self.done(
+                &Request::Create {
+                    id,
+                    elements: data.len() as u64,
+                    from_payload: true,
+                },
+                protocol::f32_bytes(&data),
+            ),
+        }
+    }
+
+    fn write(&mut self, id: u32, offset: usize, data: &[f32]) -> Result<(), ComputeError> {
+        let request = Request::Write {
+            id,
+            offset: offset as u64,
+        };
+        self.done(&request, protocol::f32_bytes(data))
+    }
+
+    fn read(&mut self, id: u32, offset: usize, len: usize) -> Result<Vec<f32>, ComputeError> {
+        let request = Request::Read {
+            id,
+            offset: offset as u64,
+            len: len as u64,
+        };
+        let (_, payload) = self.call(&request, &[])?;
+        let data = protocol::bytes_f32(&payload)?;
+        if data.len() != len {
+            return Err(ComputeError::Device(format!(
+                "the GPU worker returned {} elements for a read of {len}",
+                data.len()
+            )));
+        }
+        Ok(data)
+    }
+
+    fn free(&mut self, id: u32) -> Result<(), ComputeError> {
+        self.done(&Request::Free { id }, &[])
+    }
+
+    fn run(&mut self, kernel: &Kernel) -> Result<(), ComputeError> {
+        self.done(&Request::Run(kernel.clone()), &[])
+    }
+
+    fn create_pipeline(
+        &mut self,
+        id: u32,
+        wgsl: &str,
+        entry_point: &str,
+    ) -> Result<PipelineInfo, ComputeError> {
+        let request = Request::CreatePipeline {
+            id,
+            wgsl: wgsl.to_string(),
+            entry_point: entry_point.to_string(),
+        };
+        match self.call(&request, &[])? {
+            (Reply::Pipeline(info), _) => Ok(info),
+            (other, _) => Err(ComputeError::Device(format!(
+                "the GPU worker answered {other:?} to a pipeline request"
+            ))),
+        }
+    }
+
+    fn dispatch(
+        &mut self,
+        id: u32,
+        bindings: &[u32],
+        groups: [u32; 3],
+    ) -> Result<(), ComputeError> {
+        let request = Request::Dispatch {
+            id,
+            bindings: bindings.to_vec(),
+            groups,
+        };
+        self.done(&request, &[])
+    }
+
+    fn free_pipeline(&mut self, id: u32) -> Result<(), ComputeError> {
+        self.done(&Request::FreePipeline { id }, &[])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_worker_that_cannot_start_or_greet_is_named() {
+        let missing = Worker::start(&PathBuf::from("/nonexistent/wtune"))
+            .err()
+            .unwrap();
+        assert!(
+            missing.starts_with("starting the GPU worker /nonexistent/wtune"),
+            "{missing}"
+        );
+        // `true` ignores its argument and exits without a word.
+        let silent = Worker::start(&PathBuf::from("/bin/true")).err().unwrap();
+        assert!(silent.contains("it exited before greeting"), "{silent}");
+    }
+}

@@ -1,0 +1,190 @@
+//! What `wtune` and its GPU worker say to each other over the worker's
+//! stdin and stdout: strictly one reply per request, in order.
+//!
+//! A frame is a 4-byte little-endian header length, an 8-byte little-endian
+//! payload length, the header as JSON and the payload as raw bytes. Buffer
+//! contents travel in the payload as little-endian `f32`s, so tensors are
+//! never turned into text; everything else is small and stays readable.
+
+use std::io::{self, Read, Write};
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use crate::compute::ComputeError;
+use crate::compute::device::{Kernel, PipelineInfo};
+
+/// Largest header a peer may send: requests carry WGSL source, which the
+/// session caps well below this.
+const MAX_HEADER: u32 = 16 << 20;
+
+/// Largest payload: one buffer, with room to spare.
+const MAX_PAYLOAD: u64 = 1 << 32;
+
+/// The worker's first frame: the adapter it opened, or why it has none.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Hello {
+    /// A Vulkan adapter and device are ready.
+    Ready(Adapter),
+    /// No usable adapter; the reason is for the user.
+    NoAdapter(String),
+}
+
+/// The adapter a worker opened.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Adapter {
+    /// The adapter's name, such as `"NVIDIA H100 80GB HBM3"`.
+    pub name: String,
+    /// wgpu's device type: `"DiscreteGpu"`, `"Cpu"` (software), ...
+    pub device_type: String,
+    /// The driver and its version.
+    pub driver: String,
+    /// Whether this is a software rasterizer (lavapipe, SwiftShader).
+    pub software: bool,
+    /// Largest buffer the built-in kernels can bind whole.
+    pub max_buffer_bytes: u64,
+    /// Most workgroups per dispatch dimension.
+    pub max_workgroups: u32,
+}
+
+/// A job for the worker.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Request {
+    /// A new buffer of `elements` zeros, or holding the payload.
+    Create {
+        id: u32,
+        elements: u64,
+        from_payload: bool,
+    },
+    /// The payload overwrites elements from `offset` on.
+    Write { id: u32, offset: u64 },
+    /// Reply with `len` elements from `offset`.
+    Read { id: u32, offset: u64, len: u64 },
+    /// Release a buffer.
+    Free { id: u32 },
+    /// Run a checked kernel and wait for it to finish.
+    Run(Kernel),
+    /// Compile WGSL into a pipeline.
+    CreatePipeline {
+        id: u32,
+        wgsl: String,
+        entry_point: String,
+    },
+    /// Run a pipeline and wait for it to finish.
+    Dispatch {
+        id: u32,
+        bindings: Vec<u32>,
+        groups: [u32; 3],
+    },
+    /// Release a pipeline.
+    FreePipeline { id: u32 },
+    /// Release everything: the worker goes back to the pool for another
+    /// trial.
+    Reset,
+}
+
+/// The worker's answer to one request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Reply {
+    /// Done; for `Read`, the payload holds the elements.
+    Done,
+    /// The pipeline compiled.
+    Pipeline(PipelineInfo),
+    /// The device refused or failed; nothing else changed.
+    Failed(ComputeError),
+}
+
+/// Writes one frame and flushes it.
+pub fn write_frame<T: Serialize>(
+    out: &mut impl Write,
+    header: &T,
+    payload: &[u8],
+) -> io::Result<()> {
+    let header = serde_json::to_vec(header).map_err(io::Error::other)?;
+    out.write_all(&(header.len() as u32).to_le_bytes())?;
+    out.write_all(&(payload.len() as u64).to_le_bytes())?;
+    out.write_all(&header)?;
+    out.write_all(payload)?;
+    out.flush()
+}
+
+/// Reads one frame; `Ok(None)` at a clean end of the stream.
+pub fn read_frame<T: DeserializeOwned>(input: &mut impl Read) -> io::Result<Option<(T, Vec<u8>)>> {
+    let mut lengths = [0u8; 12];
+    match input.read_exact(&mut lengths[..1]) {
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
+        other => other?,
+    }
+    input.read_exact(&mut lengths[1..])?;
+    let header_len = u32::from_le_bytes(lengths[..4].try_into().expect("4 bytes"));
+    let payload_len = u64::from_le_bytes(lengths[4..].try_into().expect("8 bytes"));
+    if header_len > MAX_HEADER || payload_len > MAX_PAYLOAD {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("frame of {header_len} + {payload_len} bytes is larger than allowed"),
+        ));
+    }
+    let mut header = vec![0; header_len as usize];
+    input.read_exact(&mut header)?;
+    let mut payload = vec![0; payload_len as usize];
+    input.read_exact(&mut payload)?;
+    let header = serde_json::from_slice(&header)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+    Ok(Some((header, payload)))
+}
+
+/// `f32`s as the payload's little-endian bytes.
+pub fn f32_bytes(data: &[f32]) -> &[u8] {
+    bytemuck::cast_slice(data)
+}
+
+/// A payload's little-endian bytes as `f32`s.
+pub fn bytes_f32(bytes: &[u8]) -> Result<Vec<f32>, ComputeError> {
+    if !bytes.len().is_multiple_of(4) {
+        return Err(ComputeError::Device(format!(
+            "the GPU worker sent {} bytes, not a whole number of f32s",
+            bytes.len()
+        )));
+    }
+    Ok(bytemuck::pod_collect_to_vec(bytes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compute::ops::Unary;
+
+    #[test]
+    fn frames_round_trip_and_a_clean_end_is_none() {
+        let mut wire = Vec::new();
+        let request = Request::Run(Kernel::Unary {
+            op: Unary::Exp,
+            x: 1,
+            out: 2,
+            n: 3,
+        });
+        write_frame(&mut wire, &request, f32_bytes(&[1.0, -2.5])).unwrap();
+        write_frame(&mut wire, &Request::Reset, &[]).unwrap();
+        let mut input = wire.as_slice();
+        let (first, payload): (Request, _) = read_frame(&mut input).unwrap().unwrap();
+        assert_eq!(first, request);
+        assert_eq!(bytes_f32(&payload).unwrap(), [1.0, -2.5]);
+        let (second, _): (Request, _) = read_frame(&mut input).unwrap().unwrap();
+        assert_eq!(second, Request::Reset);
+        assert!(read_frame::<Request>(&mut input).unwrap().is_none());
+    }
+
+    #[test]
+    fn truncated_and_oversized_frames_are_errors() {
+        let mut wire = Vec::new();
+        write_frame(&mut wire, &Reply::Done, &[0; 8]).unwrap();
+        let cut = &wire[..wire.len() - 3];
+        assert!(read_frame::<Reply>(&mut &cut[..]).is_err());
+        let mut huge = Vec::new();
+        huge.extend_from_slice(&u32::MAX.to_le_bytes());
+        huge.extend_from_slice(&0u64.to_le_bytes());
+        let err = read_frame::<Reply>(&mut huge.as_slice()).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData);
+        assert!(bytes_f32(&[0; 5]).is_err());
+    }
+}

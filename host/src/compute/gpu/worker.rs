@@ -1,0 +1,762 @@
+//! The worker process: opens a Vulkan adapter with wgpu and serves one
+//! trial's jobs at a time over stdin and stdout (see [`super::protocol`]).
+//!
+//! It runs in its own process because a shader cannot be stopped from
+//! inside one: a timed-out wait leaves the work running, and dropping the
+//! device blocks until it ends (../shared/FINDINGS.md). The parent kills
+//! this process instead. Every job waits for its submission to finish, so
+//! the job that overruns its deadline is the one that caused it.
+
+use std::collections::HashMap;
+use std::io::{self, BufReader, BufWriter};
+use std::process::ExitCode;
+
+use wgpu::util::DeviceExt;
+
+use super::protocol::{self, Adapter, Hello, Reply, Request};
+use crate::compute::ComputeError;
+use crate::compute::device::{Kernel, PipelineInfo};
+use crate::compute::ops::{Axis, Binary, Reduce, Unary};
+
+/// Entry point of `wtune gpu-worker`: serves jobs until stdin closes.
+pub fn main() -> ExitCode {
+    let stdin = io::stdin().lock();
+    let stdout = io::stdout().lock();
+    let mut input = BufReader::with_capacity(1 << 20, stdin);
+    let mut output = BufWriter::with_capacity(1 << 20, stdout);
+    let mut gpu = match LocalGpu::open() {
+        Ok(gpu) => gpu,
+        Err(reason) => {
+            let sent = protocol::write_frame(&mut output, &Hello::NoAdapter(reason), &[]);
+            return if sent.is_ok() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            };
+        }
+    };
+    if protocol::write_frame(&mut output, &Hello::Ready(gpu.adapter.clone()), &[]).is_err() {
+        return ExitCode::FAILURE;
+    }
+    loop {
+        let (request, payload) = match protocol::read_frame::<Request>(&mut input) {
+            Ok(Some(frame)) => frame,
+            Ok(None) => return ExitCode::SUCCESS,
+            Err(err) => {
+                eprintln!("wtune gpu-worker: unreadable request: {err}");
+                return ExitCode::FAILURE;
+            }
+        };
+        let (reply, data) = gpu.handle(request, &payload);
+        if protocol::write_frame(&mut output, &reply, protocol::f32_bytes(&data)).is_err() {
+            return ExitCode::FAILURE;
+        }
+    }
+}
+
+enum Served {
+    Done,
+    Data(Vec<f32>),
+    Pipeline(PipelineInfo),
+}
+
+/// Built-in kernels: entry points of `kernels.wgsl`.
+const ENTRY_POINTS: [&str; 8] = [
+    "unary",
+    "binary",
+    "binary_rows",
+    "affine",
+    "axpy",
+    "matmul",
+    "reduce",
+    "softmax",
+];
+
+/// Invocations per workgroup of the element-wise and row kernels.
+const GROUP: u32 = 256;
+
+/// The uniform block of `kernels.wgsl`, field for field.
+#[repr(C)]
+#[derive(Clone, Copy, Default, bytemuck::Pod, bytemuck::Zeroable)]
+struct Params {
+    n: u32,
+    op: u32,
+    flags: u32,
+    cols: u32,
+    m: u32,
+    nn: u32,
+    k: u32,
+    len: u32,
+    outer: u32,
+    inner: u32,
+    s0: f32,
+    s1: f32,
+}
+
+const A_IS_OUT: u32 = 1;
+const B_IS_OUT: u32 = 2;
+const TRANSPOSE_A: u32 = 4;
+const TRANSPOSE_B: u32 = 8;
+
+struct Custom {
+    pipeline: wgpu::ComputePipeline,
+}
+
+/// A wgpu device serving jobs in this process: what the worker runs, and
+/// what benchmarks call to measure wgpu without the process boundary.
+pub struct LocalGpu {
+    adapter: Adapter,
+    device: wgpu::Device,
+    queue: wgpu::Queue,
+    layout: wgpu::BindGroupLayout,
+    builtin: HashMap<&'static str, wgpu::ComputePipeline>,
+    params: wgpu::Buffer,
+    /// Bound in place of an input the kernel reads from `out`.
+    spare: wgpu::Buffer,
+    buffers: HashMap<u32, wgpu::Buffer>,
+    pipelines: HashMap<u32, Custom>,
+}
+
+impl LocalGpu {
+    /// Serves one job: the reply, and for reads the elements.
+    pub fn handle(&mut self, request: Request, payload: &[u8]) -> (Reply, Vec<f32>) {
+        match self.serve(request, payload) {
+            Ok(Served::Done) => (Reply::Done, Vec::new()),
+            Ok(Served::Data(data)) => (Reply::Done, data),
+            Ok(Served::Pipeline(info)) => (Reply::Pipeline(info), Vec::new()),
+            Err(err) => (Reply::Failed(err), Vec::new()),
+        }
+    }
+
+    /// The adapter this device runs on.
+    pub fn adapter(&self) -> &Adapter {
+        &self.adapter
+    }
+
+    /// The first Vulkan adapter, preferring a discrete GPU. Vulkan only: the
+    /// GL backend inserts no bounds checks, which untrusted shaders need.
+    pub fn open() -> Result<LocalGpu, String> {
+        let instance = wgpu::Instance::new(wgpu::InstanceDescriptor {
+            backends: wgpu::Backends::VULKAN,
+            ..wgpu::InstanceDescriptor::new_without_display_handle()
+        });
+        let adapter = pollster::block_on(instance.request_adapter(&wgpu::RequestAdapterOptions {
+            power_preference: wgpu::PowerPreference::HighPerformance,
+            ..Default::default()
+        }))
+        .map_err(|e| format!("no Vulkan adapter: {e}"))?;
+        let info = adapter.get_info();
+        let limits = adapter.limits();
+        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+            label: Some("wtune"),
+            required_limits: limits.clone(),
+            ..Default::default()
+        }))
+        .map_err(|e| format!("{} refused a device: {e}", info.name))?;
+        let limits = device.limits();
+        let max_buffer_bytes = limits
+            .max_buffer_size
+            .min(limits.max_storage_buffer_binding_size);
+        let adapter = Adapter {
+            name: info.name.clone(),
+            device_type: format!("{:?}", info.device_type),
+            driver: format!("{} {}", info.driver, info.driver_info)
+                .trim()
+                .to_string(),
+            software: info.device_type == wgpu::DeviceType::Cpu,
+            max_buffer_bytes,
+            max_workgroups: limits.max_compute_workgroups_per_dimension,
+        };
+
+        let storage = |binding, read_only| wgpu::BindGroupLayoutEntry {
+            binding,
+            visibility: wgpu::ShaderStages::COMPUTE,
+            ty: wgpu::BindingType::Buffer {
+                ty: wgpu::BufferBindingType::Storage { read_only },
+                has_dynamic_offset: false,
+                min_binding_size: None,
+            },
+            count: None,
+        };
+        let layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+            label: Some("kernels"),
+            entries: &[
+                wgpu::BindGroupLayoutEntry {
+                    binding: 0,
+                    visibility: wgpu::ShaderStages::COMPUTE,
+                    ty: wgpu::BindingType::Buffer {
+                        ty: wgpu::BufferBindingType::Uniform,
+                        has_dynamic_offset: false,
+                        min_binding_size: None,
+                    },
+                    count: None,
+                },
+                storage(1, true),
+                storage(2, true),
+                storage(3, false),
+            ],
+        });
+        let pipeline_layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+            label: Some("kernels"),
+            bind_group_layouts: &[Some(&layout)],
+            immediate_size: 0,
+        });
+        let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some("kernels.wgsl"),
+            source: wgpu::ShaderSource::Wgsl(include_str!("kernels.wgsl").into()),
+        });
+        let builtin = ENTRY_POINTS
+            .iter()
+            .map(|&entry| {
+                let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                    label: Some(entry),
+                    layout: Some(&pipeline_layout),
+                    module: &module,
+                    entry_point: Some(entry),
+                    compilation_options: Default::default(),
+                    cache: None,
+                });
+                (entry, pipeline)
+            })
+            .collect();
+        let params = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("params"),
+            size: std::mem::size_of::<Params>() as u64,
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let spare = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("spare"),
+            size: 16,
+            usage: wgpu::BufferUsages::STORAGE,
+            mapped_at_creation: false,
+        });
+        Ok(LocalGpu {
+            adapter,
+            device,
+            queue,
+            layout,
+            builtin,
+            params,
+            spare,
+            buffers: HashMap::new(),
+            pipelines: HashMap::new(),
+        })
+    }
+
+    fn serve(&mut self, request: Request, payload: &[u8]) -> Result<Served, ComputeError> {
+        match request {
+            Request::Create {
+                id,
+                elements,
+                from_payload,
+            } => {
+                let data = if from_payload {
+                    Some(protocol::bytes_f32(payload)?)
+                } else {
+                    None
+                };
+                self.create(id, elements, data.as_deref())?;
+                Ok(Served::Done)
+            }
+            Request::Write { id, offset } => {
+                let buffer = self.buffer(id)?;
+                self.queue.write_buffer(buffer, offset * 4, payload);
+                self.settle()?;
+                Ok(Served::Done)
+            }
+            Request::Read { id, offset, len } => Ok(Served::Data(self.read(id, offset, len)?)),
+            Request::Free { id } => {
+                self.buffers.remove(&id);
+                Ok(Served::Done)
+            }
+            Request::Run(kernel) => {
+                self.run(&kernel)?;
+                Ok(Served::Done)
+            }
+            Request::CreatePipeline {
+                id,
+                wgsl,
+                entry_point,
+            } => Ok(Served::Pipeline(self.create_pipeline(
+                id,
+                &wgsl,
+                &entry_point,
+            )?)),
+            Request::Dispatch {
+                id,
+                bindings,
+                groups,
+            } => {
+                self.dispatch(id, &bindings, groups)?;
+                Ok(Served::Done)
+            }
+            Request::FreePipeline { id } => {
+                self.pipelines.remove(&id);
+                Ok(Served::Done)
+            }
+            Request::Reset => {
+                self.buffers.clear();
+                self.pipelines.clear();
+                Ok(Served::Done)
+            }
+        }
+    }
+
+    fn buffer(&self, id: u32) -> Result<&wgpu::Buffer, ComputeError> {
+        self.buffers
+            .get(&id)
+            .ok_or_else(|| ComputeError::BadHandle(format!("the GPU worker holds no buffer {id}")))
+    }
+
+    /// Runs `work` inside error scopes and reports what the device refused.
+    fn checked<T>(&self, work: impl FnOnce(&Self) -> T) -> Result<T, ComputeError> {
+        let memory = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let internal = self.device.push_error_scope(wgpu::ErrorFilter::Internal);
+        let value = work(self);
+        let internal = pollster::block_on(internal.pop());
+        let validation = pollster::block_on(validation.pop());
+        let memory = pollster::block_on(memory.pop());
+        if let Some(err) = memory {
+            return Err(ComputeError::Quota(format!(
+                "the GPU is out of memory: {err}"
+            )));
+        }
+        if let Some(err) = validation {
+            return Err(ComputeError::Invalid(format!(
+                "the GPU refused the job: {err}"
+            )));
+        }
+        if let Some(err) = internal {
+            return Err(ComputeError::Device(format!("the GPU failed: {err}")));
+        }
+        Ok(value)
+    }
+
+    /// Waits for everything submitted so far.
+    fn settle(&self) -> Result<(), ComputeError> {
+        self.queue.submit([]);
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map(drop)
+            .map_err(|e| ComputeError::Device(format!("waiting for the GPU: {e}")))
+    }
+
+    fn create(&mut self, id: u32, elements: u64, data: Option<&[f32]>) -> Result<(), ComputeError> {
+        // Zero-length buffers cannot be bound; a 4-byte one stands in.
+        let size = (elements * 4).max(4);
+        let usage = wgpu::BufferUsages::STORAGE
+            | wgpu::BufferUsages::COPY_SRC
+            | wgpu::BufferUsages::COPY_DST;
+        let buffer = self.checked(|gpu| match data {
+            Some(data) if !data.is_empty() => {
+                gpu.device
+                    .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                        label: None,
+                        contents: protocol::f32_bytes(data),
+                        usage,
+                    })
+            }
+            _ => gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                label: None,
+                size,
+                usage,
+                mapped_at_creation: false,
+            }),
+        })?;
+        self.buffers.insert(id, buffer);
+        Ok(())
+    }
+
+    fn read(&self, id: u32, offset: u64, len: u64) -> Result<Vec<f32>, ComputeError> {
+        if len == 0 {
+            return Ok(Vec::new());
+        }
+        let buffer = self.buffer(id)?;
+        let staging = self.checked(|gpu| {
+            let staging = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("read"),
+                size: len * 4,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            });
+            let mut encoder = gpu.device.create_command_encoder(&Default::default());
+            encoder.copy_buffer_to_buffer(buffer, offset * 4, &staging, 0, len * 4);
+            gpu.queue.submit([encoder.finish()]);
+            staging
+        })?;
+        let slice = staging.slice(..);
+        let (sender, receiver) = std::sync::mpsc::channel();
+        slice.map_async(wgpu::MapMode::Read, move |result| {
+            let _ = sender.send(result);
+        });
+        self.settle()?;
+        receiver
+            .recv()
+            .map_err(|_| ComputeError::Device("the GPU never mapped the read buffer".into()))?
+            .map_err(|e| ComputeError::Device(format!("mapping the read buffer: {e}")))?;
+        let data = {
+            let view = slice
+                .get_mapped_range()
+                .map_err(|e| ComputeError::Device(format!("reading the mapped buffer: {e}")))?;
+            bytemuck::pod_collect_to_vec(&view)
+        };
+        staging.unmap();
+        Ok(data)
+    }
+
+    fn run(&self, kernel: &Kernel) -> Result<(), ComputeError> {
+        let mut params = Params::default();
+        let (entry, a, b, out, groups) = match *kernel {
+            Kernel::Copy {
+                src,
+                src_offset,
+                dst,
+                dst_offset,
+                len,
+            } => return self.copy(src, src_offset, dst, dst_offset, len),
+            Kernel::Matmul { a, b, out, spec } => {
+                params.m = spec.m;
+                params.nn = spec.n;
+                params.k = spec.k;
+                params.s0 = spec.alpha;
+                params.s1 = spec.beta;
+                params.flags = if spec.transpose_a { TRANSPOSE_A } else { 0 }
+                    | if spec.transpose_b { TRANSPOSE_B } else { 0 };
+                let groups = [spec.n.div_ceil(16), spec.m.div_ceil(16), 1];
+                if groups[0] > self.adapter.max_workgroups
+                    || groups[1] > self.adapter.max_workgroups
+                {
+                    return Err(ComputeError::Invalid(format!(
+                        "a {} x {} matmul output is larger than this GPU can tile ({} rows or \
+                         columns at most)",
+                        spec.m,
+                        spec.n,
+                        self.adapter.max_workgroups as u64 * 16
+                    )));
+                }
+                ("matmul", Some(a), Some(b), out, groups)
+            }
+            Kernel::Unary { op, x, out, n } => {
+                params.op = unary_code(op);
+                params.n = self.count(n)?;
+                (
+                    "unary",
+                    Some(x),
+                    None,
+                    out,
+                    self.grid(n.div_ceil(GROUP as u64))?,
+                )
+            }
+            Kernel::Binary { op, a, b, out, n } => {
+                params.op = binary_code(op);
+                params.n = self.count(n)?;
+                (
+                    "binary",
+                    Some(a),
+                    Some(b),
+                    out,
+                    self.grid(n.div_ceil(GROUP as u64))?,
+                )
+            }
+            Kernel::BinaryRows {
+                op,
+                x,
+                row,
+                out,
+                rows,
+                cols,
+            } => {
+                let n = rows as u64 * cols as u64;
+                params.op = binary_code(op);
+                params.n = self.count(n)?;
+                params.cols = cols;
+                (
+                    "binary_rows",
+                    Some(x),
+                    Some(row),
+                    out,
+                    self.grid(n.div_ceil(GROUP as u64))?,
+                )
+            }
+            Kernel::Affine {
+                x,
+                out,
+                n,
+                scale,
+                shift,
+            } => {
+                params.n = self.count(n)?;
+                params.s0 = scale;
+                params.s1 = shift;
+                (
+                    "affine",
+                    Some(x),
+                    None,
+                    out,
+                    self.grid(n.div_ceil(GROUP as u64))?,
+                )
+            }
+            Kernel::Axpy { alpha, x, y, n } => {
+                params.n = self.count(n)?;
+                params.s0 = alpha;
+                (
+                    "axpy",
+                    Some(x),
+                    None,
+                    y,
+                    self.grid(n.div_ceil(GROUP as u64))?,
+                )
+            }
+            Kernel::Reduce {
+                op,
+                along,
+                x,
+                out,
+                rows,
+                cols,
+            } => {
+                params.op = match op {
+                    Reduce::Sum => 0,
+                    Reduce::Mean => 1,
+                    Reduce::Max => 2,
+                    Reduce::Min => 3,
+                };
+                let (outputs, len, outer, inner) = match along {
+                    Axis::Rows => (rows, cols, cols, 1),
+                    Axis::Cols => (cols, rows, 1, cols),
+                };
+                params.n = outputs;
+                params.len = len;
+                params.outer = outer;
+                params.inner = inner;
+                ("reduce", Some(x), None, out, self.grid(outputs as u64)?)
+            }
+            Kernel::Softmax { x, out, rows, cols } => {
+                self.count(rows as u64 * cols as u64)?;
+                params.n = rows;
+                params.cols = cols;
+                ("softmax", Some(x), None, out, self.grid(rows as u64)?)
+            }
+        };
+        if groups.contains(&0) {
+            return Ok(());
+        }
+        let out_buffer = self.buffer(out)?;
+        // An input that is the output is read through `out` (see kernels.wgsl).
+        let mut input = |id: Option<u32>, flag: u32| -> Result<&wgpu::Buffer, ComputeError> {
+            match id {
+                Some(id) if id == out => {
+                    params.flags |= flag;
+                    Ok(&self.spare)
+                }
+                Some(id) => self.buffer(id),
+                None => Ok(&self.spare),
+            }
+        };
+        let a_buffer = input(a, A_IS_OUT)?;
+        let b_buffer = input(b, B_IS_OUT)?;
+        self.queue
+            .write_buffer(&self.params, 0, bytemuck::bytes_of(&params));
+        self.checked(|gpu| {
+            let bind = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: None,
+                layout: &gpu.layout,
+                entries: &[
+                    entry_of(0, &gpu.params),
+                    entry_of(1, a_buffer),
+                    entry_of(2, b_buffer),
+                    entry_of(3, out_buffer),
+                ],
+            });
+            gpu.submit(&gpu.builtin[entry], &bind, groups);
+        })?;
+        self.settle()
+    }
+
+    fn submit(&self, pipeline: &wgpu::ComputePipeline, bind: &wgpu::BindGroup, groups: [u32; 3]) {
+        let mut encoder = self.device.create_command_encoder(&Default::default());
+        {
+            let mut pass = encoder.begin_compute_pass(&Default::default());
+            pass.set_pipeline(pipeline);
+            pass.set_bind_group(0, bind, &[]);
+            pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+        }
+        self.queue.submit([encoder.finish()]);
+    }
+
+    fn copy(&self, src: u32, s0: u64, dst: u32, d0: u64, len: u64) -> Result<(), ComputeError> {
+        if len == 0 {
+            return Ok(());
+        }
+        let (from, to) = (self.buffer(src)?, self.buffer(dst)?);
+        self.checked(|gpu| {
+            let mut encoder = gpu.device.create_command_encoder(&Default::default());
+            if src == dst {
+                // WebGPU copies between distinct buffers only.
+                let temp = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("copy"),
+                    size: len * 4,
+                    usage: wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                });
+                encoder.copy_buffer_to_buffer(from, s0 * 4, &temp, 0, len * 4);
+                encoder.copy_buffer_to_buffer(&temp, 0, to, d0 * 4, len * 4);
+            } else {
+                encoder.copy_buffer_to_buffer(from, s0 * 4, to, d0 * 4, len * 4);
+            }
+            gpu.queue.submit([encoder.finish()]);
+        })?;
+        self.settle()
+    }
+
+    /// Element counts the kernels index with `u32`.
+    fn count(&self, n: u64) -> Result<u32, ComputeError> {
+        u32::try_from(n).map_err(|_| {
+            ComputeError::Invalid(format!("{n} elements are more than a GPU kernel indexes"))
+        })
+    }
+
+    /// `groups` workgroups as a 2-D grid within the per-dimension limit.
+    fn grid(&self, groups: u64) -> Result<[u32; 3], ComputeError> {
+        let max = self.adapter.max_workgroups.max(1) as u64;
+        let x = groups.min(max);
+        let y = if x == 0 { 0 } else { groups.div_ceil(x) };
+        if y > max {
+            return Err(ComputeError::Invalid(format!(
+                "{groups} workgroups are more than this GPU dispatches at once"
+            )));
+        }
+        Ok([x as u32, y as u32, 1])
+    }
+
+    fn create_pipeline(
+        &mut self,
+        id: u32,
+        wgsl: &str,
+        entry_point: &str,
+    ) -> Result<PipelineInfo, ComputeError> {
+        let parsed = naga::front::wgsl::parse_str(wgsl)
+            .map_err(|e| ComputeError::Shader(e.emit_to_string_with_path(wgsl, "shader.wgsl")))?;
+        let entry = parsed
+            .entry_points
+            .iter()
+            .find(|e| e.name == entry_point)
+            .ok_or_else(|| {
+                let names: Vec<&str> = parsed
+                    .entry_points
+                    .iter()
+                    .map(|e| e.name.as_str())
+                    .collect();
+                ComputeError::Shader(format!(
+                    "the shader has no entry point {entry_point:?} (it has {names:?})"
+                ))
+            })?;
+        if entry.stage != naga::ShaderStage::Compute {
+            return Err(ComputeError::Shader(format!(
+                "entry point {entry_point:?} is not a @compute function"
+            )));
+        }
+        let info = PipelineInfo {
+            workgroup_size: entry.workgroup_size,
+        };
+        let module = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let shader = self
+            .device
+            .create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some("shader.wgsl"),
+                source: wgpu::ShaderSource::Wgsl(wgsl.into()),
+            });
+        if let Some(err) = pollster::block_on(module.pop()) {
+            return Err(ComputeError::Shader(err.to_string()));
+        }
+        let pipeline = self
+            .checked(|gpu| {
+                gpu.device
+                    .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                        label: Some(entry_point),
+                        layout: None,
+                        module: &shader,
+                        entry_point: Some(entry_point),
+                        compilation_options: Default::default(),
+                        cache: None,
+                    })
+            })
+            .map_err(|err| match err {
+                ComputeError::Invalid(message) => ComputeError::Shader(message),
+                other => other,
+            })?;
+        self.pipelines.insert(id, Custom { pipeline });
+        Ok(info)
+    }
+
+    fn dispatch(&self, id: u32, bindings: &[u32], groups: [u32; 3]) -> Result<(), ComputeError> {
+        let custom = self.pipelines.get(&id).ok_or_else(|| {
+            ComputeError::BadHandle(format!("the GPU worker holds no pipeline {id}"))
+        })?;
+        if let Some(too_many) = groups.iter().find(|&&g| g > self.adapter.max_workgroups) {
+            return Err(ComputeError::Invalid(format!(
+                "a dispatch of {too_many} workgroups along one dimension is more than this GPU \
+                 allows ({})",
+                self.adapter.max_workgroups
+            )));
+        }
+        let buffers = bindings
+            .iter()
+            .map(|&b| self.buffer(b))
+            .collect::<Result<Vec<_>, _>>()?;
+        if groups.contains(&0) {
+            return Ok(());
+        }
+        self.checked(|gpu| {
+            let layout = custom.pipeline.get_bind_group_layout(0);
+            let entries: Vec<_> = buffers
+                .iter()
+                .enumerate()
+                .map(|(i, buffer)| entry_of(i as u32, buffer))
+                .collect();
+            let bind = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: None,
+                layout: &layout,
+                entries: &entries,
+            });
+            gpu.submit(&custom.pipeline, &bind, groups);
+        })?;
+        self.settle()
+    }
+}
+
+fn entry_of(binding: u32, buffer: &wgpu::Buffer) -> wgpu::BindGroupEntry<'_> {
+    wgpu::BindGroupEntry {
+        binding,
+        resource: buffer.as_entire_binding(),
+    }
+}
+
+fn unary_code(op: Unary) -> u32 {
+    match op {
+        Unary::Relu => 0,
+        Unary::Sigmoid => 1,
+        Unary::Tanh => 2,
+        Unary::Exp => 3,
+        Unary::Log => 4,
+        Unary::Neg => 5,
+        Unary::Abs => 6,
+        Unary::Sqrt => 7,
+        Unary::Square => 8,
+        Unary::Recip => 9,
+    }
+}
+
+fn binary_code(op: Binary) -> u32 {
+    match op {
+        Binary::Add => 0,
+        Binary::Sub => 1,
+        Binary::Mul => 2,
+        Binary::Div => 3,
+        Binary::Max => 4,
+        Binary::Min => 5,
+        Binary::ReluBackward => 6,
+    }
+}
