@@ -384,3 +384,63 @@ fn gpu_tensors_survive_a_host_snapshot_and_restore() {
     let continued: Vec<GuestReport> = (0..3).map(|_| restored.train().unwrap().0).collect();
     assert_eq!(continued, expected);
 }
+
+// ----- the example model on the interface --------------------------------
+
+/// `(train_loss, val_loss, val_accuracy)` of each of `epochs` epochs of the
+/// digits example with `math`, on `program`'s backend.
+fn digits_epochs(program: &Program, math: &str, epochs: usize) -> Vec<[f64; 3]> {
+    let dir = tempfile::tempdir().unwrap();
+    let data = vec![(
+        "digits".to_string(),
+        common::workspace().join("examples/digits-mlp/data"),
+    )];
+    let env = common::trial_env(dir.path(), data);
+    let config = json!({"lr": 0.05, "hidden": 32, "batch_size": 32, "seed": 3, "math": math});
+    let mut trial = program.instantiate(&env, &Limits::default()).unwrap();
+    trial.setup(&config.to_string()).unwrap();
+    (0..epochs)
+        .map(|_| {
+            let (report, _) = trial.train().unwrap();
+            [
+                metric(&report, "train_loss"),
+                metric(&report, "val_loss"),
+                metric(&report, "val_accuracy"),
+            ]
+        })
+        .collect()
+}
+
+fn assert_close(host: &[[f64; 3]], wasm: &[[f64; 3]]) {
+    for (epoch, (h, w)) in host.iter().zip(wasm).enumerate() {
+        // Same data order and initial weights; only the order of the sums
+        // differs, so the curves agree closely but not bit for bit.
+        assert!((h[0] - w[0]).abs() < 1e-3, "epoch {epoch}: {h:?} vs {w:?}");
+        assert!((h[1] - w[1]).abs() < 1e-3, "epoch {epoch}: {h:?} vs {w:?}");
+        assert!(
+            (h[2] - w[2]).abs() <= 2.0 / 360.0,
+            "epoch {epoch}: {h:?} vs {w:?}"
+        );
+    }
+}
+
+#[test]
+fn the_digits_model_learns_the_same_on_host_compute_as_in_wasm() {
+    let program = common::load("digits_mlp");
+    let wasm = digits_epochs(&program, "wasm", 3);
+    let host = digits_epochs(&program, "host", 3);
+    assert_close(&host, &wasm);
+    assert!(host[2][2] > 0.9, "{host:?}");
+
+    let gpu = Sandbox::new(SandboxOptions {
+        compute: ComputeOptions {
+            mode: ComputeMode::Gpu,
+            ..ComputeOptions::default()
+        },
+        ..SandboxOptions::default()
+    })
+    .unwrap()
+    .load(&common::guest("digits_mlp"))
+    .unwrap();
+    assert_close(&digits_epochs(&gpu, "host", 3), &wasm);
+}

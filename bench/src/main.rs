@@ -100,7 +100,11 @@ fn main() {
         overhead(&guest("hostile"));
     }
     if matches!(what.as_str(), "all" | "step") {
-        step(&guest("digits_mlp"), &root.join("examples/digits-mlp/data"));
+        step(
+            &guest("digits_mlp"),
+            &root.join("examples/digits-mlp/data"),
+            sandbox.compute().kind,
+        );
     }
     if matches!(what.as_str(), "all" | "snapshot") {
         snapshot(&guest("stateful"));
@@ -468,7 +472,7 @@ fn file_floor(trials: usize, out: &Path) -> Duration {
     started.elapsed()
 }
 
-fn step(program: &Program, data: &Path) {
+fn step(program: &Program, data: &Path, backend: &str) {
     const STEPS: usize = 15;
     let config = json!({"lr": 0.05, "hidden": 64, "batch_size": 32, "momentum": 0.9});
 
@@ -484,19 +488,27 @@ fn step(program: &Program, data: &Path) {
 
     let dir = scratch();
     let env = trial_env(dir.path(), vec![("digits".into(), PathBuf::from(data))]);
-    let mut instance = program.instantiate(&env, &Limits::default()).unwrap();
-    instance.setup(&config.to_string()).unwrap();
-    let mut wasm_times = Vec::new();
-    let mut fuel = Vec::new();
-    for _ in 0..STEPS {
-        let (_, stats) = instance.train().unwrap();
-        wasm_times.push(stats.elapsed);
-        fuel.push(stats.fuel);
-    }
+    // The guest's step with its math in wasm, then on the host's kernels.
+    let in_sandbox = |config: &Value| {
+        let mut instance = program.instantiate(&env, &Limits::default()).unwrap();
+        instance.setup(&config.to_string()).unwrap();
+        let mut times = Vec::new();
+        let mut fuel = Vec::new();
+        for _ in 0..STEPS {
+            let (_, stats) = instance.train().unwrap();
+            times.push(stats.elapsed);
+            fuel.push(stats.fuel);
+        }
+        times.sort();
+        fuel.sort();
+        (percentile(&times, 0.5), fuel[STEPS / 2])
+    };
+    let (w, wasm_fuel) = in_sandbox(&config);
+    let mut host_config = config.clone();
+    host_config["math"] = json!("host");
+    let (h, host_fuel) = in_sandbox(&host_config);
     native_times.sort();
-    wasm_times.sort();
-    fuel.sort();
-    let (n, w) = (percentile(&native_times, 0.5), percentile(&wasm_times, 0.5));
+    let n = percentile(&native_times, 0.5);
     println!(
         "\n### Digits example training step (one epoch + validation, hidden 64, batch 32; median of {STEPS})\n"
     );
@@ -504,8 +516,15 @@ fn step(program: &Program, data: &Path) {
     println!("| native (same Rust code, release) | {} | 1.00 |", ms(n));
     println!(
         "| wasm32-wasip2 in wtune, fuel on ({} fuel/step) | {} | {:.2} |",
-        wtune::sandbox::fuel_text(fuel[STEPS / 2]),
+        wtune::sandbox::fuel_text(wasm_fuel),
         ms(w),
         w.as_secs_f64() / n.as_secs_f64()
+    );
+    println!(
+        "| wasm32-wasip2 in wtune, `math = \"host\"` on the {} backend ({} fuel/step) | {} | {:.2} |",
+        backend,
+        wtune::sandbox::fuel_text(host_fuel),
+        ms(h),
+        h.as_secs_f64() / n.as_secs_f64()
     );
 }

@@ -12,8 +12,13 @@
 //!
 //! ```json
 //! {"lr": 0.05, "hidden": 32, "batch_size": 32, "momentum": 0.9,
-//!  "weight_decay": 1e-4, "seed": 0, "split_seed": 1998, "data_dir": "/data/digits"}
+//!  "weight_decay": 1e-4, "seed": 0, "split_seed": 1998, "data_dir": "/data/digits",
+//!  "math": "wasm"}
 //! ```
+//!
+//! `math = "host"` runs the network's products, activations and updates on
+//! the host's compute interface ([`host`]): a GPU where the experiment has
+//! one, else the host's native CPU kernels, charged in fuel by their work.
 //!
 //! `hidden`, `batch_size` and the seeds also accept whole numbers written as
 //! floats (`32.0`), as quantised search spaces produce. Keys the trainable
@@ -27,6 +32,7 @@
 //! Build with `cargo build --release --target wasm32-wasip2 -p digits-mlp`.
 //! The model itself is the platform-independent [`model`] module.
 
+pub mod host;
 pub mod model;
 
 use std::collections::BTreeMap;
@@ -37,12 +43,24 @@ use serde::de::{self, IgnoredAny, Visitor};
 use serde::{Deserialize, Deserializer, Serialize};
 use wtune_guest::{Error, Report, Result, Trainable};
 
+use host::{HostMlp, OnDevice};
 use model::{Dataset, Mlp, Sgd};
 
 /// The largest accepted `hidden` width.
 pub const MAX_HIDDEN: usize = 4096;
 /// The data file's name inside `data_dir`.
 pub const DATA_FILE: &str = "digits.csv";
+
+/// Where the network's math runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Math {
+    /// Plain Rust in the guest, metered instruction by instruction.
+    #[default]
+    Wasm,
+    /// Host kernels through the `compute` interface, metered by their work.
+    Host,
+}
 
 /// A trial's hyperparameters (see the crate docs for the JSON form).
 #[derive(Debug, Clone, Deserialize)]
@@ -69,6 +87,9 @@ pub struct Config {
     pub split_seed: u64,
     /// The directory holding `digits.csv`.
     pub data_dir: String,
+    /// Where the math runs: `"wasm"` (in the guest, the default) or
+    /// `"host"` (the host's compute interface: a GPU, or its CPU kernels).
+    pub math: Math,
     /// Keys this trainable does not use, kept only to warn about them.
     #[serde(flatten)]
     pub unknown: BTreeMap<String, IgnoredAny>,
@@ -85,6 +106,7 @@ impl Default for Config {
             seed: 0,
             split_seed: model::DEFAULT_SPLIT_SEED,
             data_dir: "/data/digits".to_owned(),
+            math: Math::Wasm,
             unknown: BTreeMap::new(),
         }
     }
@@ -194,6 +216,12 @@ pub struct DigitsMlp {
     val: Dataset,
     model: Mlp,
     sgd: Sgd,
+    math: Math,
+    /// The network on the host's device with `math = "host"`; made from
+    /// `model` at the first epoch (and again after a guest restore), which
+    /// it keeps current.
+    #[serde(skip)]
+    host: OnDevice,
 }
 
 impl DigitsMlp {
@@ -213,6 +241,8 @@ impl DigitsMlp {
             val,
             model: Mlp::new(config.hidden, config.seed),
             sgd: config.sgd(),
+            math: config.math,
+            host: OnDevice::default(),
         }
     }
 
@@ -246,7 +276,23 @@ impl Trainable for DigitsMlp {
     }
 
     fn train(&mut self) -> Result<Report> {
-        let train_loss = self.model.train_epoch(&self.train, &self.sgd);
+        let (train_loss, val) = match self.math {
+            Math::Wasm => {
+                let loss = self.model.train_epoch(&self.train, &self.sgd);
+                (loss, self.model.evaluate(&self.val))
+            }
+            Math::Host => {
+                let host = match &mut self.host.0 {
+                    Some(host) => host,
+                    None => self
+                        .host
+                        .0
+                        .insert(HostMlp::upload(&self.model, self.sgd.batch_size)?),
+                };
+                let loss = host.train_epoch(&mut self.model, &self.train, &self.sgd)?;
+                (loss, host.evaluate(&self.val)?)
+            }
+        };
         // Weights that have overflowed stay NaN, so say so now rather than
         // report meaningless metrics until the stop criteria fire.
         if !train_loss.is_finite() {
@@ -254,7 +300,6 @@ impl Trainable for DigitsMlp {
                 "training diverged (train loss {train_loss}); lower lr or momentum"
             )));
         }
-        let val = self.model.evaluate(&self.val);
         Ok(Report::new()
             .metric("train_loss", train_loss)
             .metric("val_loss", val.loss)

@@ -27,7 +27,7 @@ pub const DEFAULT_SPLIT_SEED: u64 = 1998;
 /// The share of each class held out for validation.
 pub const VALIDATION_FRACTION: f64 = 0.2;
 /// Rows per forward pass in [`Mlp::evaluate`]; bounds its scratch memory.
-const EVAL_BATCH: usize = 256;
+pub const EVAL_BATCH: usize = 256;
 
 /// The SplitMix64 generator (Steele, Lea & Flood 2014): tiny, fast, and good
 /// enough for initialisation and shuffling. Its whole state is one `u64`, so
@@ -208,7 +208,7 @@ impl Dataset {
     }
 
     /// Writes example `i`'s pixels, scaled to `[0, 1]`, into `out`.
-    fn scaled_into(&self, i: usize, out: &mut [f32]) {
+    pub fn scaled_into(&self, i: usize, out: &mut [f32]) {
         for (x, &pixel) in out.iter_mut().zip(self.pixels(i)) {
             *x = f32::from(pixel) * PIXEL_SCALE;
         }
@@ -369,6 +369,37 @@ impl Mlp {
         self.hidden
     }
 
+    /// The parameters and their momentum buffers as `[w1, b1, w2, b2]`
+    /// (`w1` is `FEATURES x hidden`, `w2` is `hidden x CLASSES`, both
+    /// row-major), for a copy of the network whose math runs elsewhere.
+    pub fn tensors(&self) -> [[&[f32]; 4]; 2] {
+        let (p, v) = (&self.params, &self.velocity);
+        [[&p.w1, &p.b1, &p.w2, &p.b2], [&v.w1, &v.b1, &v.w2, &v.b2]]
+    }
+
+    /// Overwrites the parameters and momentum buffers (same order and
+    /// shapes as [`Mlp::tensors`]).
+    ///
+    /// # Panics
+    /// If a shape differs.
+    pub fn set_tensors(&mut self, tensors: [[Vec<f32>; 4]; 2]) {
+        let [params, velocity] = tensors;
+        for (set, values) in [(&mut self.params, params), (&mut self.velocity, velocity)] {
+            let [w1, b1, w2, b2] = values;
+            let shapes = [set.w1.len(), set.b1.len(), set.w2.len(), set.b2.len()];
+            assert_eq!(shapes, [w1.len(), b1.len(), w2.len(), b2.len()]);
+            *set = Params { w1, b1, w2, b2 };
+        }
+    }
+
+    /// The order of the next epoch: a seeded shuffle of `0..len`, drawn as
+    /// [`Mlp::train_epoch`] draws it.
+    pub fn epoch_order(&mut self, len: usize) -> Vec<usize> {
+        let mut order: Vec<usize> = (0..len).collect();
+        self.rng.shuffle(&mut order);
+        order
+    }
+
     /// The number of trainable parameters.
     pub fn parameter_count(&self) -> usize {
         (FEATURES + 1) * self.hidden + (self.hidden + 1) * CLASSES
@@ -385,8 +416,7 @@ impl Mlp {
         if data.is_empty() {
             return 0.0;
         }
-        let mut order: Vec<usize> = (0..data.len()).collect();
-        self.rng.shuffle(&mut order);
+        let order = self.epoch_order(data.len());
         let mut ws = Workspace::new(sgd.batch_size.min(data.len()), self.hidden);
         let mut total_loss = 0.0;
         for batch in order.chunks(sgd.batch_size) {
@@ -527,7 +557,7 @@ impl Mlp {
 /// Softmax cross-entropy of `logits` against `label`, computed as
 /// `logsumexp(logits) - logits[label]` with the maximum subtracted first so
 /// large logits cannot overflow.
-fn cross_entropy(logits: &[f32], label: usize) -> f32 {
+pub fn cross_entropy(logits: &[f32], label: usize) -> f32 {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let sum: f32 = logits.iter().map(|&z| (z - max).exp()).sum();
     sum.ln() - (logits[label] - max)
@@ -535,7 +565,7 @@ fn cross_entropy(logits: &[f32], label: usize) -> f32 {
 
 /// Replaces `logits` with the gradient of `scale` times the cross-entropy:
 /// `scale * (softmax(logits) - onehot(label))`.
-fn softmax_grad_in_place(logits: &mut [f32], label: usize, scale: f32) {
+pub fn softmax_grad_in_place(logits: &mut [f32], label: usize, scale: f32) {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let mut sum = 0.0;
     for z in logits.iter_mut() {
@@ -550,7 +580,7 @@ fn softmax_grad_in_place(logits: &mut [f32], label: usize, scale: f32) {
 }
 
 /// The index of the largest value; the first one on ties.
-fn argmax(values: &[f32]) -> usize {
+pub fn argmax(values: &[f32]) -> usize {
     let mut best = 0;
     for (i, &v) in values.iter().enumerate() {
         if v > values[best] {

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use super::cpu::{self, Operands};
 use super::error::ComputeError;
-use super::ops::{Axis, Binary, Matmul, Reduce, Unary};
+use super::ops::{Axis, Binary, Matmul, Reduce, Unary, f32_bits};
 
 /// A kernel whose handles and shapes the session has checked. Element
 /// counts are exact: inputs may be longer, only the first elements count.
@@ -51,11 +51,19 @@ pub enum Kernel {
         x: u32,
         out: u32,
         n: u64,
+        #[serde(with = "f32_bits")]
         scale: f32,
+        #[serde(with = "f32_bits")]
         shift: f32,
     },
     /// `y[i] += alpha * x[i]`.
-    Axpy { alpha: f32, x: u32, y: u32, n: u64 },
+    Axpy {
+        #[serde(with = "f32_bits")]
+        alpha: f32,
+        x: u32,
+        y: u32,
+        n: u64,
+    },
     /// One result per row or column into `out`, which is not `x`.
     Reduce {
         op: Reduce,

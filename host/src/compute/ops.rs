@@ -111,7 +111,9 @@ pub struct Matmul {
     pub transpose_a: bool,
     /// `b` is stored `n x k`.
     pub transpose_b: bool,
+    #[serde(with = "f32_bits")]
     pub alpha: f32,
+    #[serde(with = "f32_bits")]
     pub beta: f32,
 }
 
@@ -119,5 +121,21 @@ impl Matmul {
     /// Multiply-adds count twice.
     pub fn flops(&self) -> u64 {
         2 * self.m as u64 * self.n as u64 * self.k as u64
+    }
+}
+
+/// An `f32` as its bits, so NaN and infinities survive formats (JSON) that
+/// have no words for them.
+pub mod f32_bits {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    /// Writes the bits.
+    pub fn serialize<S: Serializer>(value: &f32, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_u32(value.to_bits())
+    }
+
+    /// Reads the bits.
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<f32, D::Error> {
+        u32::deserialize(deserializer).map(f32::from_bits)
     }
 }

@@ -59,6 +59,12 @@ pub const MAX_PIPELINES: usize = 256;
 /// Largest WGSL source accepted.
 pub const MAX_WGSL_BYTES: usize = 1 << 20;
 
+/// Longest entry-point name accepted.
+pub const MAX_ENTRY_POINT: usize = 256;
+
+/// Most buffers one dispatch binds.
+pub const MAX_BINDINGS: usize = 32;
+
 /// Fuel per invocation of a custom shader: its work is unknown, so each
 /// invocation is charged like a short loop body.
 const FUEL_PER_INVOCATION: u64 = 16;
@@ -395,6 +401,12 @@ impl ComputeSession {
                 human_bytes(MAX_WGSL_BYTES as u64)
             ));
         }
+        if entry_point.len() > MAX_ENTRY_POINT {
+            return Err(invalid!(
+                "an entry point name of {} bytes is longer than the {MAX_ENTRY_POINT} allowed",
+                entry_point.len()
+            ));
+        }
         if self.pipelines.len() >= MAX_PIPELINES {
             return Err(ComputeError::Quota(format!(
                 "this trial holds {MAX_PIPELINES} pipelines, the most allowed; free some first"
@@ -425,6 +437,12 @@ impl ComputeSession {
                 format!("pipeline {pipeline} does not exist")
             })
         })?;
+        if bindings.len() > MAX_BINDINGS {
+            return Err(invalid!(
+                "a dispatch binds at most {MAX_BINDINGS} buffers; {} were given",
+                bindings.len()
+            ));
+        }
         let mut bound = 0;
         for &buffer in bindings {
             bound += self.elements(buffer)? * 4;

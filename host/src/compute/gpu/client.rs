@@ -70,10 +70,13 @@ enum Failure {
 
 /// One running worker process.
 pub struct Worker {
-    child: Child,
+    /// `None` once killed.
+    child: Option<Child>,
     stdin: BufWriter<ChildStdin>,
     replies: Receiver<Result<(Reply, Vec<u8>), String>>,
     stderr: Arc<Mutex<VecDeque<u8>>>,
+    /// How the process ended, once known.
+    status: Option<std::process::ExitStatus>,
 }
 
 impl Worker {
@@ -126,10 +129,11 @@ impl Worker {
         });
 
         let mut worker = Worker {
-            child,
+            child: Some(child),
             stdin,
             replies,
             stderr,
+            status: None,
         };
         let hello = match hello_rx.recv_timeout(START_TIMEOUT) {
             Ok(Ok(Some((hello, _)))) => hello,
@@ -172,14 +176,21 @@ impl Worker {
 
     /// Ends the process (if it still runs) and describes its death.
     fn died(&mut self, why: &str) -> String {
+        // A worker that crashed is exiting: give it a moment to report how,
+        // and the stderr thread to drain its last lines.
+        for _ in 0..20 {
+            if let Some(Ok(Some(status))) = self.child.as_mut().map(Child::try_wait) {
+                self.status = Some(status);
+                self.child = None;
+                break;
+            }
+            thread::sleep(Duration::from_millis(5));
+        }
         self.kill();
-        // The stderr thread may still be draining the last lines.
-        thread::sleep(Duration::from_millis(20));
+        thread::sleep(Duration::from_millis(10));
         let status = self
-            .child
-            .try_wait()
-            .ok()
-            .flatten()
+            .status
+            .take()
             .map_or(String::new(), |s| format!(" ({s})"));
         let tail: Vec<u8> = (self.stderr.lock().unwrap_or_else(|e| e.into_inner()))
             .iter()
@@ -193,9 +204,26 @@ impl Worker {
         }
     }
 
+    /// Kills the process. A process stuck in a driver call may take long
+    /// to go, so unless it has already exited, a thread of its own reaps it
+    /// and nobody waits.
     fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            match child.try_wait() {
+                Ok(Some(status)) => self.status = Some(status),
+                _ => {
+                    thread::spawn(move || child.wait());
+                }
+            }
+        }
+    }
+
+    /// Whether the process is still there to take jobs.
+    fn alive(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|child| matches!(child.try_wait(), Ok(None)))
     }
 }
 
@@ -234,8 +262,17 @@ impl WorkerPool {
     }
 
     fn take(&self) -> Result<Worker, String> {
-        if let Some(worker) = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop() {
-            return Ok(worker);
+        loop {
+            let idle = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
+            match idle {
+                Some(mut worker) => {
+                    if worker.alive() {
+                        return Ok(worker);
+                    }
+                    // It died while idle: it held nothing, so start another.
+                }
+                None => break,
+            }
         }
         match Worker::start(&self.executable)? {
             (worker, Hello::Ready(_)) => Ok(worker),

@@ -18,8 +18,8 @@ use crate::compute::device::{Kernel, PipelineInfo};
 /// session caps well below this.
 const MAX_HEADER: u32 = 16 << 20;
 
-/// Largest payload: one buffer, with room to spare.
-const MAX_PAYLOAD: u64 = 1 << 32;
+/// Largest payload: one buffer.
+const MAX_PAYLOAD: u64 = crate::compute::MAX_BUFFER_BYTES;
 
 /// The worker's first frame: the adapter it opened, or why it has none.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -101,6 +101,16 @@ pub fn write_frame<T: Serialize>(
     payload: &[u8],
 ) -> io::Result<()> {
     let header = serde_json::to_vec(header).map_err(io::Error::other)?;
+    if header.len() as u64 > MAX_HEADER as u64 || payload.len() as u64 > MAX_PAYLOAD {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "a frame of {} + {} bytes is larger than allowed",
+                header.len(),
+                payload.len()
+            ),
+        ));
+    }
     out.write_all(&(header.len() as u32).to_le_bytes())?;
     out.write_all(&(payload.len() as u64).to_le_bytes())?;
     out.write_all(&header)?;
@@ -110,6 +120,19 @@ pub fn write_frame<T: Serialize>(
 
 /// Reads one frame; `Ok(None)` at a clean end of the stream.
 pub fn read_frame<T: DeserializeOwned>(input: &mut impl Read) -> io::Result<Option<(T, Vec<u8>)>> {
+    match read_raw_frame(input)? {
+        None => Ok(None),
+        Some((header, payload)) => {
+            let header = serde_json::from_slice(&header)
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+            Ok(Some((header, payload)))
+        }
+    }
+}
+
+/// Reads one frame without decoding its header, so a reader can answer a
+/// header it does not understand and stay in step.
+pub fn read_raw_frame(input: &mut impl Read) -> io::Result<Option<(Vec<u8>, Vec<u8>)>> {
     let mut lengths = [0u8; 12];
     match input.read_exact(&mut lengths[..1]) {
         Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
@@ -128,8 +151,6 @@ pub fn read_frame<T: DeserializeOwned>(input: &mut impl Read) -> io::Result<Opti
     input.read_exact(&mut header)?;
     let mut payload = vec![0; payload_len as usize];
     input.read_exact(&mut payload)?;
-    let header = serde_json::from_slice(&header)
-        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
     Ok(Some((header, payload)))
 }
 
@@ -172,6 +193,23 @@ mod tests {
         let (second, _): (Request, _) = read_frame(&mut input).unwrap().unwrap();
         assert_eq!(second, Request::Reset);
         assert!(read_frame::<Request>(&mut input).unwrap().is_none());
+    }
+
+    #[test]
+    fn non_finite_scalars_cross_intact() {
+        let mut wire = Vec::new();
+        let request = Request::Run(Kernel::Axpy {
+            alpha: f32::NAN,
+            x: 1,
+            y: 2,
+            n: 3,
+        });
+        write_frame(&mut wire, &request, &[]).unwrap();
+        let (back, _): (Request, _) = read_frame(&mut wire.as_slice()).unwrap().unwrap();
+        match back {
+            Request::Run(Kernel::Axpy { alpha, .. }) => assert!(alpha.is_nan()),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

@@ -11,8 +11,6 @@ use std::collections::HashMap;
 use std::io::{self, BufReader, BufWriter};
 use std::process::ExitCode;
 
-use wgpu::util::DeviceExt;
-
 use super::protocol::{self, Adapter, Hello, Reply, Request};
 use crate::compute::ComputeError;
 use crate::compute::device::{Kernel, PipelineInfo};
@@ -21,9 +19,15 @@ use crate::compute::ops::{Axis, Binary, Reduce, Unary};
 /// Entry point of `wtune gpu-worker`: serves jobs until stdin closes.
 pub fn main() -> ExitCode {
     let stdin = io::stdin().lock();
-    let stdout = io::stdout().lock();
     let mut input = BufReader::with_capacity(1 << 20, stdin);
-    let mut output = BufWriter::with_capacity(1 << 20, stdout);
+    let channel = match private_stdout() {
+        Ok(file) => file,
+        Err(err) => {
+            eprintln!("wtune gpu-worker: cannot set up its channel: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let mut output = BufWriter::with_capacity(1 << 20, channel);
     let mut gpu = match LocalGpu::open() {
         Ok(gpu) => gpu,
         Err(reason) => {
@@ -39,7 +43,7 @@ pub fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     loop {
-        let (request, payload) = match protocol::read_frame::<Request>(&mut input) {
+        let (header, payload) = match protocol::read_raw_frame(&mut input) {
             Ok(Some(frame)) => frame,
             Ok(None) => return ExitCode::SUCCESS,
             Err(err) => {
@@ -47,10 +51,35 @@ pub fn main() -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
-        let (reply, data) = gpu.handle(request, &payload);
+        // A well-framed request this worker cannot decode is refused, and
+        // the stream stays in step.
+        let (reply, data) = match serde_json::from_slice::<Request>(&header) {
+            Ok(request) => gpu.handle(request, &payload),
+            Err(err) => (
+                Reply::Failed(ComputeError::Device(format!(
+                    "the GPU worker could not decode the request: {err}"
+                ))),
+                Vec::new(),
+            ),
+        };
         if protocol::write_frame(&mut output, &reply, protocol::f32_bytes(&data)).is_err() {
             return ExitCode::FAILURE;
         }
+    }
+}
+
+/// The protocol's own copy of stdout; fd 1 itself then points at stderr,
+/// so whatever a driver or loader prints cannot break the framing.
+fn private_stdout() -> io::Result<std::fs::File> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: dup and dup2 on the process's own standard descriptors; the
+    // new descriptor is owned by the returned File alone.
+    unsafe {
+        let channel = libc::dup(1);
+        if channel < 0 || libc::dup2(2, 1) < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(std::fs::File::from_raw_fd(channel))
     }
 }
 
@@ -153,6 +182,11 @@ impl LocalGpu {
             ..Default::default()
         }))
         .map_err(|e| format!("{} refused a device: {e}", info.name))?;
+        // Every job runs inside error scopes; anything that escapes them is
+        // logged rather than left to wgpu's default, which panics.
+        device.on_uncaptured_error(std::sync::Arc::new(|err| {
+            eprintln!("wtune gpu-worker: uncaptured GPU error: {err}");
+        }));
         let limits = device.limits();
         let max_buffer_bytes = limits
             .max_buffer_size
@@ -261,7 +295,7 @@ impl LocalGpu {
             }
             Request::Write { id, offset } => {
                 let buffer = self.buffer(id)?;
-                self.queue.write_buffer(buffer, offset * 4, payload);
+                self.checked(|gpu| gpu.queue.write_buffer(buffer, offset * 4, payload))?;
                 self.settle()?;
                 Ok(Served::Done)
             }
@@ -349,21 +383,20 @@ impl LocalGpu {
         let usage = wgpu::BufferUsages::STORAGE
             | wgpu::BufferUsages::COPY_SRC
             | wgpu::BufferUsages::COPY_DST;
-        let buffer = self.checked(|gpu| match data {
-            Some(data) if !data.is_empty() => {
-                gpu.device
-                    .create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                        label: None,
-                        contents: protocol::f32_bytes(data),
-                        usage,
-                    })
-            }
-            _ => gpu.device.create_buffer(&wgpu::BufferDescriptor {
+        // Created plainly and then written, both inside the error scopes:
+        // wgpu's create_buffer_init panics when the memory is not there.
+        let buffer = self.checked(|gpu| {
+            let buffer = gpu.device.create_buffer(&wgpu::BufferDescriptor {
                 label: None,
                 size,
                 usage,
                 mapped_at_creation: false,
-            }),
+            });
+            if let Some(data) = data.filter(|d| !d.is_empty()) {
+                gpu.queue
+                    .write_buffer(&buffer, 0, protocol::f32_bytes(data));
+            }
+            buffer
         })?;
         self.buffers.insert(id, buffer);
         Ok(())
@@ -557,9 +590,9 @@ impl LocalGpu {
         };
         let a_buffer = input(a, A_IS_OUT)?;
         let b_buffer = input(b, B_IS_OUT)?;
-        self.queue
-            .write_buffer(&self.params, 0, bytemuck::bytes_of(&params));
         self.checked(|gpu| {
+            gpu.queue
+                .write_buffer(&gpu.params, 0, bytemuck::bytes_of(&params));
             let bind = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
                 label: None,
                 layout: &gpu.layout,
@@ -658,19 +691,29 @@ impl LocalGpu {
                 "entry point {entry_point:?} is not a @compute function"
             )));
         }
+        // Fuel is charged per invocation, so the workgroup size must be
+        // known here; one set by an override is not.
+        if entry.workgroup_size_overrides.is_some() {
+            return Err(ComputeError::Shader(format!(
+                "entry point {entry_point:?} sets its @workgroup_size with an override; \
+                 use constants"
+            )));
+        }
         let info = PipelineInfo {
             workgroup_size: entry.workgroup_size,
         };
-        let module = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let shader = self
-            .device
-            .create_shader_module(wgpu::ShaderModuleDescriptor {
-                label: Some("shader.wgsl"),
-                source: wgpu::ShaderSource::Wgsl(wgsl.into()),
-            });
-        if let Some(err) = pollster::block_on(module.pop()) {
-            return Err(ComputeError::Shader(err.to_string()));
-        }
+            .checked(|gpu| {
+                gpu.device
+                    .create_shader_module(wgpu::ShaderModuleDescriptor {
+                        label: Some("shader.wgsl"),
+                        source: wgpu::ShaderSource::Wgsl(wgsl.into()),
+                    })
+            })
+            .map_err(|err| match err {
+                ComputeError::Invalid(message) => ComputeError::Shader(message),
+                other => other,
+            })?;
         let pipeline = self
             .checked(|gpu| {
                 gpu.device
