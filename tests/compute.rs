@@ -146,26 +146,36 @@ fn host_compute_is_charged_in_fuel_and_cannot_overspend() {
     }
 }
 
-#[test]
-fn tensors_survive_a_host_snapshot_and_restore() {
-    let dir = tempfile::tempdir().unwrap();
-    let program = common::load("kernels");
-    let config = json!({"width": 64, "iterations": 100});
-    let mut original = started(&program, dir.path(), &Limits::default(), config.clone());
+/// Trains 3 calls, snapshots, and checks that a restored instance's next 3
+/// calls equal the original's; returns the snapshot.
+fn continues_after_restore(
+    program: &Program,
+    dir: &Path,
+    config: &Value,
+) -> wtune::snapshot::GuestImage {
+    let mut original = started(program, dir, &Limits::default(), config.clone());
     for _ in 0..3 {
         original.train().unwrap();
     }
     let image = original.snapshot().unwrap();
     assert_eq!(image.compute.buffers.len(), 3, "state, weights, bias");
     let expected: Vec<GuestReport> = (0..3).map(|_| original.train().unwrap().0).collect();
-
-    let restored_dir = dir.path().join("restored");
+    let restored_dir = dir.join("restored");
     std::fs::create_dir_all(&restored_dir).unwrap();
     let mut restored = program
         .restore(&env(&restored_dir), &Limits::default(), &image, 3, 0)
         .unwrap();
     let continued: Vec<GuestReport> = (0..3).map(|_| restored.train().unwrap().0).collect();
     assert_eq!(continued, expected);
+    image
+}
+
+#[test]
+fn tensors_survive_a_host_snapshot_and_restore() {
+    let dir = tempfile::tempdir().unwrap();
+    let program = common::load("kernels");
+    let config = json!({"width": 64, "iterations": 100});
+    let image = continues_after_restore(&program, dir.path(), &config);
 
     // Through the file format too.
     let meta = wtune::snapshot::SnapshotMeta {
@@ -369,20 +379,7 @@ fn gpu_tensors_survive_a_host_snapshot_and_restore() {
     let dir = tempfile::tempdir().unwrap();
     let program = gpu_program(1 << 30);
     let config = json!({"width": 64, "iterations": 100});
-    let mut original = started(&program, dir.path(), &Limits::default(), config);
-    for _ in 0..3 {
-        original.train().unwrap();
-    }
-    let image = original.snapshot().unwrap();
-    assert_eq!(image.compute.buffers.len(), 3, "state, weights, bias");
-    let expected: Vec<GuestReport> = (0..3).map(|_| original.train().unwrap().0).collect();
-    let restored_dir = dir.path().join("restored");
-    std::fs::create_dir_all(&restored_dir).unwrap();
-    let mut restored = program
-        .restore(&env(&restored_dir), &Limits::default(), &image, 3, 0)
-        .unwrap();
-    let continued: Vec<GuestReport> = (0..3).map(|_| restored.train().unwrap().0).collect();
-    assert_eq!(continued, expected);
+    continues_after_restore(&program, dir.path(), &config);
 }
 
 // ----- the example model on the interface --------------------------------

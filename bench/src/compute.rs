@@ -58,15 +58,7 @@ fn direct(n: u32) -> Duration {
     let data: Vec<f32> = (0..n * n).map(|i| (i % 17) as f32 / 17.0).collect();
     let a = session.upload_f32(data).unwrap();
     let out = session.create(n as u64 * n as u64 * 4).unwrap();
-    let spec = Matmul {
-        m: n,
-        n,
-        k: n,
-        transpose_a: false,
-        transpose_b: false,
-        alpha: 1.0,
-        beta: 0.0,
-    };
+    let spec = square(n);
     session.matmul(a, a, out, spec).unwrap(); // warm the thread pool
     median(
         (0..ROUNDS)
