@@ -41,27 +41,29 @@ fn metric(report: &GuestReport, name: &str) -> f64 {
         .1
 }
 
-#[test]
-fn every_kernel_matches_the_reference_through_the_interface() {
+/// The kernels guest's `check` call: its report and the `err_*` metrics.
+fn kernel_check(program: &Program) -> (GuestReport, Vec<(String, f64)>) {
     let dir = tempfile::tempdir().unwrap();
-    let program = common::load("kernels");
-    let mut trial = started(
-        &program,
-        dir.path(),
-        &Limits::default(),
-        json!({"check": true}),
-    );
+    let config = json!({"check": true});
+    let mut trial = started(program, dir.path(), &Limits::default(), config);
     let (report, _) = trial.train().unwrap();
-    let errors: Vec<_> = report
+    let errors = report
         .metrics
         .iter()
         .filter(|(name, _)| name.starts_with("err_"))
+        .cloned()
         .collect();
+    (report, errors)
+}
+
+#[test]
+fn every_kernel_matches_the_reference_through_the_interface() {
+    let (report, errors) = kernel_check(&common::load("kernels"));
     // 4 matmuls, 10 unary, 7 binary twice, row, axpy, affine, 8
     // reductions, softmax.
     assert_eq!(errors.len(), 4 + 10 + 14 + 3 + 8 + 1, "{errors:?}");
     for (name, err) in errors {
-        assert!(*err <= 1e-5, "{name}: {err}");
+        assert!(err <= 1e-5, "{name}: {err}");
     }
     assert_eq!(metric(&report, "backend_is_cpu"), 1.0);
 }
@@ -105,11 +107,8 @@ fn misuse_is_an_error_the_guest_receives_and_the_host_survives() {
         }
     }
     // The host is undisturbed: a trial after them computes correctly.
-    let config = json!({"check": true});
-    let mut fine = started(&program, dir.path(), &Limits::default(), config);
-    let (report, _) = fine.train().unwrap();
-    let errors = report.metrics.iter().filter(|(n, _)| n.starts_with("err_"));
-    assert!(errors.clone().count() > 0 && errors.clone().all(|(_, e)| *e <= 1e-5));
+    let (_, errors) = kernel_check(&program);
+    assert!(!errors.is_empty() && errors.iter().all(|(_, e)| *e <= 1e-5));
 }
 
 #[test]
@@ -251,7 +250,8 @@ fn a_call_spending_its_time_in_host_compute_ends_at_its_deadline() {
 // ----- the wgpu backend, on whatever Vulkan adapter exists (lavapipe in CI;
 // scripts/setup.sh installs it) ------------------------------------------
 
-fn gpu_program(trial_quota: u64) -> Program {
+/// Guest `name` on the wgpu backend.
+fn gpu_program(name: &str, trial_quota: u64) -> Program {
     let sandbox = Sandbox::new(SandboxOptions {
         compute: ComputeOptions {
             mode: ComputeMode::Gpu,
@@ -264,36 +264,21 @@ fn gpu_program(trial_quota: u64) -> Program {
         panic!("compute = \"gpu\" needs a Vulkan adapter (scripts/setup.sh installs one): {e}")
     });
     assert!(sandbox.compute().shaders);
-    sandbox.load(&common::guest("kernels")).unwrap()
+    sandbox.load(&common::guest(name)).unwrap()
 }
 
 #[test]
 fn every_kernel_and_a_custom_shader_match_the_reference_on_the_gpu() {
-    let dir = tempfile::tempdir().unwrap();
-    let program = gpu_program(1 << 30);
-    let mut trial = started(
-        &program,
-        dir.path(),
-        &Limits::default(),
-        json!({"check": true}),
-    );
-    let (report, _) = trial.train().unwrap();
-    let errors: Vec<_> = report
-        .metrics
-        .iter()
-        .filter(|(name, _)| name.starts_with("err_"))
-        .collect();
+    let (report, errors) = kernel_check(&gpu_program("kernels", 1 << 30));
     // The CPU's cases and the custom shader.
     assert_eq!(errors.len(), 4 + 10 + 14 + 3 + 8 + 1 + 1, "{errors:?}");
     for (name, err) in errors {
         // GPU exp, tanh and sums round differently from the CPU's.
-        assert!(*err <= 1e-4, "{name}: {err}");
+        assert!(err <= 1e-4, "{name}: {err}");
     }
     assert_eq!(metric(&report, "backend_is_cpu"), 0.0);
     // The walk runs on the GPU too and agrees with the CPU's.
-    let cpu = common::load("kernels");
-    let mut on_cpu = started(&cpu, dir.path(), &Limits::default(), json!({"check": true}));
-    let (cpu_report, _) = on_cpu.train().unwrap();
+    let (cpu_report, _) = kernel_check(&common::load("kernels"));
     let (walk_gpu, walk_cpu) = (metric(&report, "walk"), metric(&cpu_report, "walk"));
     assert!(
         (walk_gpu - walk_cpu).abs() < 1e-3,
@@ -304,7 +289,7 @@ fn every_kernel_and_a_custom_shader_match_the_reference_on_the_gpu() {
 #[test]
 fn gpu_misuse_is_an_error_the_guest_receives() {
     let dir = tempfile::tempdir().unwrap();
-    let program = gpu_program(128 << 20);
+    let program = gpu_program("kernels", 128 << 20);
     let cases = [
         ("freed", "BadHandle(\"buffer 4 was freed\")"),
         ("quota", "would pass its quota of 128 MiB"),
@@ -338,7 +323,7 @@ fn gpu_misuse_is_an_error_the_guest_receives() {
 #[test]
 fn a_runaway_shader_is_killed_at_its_deadline_and_only_its_trial_fails() {
     let dir = tempfile::tempdir().unwrap();
-    let program = gpu_program(1 << 30);
+    let program = gpu_program("kernels", 1 << 30);
     let config = json!({"width": 32, "iterations": 100});
     let mut benign = started(&program, dir.path(), &Limits::default(), config.clone());
     benign.train().unwrap();
@@ -377,7 +362,7 @@ fn a_runaway_shader_is_killed_at_its_deadline_and_only_its_trial_fails() {
 #[test]
 fn gpu_tensors_survive_a_host_snapshot_and_restore() {
     let dir = tempfile::tempdir().unwrap();
-    let program = gpu_program(1 << 30);
+    let program = gpu_program("kernels", 1 << 30);
     let config = json!({"width": 64, "iterations": 100});
     continues_after_restore(&program, dir.path(), &config);
 }
@@ -429,15 +414,6 @@ fn the_digits_model_learns_the_same_on_host_compute_as_in_wasm() {
     assert_close(&host, &wasm);
     assert!(host[2][2] > 0.9, "{host:?}");
 
-    let gpu = Sandbox::new(SandboxOptions {
-        compute: ComputeOptions {
-            mode: ComputeMode::Gpu,
-            ..ComputeOptions::default()
-        },
-        ..SandboxOptions::default()
-    })
-    .unwrap()
-    .load(&common::guest("digits_mlp"))
-    .unwrap();
+    let gpu = gpu_program("digits_mlp", 1 << 30);
     assert_close(&digits_epochs(&gpu, "host", 3), &wasm);
 }

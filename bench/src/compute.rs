@@ -101,6 +101,14 @@ fn per_call(program: &Program, config: Value, rounds: usize, per: u32) -> (Durat
     (median(times), fuel / per as u64)
 }
 
+/// What one one-element kernel call from wasm costs: a call making `tiny`
+/// of them against one making none, per kernel.
+fn per_kernel_call(program: &Program, tiny: u32) -> Duration {
+    let (base, _) = per_call(program, json!({"width": 8}), 5, 1);
+    let (with_tiny, _) = per_call(program, json!({"width": 8, "tiny": tiny}), 5, 1);
+    with_tiny.saturating_sub(base) / tiny
+}
+
 pub fn run(program: &Program) {
     let info = Compute::cpu(options()).info();
     println!(
@@ -144,9 +152,7 @@ pub fn run(program: &Program) {
     }
 
     const TINY: u32 = 20_000;
-    let (base, _) = per_call(program, json!({"width": 8}), 5, 1);
-    let (with_tiny, _) = per_call(program, json!({"width": 8, "tiny": TINY}), 5, 1);
-    let each = with_tiny.saturating_sub(base) / TINY;
+    let each = per_kernel_call(program, TINY);
     println!(
         "\nPer-call cost of the interface (a one-element kernel, from wasm, {TINY} calls): {:.2} µs\n",
         each.as_secs_f64() * 1e6
@@ -235,9 +241,7 @@ pub fn run_gpu(guest: &Path) {
         );
     }
     const TINY: u32 = 2_000;
-    let (base, _) = per_call(&program, json!({"width": 8}), 5, 1);
-    let (with_tiny, _) = per_call(&program, json!({"width": 8, "tiny": TINY}), 5, 1);
-    let each = with_tiny.saturating_sub(base) / TINY;
+    let each = per_kernel_call(&program, TINY);
     println!(
         "\nPer-call cost on the GPU backend (a one-element kernel, from wasm, to the worker and back, waiting for the GPU; {TINY} calls): {:.1} µs\n",
         each.as_secs_f64() * 1e6

@@ -23,7 +23,6 @@ pub mod ops;
 mod session;
 
 use std::fmt;
-use std::path::Path;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -149,11 +148,7 @@ impl Compute {
                 )),
             },
             ComputeMode::Auto => {
-                let gpus = crate::tune::detect_gpus(
-                    Path::new("/sys/bus/pci/devices"),
-                    Path::new("/dev"),
-                    &|name| std::env::var(name).ok(),
-                );
+                let gpus = crate::tune::machine_gpus();
                 if gpus == 0 {
                     return Ok(Self::cpu(options));
                 }

@@ -430,13 +430,10 @@ impl ComputeSession {
         bindings: &[u32],
         groups: [u32; 3],
     ) -> Result<(), ComputeError> {
-        let info = *self.pipelines.get(&pipeline).ok_or_else(|| {
-            ComputeError::BadHandle(if pipeline != 0 && pipeline < self.next_pipeline {
-                format!("pipeline {pipeline} was freed")
-            } else {
-                format!("pipeline {pipeline} does not exist")
-            })
-        })?;
+        let info = *self
+            .pipelines
+            .get(&pipeline)
+            .ok_or_else(|| missing("pipeline", pipeline, self.next_pipeline))?;
         if bindings.len() > MAX_BINDINGS {
             return Err(invalid!(
                 "a dispatch binds at most {MAX_BINDINGS} buffers; {} were given",
@@ -457,11 +454,9 @@ impl ComputeSession {
 
     /// Releases a pipeline.
     pub fn free_pipeline(&mut self, pipeline: u32) -> Result<(), ComputeError> {
-        if self.pipelines.remove(&pipeline).is_none() {
-            return Err(ComputeError::BadHandle(format!(
-                "pipeline {pipeline} does not exist"
-            )));
-        }
+        self.pipelines
+            .remove(&pipeline)
+            .ok_or_else(|| missing("pipeline", pipeline, self.next_pipeline))?;
         self.device.free_pipeline(pipeline)
     }
 
@@ -540,13 +535,10 @@ impl ComputeSession {
 
     /// Elements of buffer `id`, or why it is not a handle.
     fn elements(&self, id: u32) -> Result<u64, ComputeError> {
-        self.sizes.get(&id).copied().ok_or_else(|| {
-            ComputeError::BadHandle(if id != 0 && id < self.next_buffer {
-                format!("buffer {id} was freed")
-            } else {
-                format!("buffer {id} does not exist")
-            })
-        })
+        self.sizes
+            .get(&id)
+            .copied()
+            .ok_or_else(|| missing("buffer", id, self.next_buffer))
     }
 
     /// `id` must hold at least `elements` (`formula` says where the number
@@ -640,6 +632,16 @@ impl Drop for ComputeSession {
     fn drop(&mut self) {
         self.compute.release(self.held);
     }
+}
+
+/// Why `id` is not a live `what`: numbers are handed out from 1 up and never
+/// reused, so one below `next` was freed.
+fn missing(what: &str, id: u32, next: u32) -> ComputeError {
+    ComputeError::BadHandle(if id != 0 && id < next {
+        format!("{what} {id} was freed")
+    } else {
+        format!("{what} {id} does not exist")
+    })
 }
 
 fn aligned(what: &str, value: u64) -> Result<(), ComputeError> {

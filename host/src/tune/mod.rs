@@ -32,7 +32,7 @@ pub use median::{MedianStopping, MedianStoppingConfig};
 pub use native::{FnBackend, StatefulStep};
 pub use pbt::{PbtConfig, PopulationBasedTraining};
 pub use replay::{CurveSet, replay_backend};
-pub use resources::{Acquire, PoolSpec, ResourcePool, Resources, detect_gpus};
+pub use resources::{Acquire, PoolSpec, ResourcePool, Resources, detect_gpus, machine_gpus};
 pub use result::{AUTO_FIELDS, Mode};
 pub use runner::{
     CHECKPOINT_DIR, Callback, CheckpointPolicy, ExperimentSummary, FailFast, FailurePolicy,

@@ -187,9 +187,7 @@ impl ResourcePool {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
         let meminfo = std::fs::read_to_string("/proc/meminfo").ok();
         let cgroup = std::fs::read_to_string("/sys/fs/cgroup/memory.max").ok();
-        let gpus = detect_gpus(Path::new(PCI_DEVICES), Path::new("/dev"), &|name| {
-            std::env::var(name).ok()
-        });
+        let gpus = machine_gpus();
         Self::with_total(Units {
             cpu: cores.saturating_mul(SCALE),
             gpu: gpus.saturating_mul(SCALE),
@@ -552,6 +550,14 @@ const PCI_DEVICES: &str = "/sys/bus/pci/devices";
 /// declares it (`[resources] gpu`).
 const NVIDIA: &str = "0x10de";
 const AMD: &str = "0x1002";
+
+/// [`detect_gpus`] on this machine: its PCI bus, its `/dev` and this
+/// process's environment.
+pub fn machine_gpus() -> u64 {
+    detect_gpus(Path::new(PCI_DEVICES), Path::new("/dev"), &|name| {
+        std::env::var(name).ok()
+    })
+}
 
 /// The GPUs this process can use: NVIDIA and AMD display controllers
 /// (PCI class `0x03....`) on the PCI bus (`pci`, laid out as
@@ -942,9 +948,7 @@ mod tests {
         assert_eq!(machine_memory(Some("garbage"), None), UNLIMITED_MEMORY);
         let here = ResourcePool::detect().total();
         assert!(here.cpu >= 1.0 && here.cpu.fract() == 0.0);
-        let gpus = detect_gpus(Path::new(PCI_DEVICES), Path::new("/dev"), &|name| {
-            std::env::var(name).ok()
-        });
+        let gpus = machine_gpus();
         assert_eq!(here.gpu, gpus as f64);
         assert!(here.memory > 0);
         assert_eq!(bytes(UNLIMITED_MEMORY), "unlimited");

@@ -375,24 +375,16 @@ impl Device for GpuDevice {
     }
 
     fn create(&mut self, id: u32, fill: Fill) -> Result<(), ComputeError> {
-        match fill {
-            Fill::Zeros(n) => self.done(
-                &Request::Create {
-                    id,
-                    elements: n as u64,
-                    from_payload: false,
-                },
-                &[],
-            ),
-            Fill::Data(data) => self.done(
-                &Request::Create {
-                    id,
-                    elements: data.len() as u64,
-                    from_payload: true,
-                },
-                protocol::f32_bytes(&data),
-            ),
-        }
+        let (elements, data) = match &fill {
+            Fill::Zeros(n) => (*n, None),
+            Fill::Data(data) => (data.len(), Some(data.as_slice())),
+        };
+        let request = Request::Create {
+            id,
+            elements: elements as u64,
+            from_payload: data.is_some(),
+        };
+        self.done(&request, protocol::f32_bytes(data.unwrap_or_default()))
     }
 
     fn write(&mut self, id: u32, offset: usize, data: &[f32]) -> Result<(), ComputeError> {

@@ -473,25 +473,13 @@ impl LocalGpu {
             }
             Kernel::Unary { op, x, out, n } => {
                 params.op = unary_code(op);
-                params.n = self.count(n)?;
-                (
-                    "unary",
-                    Some(x),
-                    None,
-                    out,
-                    self.grid(n.div_ceil(GROUP as u64))?,
-                )
+                let groups = self.elementwise(&mut params, n)?;
+                ("unary", Some(x), None, out, groups)
             }
             Kernel::Binary { op, a, b, out, n } => {
                 params.op = binary_code(op);
-                params.n = self.count(n)?;
-                (
-                    "binary",
-                    Some(a),
-                    Some(b),
-                    out,
-                    self.grid(n.div_ceil(GROUP as u64))?,
-                )
+                let groups = self.elementwise(&mut params, n)?;
+                ("binary", Some(a), Some(b), out, groups)
             }
             Kernel::BinaryRows {
                 op,
@@ -503,15 +491,9 @@ impl LocalGpu {
             } => {
                 let n = rows as u64 * cols as u64;
                 params.op = binary_code(op);
-                params.n = self.count(n)?;
                 params.cols = cols;
-                (
-                    "binary_rows",
-                    Some(x),
-                    Some(row),
-                    out,
-                    self.grid(n.div_ceil(GROUP as u64))?,
-                )
+                let groups = self.elementwise(&mut params, n)?;
+                ("binary_rows", Some(x), Some(row), out, groups)
             }
             Kernel::Affine {
                 x,
@@ -520,27 +502,15 @@ impl LocalGpu {
                 scale,
                 shift,
             } => {
-                params.n = self.count(n)?;
                 params.s0 = scale;
                 params.s1 = shift;
-                (
-                    "affine",
-                    Some(x),
-                    None,
-                    out,
-                    self.grid(n.div_ceil(GROUP as u64))?,
-                )
+                let groups = self.elementwise(&mut params, n)?;
+                ("affine", Some(x), None, out, groups)
             }
             Kernel::Axpy { alpha, x, y, n } => {
-                params.n = self.count(n)?;
                 params.s0 = alpha;
-                (
-                    "axpy",
-                    Some(x),
-                    None,
-                    y,
-                    self.grid(n.div_ceil(GROUP as u64))?,
-                )
+                let groups = self.elementwise(&mut params, n)?;
+                ("axpy", Some(x), None, y, groups)
             }
             Kernel::Reduce {
                 op,
@@ -644,6 +614,13 @@ impl LocalGpu {
         self.settle()
     }
 
+    /// Sets `params.n` for an element-wise kernel over `n` elements and
+    /// returns its grid of [`GROUP`]-invocation workgroups.
+    fn elementwise(&self, params: &mut Params, n: u64) -> Result<[u32; 3], ComputeError> {
+        params.n = self.count(n)?;
+        self.grid(n.div_ceil(GROUP as u64))
+    }
+
     /// Element counts the kernels index with `u32`.
     fn count(&self, n: u64) -> Result<u32, ComputeError> {
         u32::try_from(n).map_err(|_| {
@@ -702,25 +679,21 @@ impl LocalGpu {
         let info = PipelineInfo {
             workgroup_size: entry.workgroup_size,
         };
-        let shader = self
+        // Module and pipeline in one set of error scopes: the first error,
+        // whichever step made it, is the shader's.
+        let pipeline = self
             .checked(|gpu| {
-                gpu.device
+                let module = gpu
+                    .device
                     .create_shader_module(wgpu::ShaderModuleDescriptor {
                         label: Some("shader.wgsl"),
                         source: wgpu::ShaderSource::Wgsl(wgsl.into()),
-                    })
-            })
-            .map_err(|err| match err {
-                ComputeError::Invalid(message) => ComputeError::Shader(message),
-                other => other,
-            })?;
-        let pipeline = self
-            .checked(|gpu| {
+                    });
                 gpu.device
                     .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
                         label: Some(entry_point),
                         layout: None,
-                        module: &shader,
+                        module: &module,
                         entry_point: Some(entry_point),
                         compilation_options: Default::default(),
                         cache: None,
