@@ -60,8 +60,8 @@ fn kernel_check(program: &Program) -> (GuestReport, Vec<(String, f64)>) {
 fn every_kernel_matches_the_reference_through_the_interface() {
     let (report, errors) = kernel_check(&common::load("kernels"));
     // 4 matmuls, 10 unary, 7 binary twice, row, axpy, affine, 8
-    // reductions, softmax.
-    assert_eq!(errors.len(), 4 + 10 + 14 + 3 + 8 + 1, "{errors:?}");
+    // reductions, softmax, non-finite scalars.
+    assert_eq!(errors.len(), 4 + 10 + 14 + 3 + 8 + 1 + 1, "{errors:?}");
     for (name, err) in errors {
         assert!(err <= 1e-5, "{name}: {err}");
     }
@@ -271,7 +271,7 @@ fn gpu_program(name: &str, trial_quota: u64) -> Program {
 fn every_kernel_and_a_custom_shader_match_the_reference_on_the_gpu() {
     let (report, errors) = kernel_check(&gpu_program("kernels", 1 << 30));
     // The CPU's cases and the custom shader.
-    assert_eq!(errors.len(), 4 + 10 + 14 + 3 + 8 + 1 + 1, "{errors:?}");
+    assert_eq!(errors.len(), 4 + 10 + 14 + 3 + 8 + 1 + 1 + 1, "{errors:?}");
     for (name, err) in errors {
         // GPU exp, tanh and sums round differently from the CPU's.
         assert!(err <= 1e-4, "{name}: {err}");
@@ -303,6 +303,15 @@ fn gpu_misuse_is_an_error_the_guest_receives() {
         ("bad_wgsl", "shader.wgsl:4:"),
         ("dispatch", "workgroups along one dimension is more than"),
         ("binding", "the GPU refused the job"),
+        (
+            "bindings",
+            "a dispatch binds at most 32 buffers; 33 were given",
+        ),
+        (
+            "entry",
+            "an entry point name of 300 bytes is longer than the 256 allowed",
+        ),
+        ("override", "sets its @workgroup_size with an override"),
     ];
     for (misuse, expected) in cases {
         let mut trial = started(

@@ -26,8 +26,10 @@
 //!   custom shader), `shape` (a matmul whose output is too small); and on a
 //!   GPU backend `bad_wgsl` (WGSL with a type error), `dispatch` (more
 //!   workgroups than a dispatch allows), `binding` (a pipeline given the
-//!   wrong buffers) and `runaway` (a shader that runs far past any
-//!   deadline, so the host must kill its worker).
+//!   wrong buffers), `bindings` (more buffers than a dispatch binds),
+//!   `entry` (an overlong entry-point name), `override` (a workgroup size
+//!   set by an override, which fuel cannot price) and `runaway` (a shader
+//!   that runs far past any deadline, so the host must kill its worker).
 //! - With `check` on a backend with shaders, a custom WGSL pipeline is
 //!   checked too (`err_shader`).
 
@@ -272,6 +274,20 @@ fn misuse(kind: &str) -> Result<()> {
                 .err()
                 .ok_or_else(|| Error::msg("a dispatch missing a binding ran"))?
         }
+        "bindings" => {
+            let pipeline = compute::Pipeline::new(SCALE_WGSL, "main")?;
+            let x = Tensor::zeros(1, 4)?;
+            pipeline
+                .dispatch(&[&x; 33], [1, 1, 1])
+                .err()
+                .ok_or_else(|| Error::msg("a dispatch of 33 bindings ran"))?
+        }
+        "entry" => compute::Pipeline::new(SCALE_WGSL, &"m".repeat(300))
+            .err()
+            .ok_or_else(|| Error::msg("a 300-byte entry point was accepted"))?,
+        "override" => compute::Pipeline::new(OVERRIDE_WGSL, "main")
+            .err()
+            .ok_or_else(|| Error::msg("an override-sized workgroup compiled"))?,
         "runaway" => {
             let pipeline = compute::Pipeline::new(RUNAWAY_WGSL, "main")?;
             let out = Tensor::zeros(1, 256)?;
@@ -449,6 +465,14 @@ fn check() -> Result<Vec<(String, f32)>> {
     }
     errors.push(("softmax".into(), max_diff(&soft.to_vec()?, &want)));
 
+    // Non-finite scalars reach the kernel as they are.
+    let mut poisoned = x.try_clone()?;
+    poisoned.affine_in_place(f32::NAN, f32::INFINITY)?;
+    errors.push((
+        "nan_scalar".into(),
+        max_diff(&poisoned.to_vec()?, &[f32::NAN; 64]),
+    ));
+
     if compute::info().shaders {
         let pipeline = compute::Pipeline::new(SCALE_WGSL, "main")?;
         let data = values(1000, 31);
@@ -472,6 +496,13 @@ fn main(@builtin(global_invocation_id) id: vec3<u32>) {
         out[id.x] = x[id.x] * 2.0 + 1.0;
     }
 }
+";
+
+/// A workgroup size only known once the pipeline is made.
+const OVERRIDE_WGSL: &str = "\
+override size: u32 = 1024;
+@compute @workgroup_size(size)
+fn main() {}
 ";
 
 /// A type error on line 4: an `f32` stored into a `u32`.
