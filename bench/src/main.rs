@@ -29,12 +29,15 @@
 //!   plain wasm with fuel; and the interface's cost per call.
 //! - `compute-gpu` (also part of `compute`): the same products on the wgpu
 //!   backend, in process against through the interface and worker.
+//! - `compile`: loading a component with no cache, compiled in the host
+//!   process against in `wtune compile-worker`, and a cache hit.
 //! - `compare`: ASHA against random search (FIFO) at equal total fuel
 //!   (`stop_experiment.max_fuel`): on the digits example in the sandbox
 //!   (best `val_accuracy` reached, 10 seeds), and on the native replay of
 //!   `CurveSet::synthetic()` (regret against its known optimum, 200 seeds).
 
 mod compare;
+mod compile;
 mod compute;
 mod decisions;
 
@@ -120,6 +123,9 @@ fn main() {
     }
     if matches!(what.as_str(), "all" | "compute" | "compute-gpu") {
         compute::run_gpu(&root.join("target/wasm32-wasip2/release/kernels.wasm"));
+    }
+    if matches!(what.as_str(), "all" | "compile") {
+        compile::run(&root);
     }
     if matches!(what.as_str(), "all" | "compare") {
         compare::replay();

@@ -1,5 +1,6 @@
 //! The `wtune` command line: argument definitions and the two commands.
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -11,7 +12,9 @@ use crate::compute::ComputeOptions;
 use crate::config::{self, Overrides};
 use crate::exec::{CheckpointMode, WasmBackend};
 use crate::report::{ExperimentFile, Progress, StateFile, TrialFiles, state, summary_text};
-use crate::sandbox::{Limits, Program, Sandbox, SandboxOptions, fuel_text, human_bytes};
+use crate::sandbox::{
+    CompileOptions, Limits, Program, Sandbox, SandboxOptions, fuel_text, human_bytes,
+};
 use crate::snapshot::{Payload, SnapshotKey};
 use crate::tune::resume::{self, ErroredTrials};
 use crate::tune::{
@@ -41,6 +44,13 @@ enum Command {
     /// Serve GPU compute jobs over stdin and stdout (started by wtune itself).
     #[command(name = "gpu-worker", hide = true)]
     GpuWorker,
+    /// Compile the component on stdin into an artifact on stdout (started by wtune itself).
+    #[command(name = "compile-worker", hide = true)]
+    CompileWorker {
+        /// The engine's wasm stack limit, which the artifact must match.
+        #[arg(long)]
+        max_wasm_stack: usize,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -113,6 +123,9 @@ struct RunArgs {
     /// Start every trial from this checkpoint file.
     #[arg(long, value_name = "FILE")]
     restore_from: Option<PathBuf>,
+    /// Run the model only if its blake3 digest (as `wtune inspect` prints it) is this one; repeatable, replaces the file's security.allowed_components.
+    #[arg(long, value_name = "HASH")]
+    allow_component: Vec<String>,
     #[command(flatten)]
     cache: CacheArgs,
 }
@@ -176,6 +189,12 @@ struct Setup {
     /// The host compute backend and quotas.
     #[serde(default)]
     compute: ComputeOptions,
+    /// Where the component is compiled, and the compile limits.
+    #[serde(default)]
+    compile: CompileOptions,
+    /// The experiment's component allowlist, applied again on resume.
+    #[serde(default)]
+    allowed_components: Option<BTreeSet<String>>,
 }
 
 impl Setup {
@@ -198,6 +217,8 @@ impl Setup {
                 "compute_memory_total": self.compute.total_quota,
             },
             "compute": self.compute.mode,
+            "compile": self.compile,
+            "allowed_components": self.allowed_components,
             "data": self.data.iter().map(|(n, d)| (n.clone(), d.display().to_string())).collect::<std::collections::BTreeMap<_, _>>(),
             "wtune_version": env!("CARGO_PKG_VERSION"),
         })
@@ -251,15 +272,19 @@ impl Failure {
 /// Parses arguments, runs the command, prints a one-line cause on failure.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    if let Command::GpuWorker = cli.command {
-        return crate::compute::gpu::worker_main();
+    match cli.command {
+        Command::GpuWorker => return crate::compute::gpu::worker_main(),
+        Command::CompileWorker { max_wasm_stack } => {
+            return crate::sandbox::compile_worker_main(max_wasm_stack);
+        }
+        _ => {}
     }
     init_tracing();
     let outcome = match cli.command {
         Command::Run(args) => run(*args),
         Command::Resume(args) => resume_experiment(args),
         Command::Inspect { model } => inspect(&model),
-        Command::GpuWorker => unreachable!("served above"),
+        Command::GpuWorker | Command::CompileWorker { .. } => unreachable!("served above"),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
@@ -279,16 +304,8 @@ fn init_tracing() {
         .try_init();
 }
 
-fn sandbox(
-    cache: CacheArgs,
-    max_wasm_stack: usize,
-    compute: ComputeOptions,
-) -> Result<Sandbox, Failure> {
-    let mut options = SandboxOptions {
-        max_wasm_stack,
-        compute,
-        ..SandboxOptions::default()
-    };
+/// The sandbox for `options`, with the cache the flags choose.
+fn sandbox(cache: CacheArgs, mut options: SandboxOptions) -> Result<Sandbox, Failure> {
     if cache.no_cache {
         options.cache_dir = None;
     } else if let Some(dir) = cache.cache_dir {
@@ -321,10 +338,20 @@ fn run(args: RunArgs) -> Result<(), Failure> {
         scheduler: args.scheduler,
         search: args.search,
         compute: args.compute,
+        allowed_components: args.allow_component,
     };
     let plan =
         config::plan(&args.model, args.config.as_deref(), &overrides).map_err(Failure::user)?;
-    let sandbox = sandbox(args.cache, plan.max_wasm_stack, plan.compute)?;
+    let sandbox = sandbox(
+        args.cache,
+        SandboxOptions {
+            max_wasm_stack: plan.max_wasm_stack,
+            compute: plan.compute,
+            compile: plan.compile,
+            allowed_components: plan.allowed_components.clone(),
+            ..SandboxOptions::default()
+        },
+    )?;
     let program = sandbox.load(&args.model).map_err(Failure::user)?;
     for note in &plan.notes {
         eprintln!("note: {note}");
@@ -408,6 +435,8 @@ fn run(args: RunArgs) -> Result<(), Failure> {
         search: plan.search,
         fixed_config,
         compute: plan.compute,
+        compile: plan.compile,
+        allowed_components: plan.allowed_components,
     };
     let scheduler = setup.scheduler()?;
     let searcher = setup.searcher()?;
@@ -591,7 +620,16 @@ fn resume_experiment(args: ResumeArgs) -> Result<(), Failure> {
         .model
         .map(|m| std::path::absolute(&m).unwrap_or(m))
         .unwrap_or_else(|| setup.model.clone());
-    let sandbox = sandbox(args.cache, setup.max_wasm_stack, setup.compute)?;
+    let sandbox = sandbox(
+        args.cache,
+        SandboxOptions {
+            max_wasm_stack: setup.max_wasm_stack,
+            compute: setup.compute,
+            compile: setup.compile,
+            allowed_components: setup.allowed_components.clone(),
+            ..SandboxOptions::default()
+        },
+    )?;
     let program: Program = sandbox.load(&model).map_err(Failure::user)?;
     if program.digest() != setup.model_blake3 {
         return Err(Failure::user(format!(
@@ -713,8 +751,7 @@ fn inspect(model: &Path) -> Result<(), Failure> {
             cache_dir: None,
             no_cache: false,
         },
-        1 << 20,
-        ComputeOptions::default(),
+        SandboxOptions::default(),
     )?;
     let description = sandbox
         .describe(&bytes)

@@ -5,7 +5,7 @@
 //! Paths inside the file are relative to the file's directory; paths given
 //! on the command line are relative to the current directory.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
@@ -14,7 +14,7 @@ use serde_json::{Map, Value};
 
 use crate::compute::ComputeOptions;
 use crate::exec::CheckpointMode;
-use crate::sandbox::{Limits, human_bytes};
+use crate::sandbox::{CompileOptions, Limits, human_bytes};
 use crate::tune::{
     CheckpointPolicy, ExperimentStop, ExperimentStopper, FailFast, FailurePolicy, Mode, PoolSpec,
     Resources, RunSpec, SchedulerSpec, SearchSpace, SearchSpec, Searcher, StopCriteria,
@@ -62,6 +62,15 @@ struct ExperimentToml {
     resources: Option<toml::Table>,
     stop_experiment: Option<toml::Table>,
     compute: Option<String>,
+    security: Option<SecurityToml>,
+}
+
+/// `[security]`: what a deployment that runs strangers' code pins down.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SecurityToml {
+    allowed_components: Option<Vec<String>>,
+    compile: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -76,6 +85,8 @@ struct LimitsToml {
     table_elements: Option<u64>,
     compute_memory: Option<toml::Value>,
     compute_memory_total: Option<toml::Value>,
+    compile_timeout: Option<toml::Value>,
+    compile_memory: Option<toml::Value>,
 }
 
 /// Command-line values that override the experiment file.
@@ -123,6 +134,9 @@ pub struct Overrides {
     pub search: Option<String>,
     /// `--compute auto|cpu`
     pub compute: Option<String>,
+    /// `--allow-component HASH`, repeatable: replaces the file's
+    /// `security.allowed_components`.
+    pub allowed_components: Vec<String>,
 }
 
 /// Everything needed to run an experiment.
@@ -159,6 +173,11 @@ pub struct Plan {
     pub search: SearchSpec,
     /// The host compute backend and its memory quotas.
     pub compute: ComputeOptions,
+    /// Where components are compiled, and the compile limits.
+    pub compile: CompileOptions,
+    /// The blake3 digests of the only components allowed to run, if the
+    /// experiment pins them.
+    pub allowed_components: Option<BTreeSet<String>>,
 }
 
 impl Plan {
@@ -316,7 +335,22 @@ pub fn plan(
         overrides.compute.as_deref().or(file.compute.as_deref()),
         &limits_file,
     )?;
+    let compile = compile(
+        file.security.as_ref().and_then(|s| s.compile.as_deref()),
+        &limits_file,
+    )?;
     let (limits, max_wasm_stack) = limits(limits_file, overrides)?;
+    let allowed_components = if overrides.allowed_components.is_empty() {
+        match file.security.and_then(|s| s.allowed_components) {
+            Some(list) => Some(allowlist(&list, "security.allowed_components")?),
+            None => None,
+        }
+    } else {
+        Some(allowlist(
+            &overrides.allowed_components,
+            "--allow-component",
+        )?)
+    };
 
     let resources_per_trial: Resources =
         table_as("resources_per_trial", &file.resources_per_trial)?;
@@ -492,6 +526,8 @@ pub fn plan(
         param_space,
         search,
         compute,
+        compile,
+        allowed_components,
     })
 }
 
@@ -523,6 +559,59 @@ fn scheduler(value: Option<&toml::Value>) -> Result<SchedulerSpec, ConfigError> 
     }
     serde_json::from_value(to_json(&table))
         .map_err(|e| bad(format!("scheduler: {}", one_line(&e.to_string()))))
+}
+
+/// `security.compile` and the `limits.compile_*` limits.
+fn compile(isolation: Option<&str>, limits: &LimitsToml) -> Result<CompileOptions, ConfigError> {
+    let mut options = CompileOptions::default();
+    if let Some(isolation) = isolation {
+        options.isolation = isolation
+            .parse()
+            .map_err(|e| bad(format!("security.compile: {e}")))?;
+    }
+    if let Some(v) = &limits.compile_timeout {
+        options.timeout = duration(v, "limits.compile_timeout")?
+            .ok_or_else(|| bad("limits.compile_timeout must be a duration such as \"2m\""))?;
+    }
+    if let Some(v) = &limits.compile_memory {
+        options.memory = size(v, "limits.compile_memory")?;
+        if options.memory < MIN_COMPILE_MEMORY {
+            return Err(bad(format!(
+                "limits.compile_memory must be at least {}: the compiler itself needs that much",
+                human_bytes(MIN_COMPILE_MEMORY)
+            )));
+        }
+    }
+    Ok(options)
+}
+
+/// Below this the compile worker cannot even start its engine.
+const MIN_COMPILE_MEMORY: u64 = 256 << 20;
+
+/// Component digests as `wtune inspect` prints them: 64 hex digits, with or
+/// without a `blake3:` prefix.
+pub fn allowlist(entries: &[String], key: &str) -> Result<BTreeSet<String>, ConfigError> {
+    if entries.is_empty() {
+        return Err(bad(format!(
+            "{key} is empty, so no component could run; list the blake3 digests `wtune \
+             inspect` prints, or leave it out to allow any component"
+        )));
+    }
+    entries
+        .iter()
+        .map(|entry| {
+            let digest = entry.trim();
+            let digest = digest.strip_prefix("blake3:").unwrap_or(digest);
+            if digest.len() == 64 && digest.bytes().all(|b| b.is_ascii_hexdigit()) {
+                Ok(digest.to_ascii_lowercase())
+            } else {
+                Err(bad(format!(
+                    "{key}: {entry:?} is not a blake3 digest (64 hex digits, as `wtune inspect` \
+                     prints)"
+                )))
+            }
+        })
+        .collect()
 }
 
 /// `compute = "auto"` and the `limits.compute_memory*` quotas.

@@ -39,6 +39,7 @@ pub mod compute;
 pub mod config;
 pub mod exec;
 pub mod persist;
+pub mod process;
 pub mod report;
 pub mod sandbox;
 pub mod snapshot;

@@ -4,8 +4,10 @@
 //! the engine's compatibility hash (wasmtime version and every setting that
 //! changes generated code), so a changed component, a wasmtime upgrade or a
 //! different fuel setting never reuses a stale artifact. Entries are written
-//! atomically (temp file, fsync, rename); an entry that fails to load is
-//! recompiled and replaced.
+//! atomically (temp file, fsync, rename) with a trailing blake3 checksum,
+//! because an entry is machine code that wasmtime loads without further
+//! checks; an entry that fails its checksum or fails to load is recompiled
+//! and replaced.
 
 use std::fs;
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -49,48 +51,79 @@ impl ArtifactCache {
     }
 
     fn entry(&self, digest: &str) -> PathBuf {
-        self.dir.join(format!("{digest}-{}.cwasm", self.engine_key))
+        // `v2`: entries carry a checksum; older ones are simply not found.
+        self.dir
+            .join(format!("{digest}-{}-v2.cwasm", self.engine_key))
     }
 
-    /// Returns the compiled component for `bytes` (whose blake3 hex digest is
-    /// `digest`), from the cache when possible, compiling and storing it
-    /// otherwise. A cache that cannot be written only costs a recompile next
-    /// time; it never fails the load.
-    pub(crate) fn load_or_compile(
-        &self,
-        engine: &Engine,
-        digest: &str,
-        bytes: &[u8],
-    ) -> wasmtime::Result<Component> {
+    /// The cached component for the bytes whose blake3 hex digest is
+    /// `digest`, if there is a sound entry. An entry whose checksum fails
+    /// (a torn write, a bad disk, a hand edit) is ignored and will be
+    /// replaced: it holds machine code, so it is never loaded unverified.
+    pub(crate) fn load(&self, engine: &Engine, digest: &str) -> Option<Component> {
         let path = self.entry(digest);
-        if path.is_file() {
-            // SAFETY: entries are only ever written by `store` below from
-            // `Component::serialize` output of this engine configuration (the
-            // file name carries the engine's compatibility hash), in a
-            // directory owned by the user running wtune. Guests cannot reach
-            // it: their filesystem view is their trial directory only.
-            match unsafe { Component::deserialize_file(engine, &path) } {
-                Ok(component) => return Ok(component),
-                Err(err) => tracing::warn!(
-                    path = %path.display(),
-                    "ignoring unusable cache entry, recompiling: {err:#}"
-                ),
+        let entry = fs::read(&path).ok()?;
+        let Some(artifact) = verified(&entry) else {
+            tracing::warn!(path = %path.display(), "ignoring a cache entry whose checksum fails");
+            return None;
+        };
+        // SAFETY: the checksum shows these are the bytes `store` wrote, and
+        // `store` only writes artifacts that wasmtime produced for this
+        // engine's configuration (the file name carries its compatibility
+        // hash, and wasmtime checks it again). The directory belongs to the
+        // user running wtune; guests only see their trial directories.
+        match unsafe { Component::deserialize(engine, artifact) } {
+            Ok(component) => Some(component),
+            Err(err) => {
+                tracing::warn!(path = %path.display(), "ignoring unusable cache entry: {err:#}");
+                None
             }
         }
-        let component = Component::new(engine, bytes)?;
-        if let Err(err) = self.store(&path, &component) {
-            tracing::warn!(dir = %self.dir.display(), "could not write the compile cache: {err:#}");
-        }
-        Ok(component)
     }
 
-    fn store(&self, path: &Path, component: &Component) -> wasmtime::Result<()> {
-        fs::create_dir_all(&self.dir)?;
-        let bytes = component.serialize()?;
-        let mut tmp = tempfile::NamedTempFile::new_in(&self.dir)?;
-        tmp.write_all(&bytes)?;
-        tmp.as_file().sync_all()?;
-        tmp.persist(path).map_err(|e| e.error)?;
-        Ok(())
+    /// Stores `artifact` (wasmtime's serialized component) for `digest`,
+    /// atomically, followed by its checksum. A cache that cannot be written
+    /// only costs a recompile next time, so failures are logged, not
+    /// returned.
+    pub(crate) fn store(&self, digest: &str, artifact: &[u8]) {
+        let write = || -> std::io::Result<()> {
+            fs::create_dir_all(&self.dir)?;
+            let mut tmp = tempfile::NamedTempFile::new_in(&self.dir)?;
+            tmp.write_all(artifact)?;
+            tmp.write_all(blake3::hash(artifact).as_bytes())?;
+            tmp.as_file().sync_all()?;
+            tmp.persist(self.entry(digest)).map_err(|e| e.error)?;
+            Ok(())
+        };
+        if let Err(err) = write() {
+            tracing::warn!(dir = %self.dir.display(), "could not write the compile cache: {err}");
+        }
+    }
+}
+
+/// The artifact in a cache entry, if its trailing checksum matches.
+fn verified(entry: &[u8]) -> Option<&[u8]> {
+    let split = entry.len().checked_sub(blake3::OUT_LEN)?;
+    let (artifact, checksum) = entry.split_at(split);
+    (blake3::hash(artifact).as_bytes() == checksum).then_some(artifact)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::verified;
+
+    #[test]
+    fn entries_are_accepted_only_with_their_checksum() {
+        let artifact = b"compiled code".to_vec();
+        let mut entry = artifact.clone();
+        entry.extend_from_slice(blake3::hash(&artifact).as_bytes());
+        assert_eq!(verified(&entry), Some(&artifact[..]));
+
+        let mut flipped = entry.clone();
+        flipped[3] ^= 1;
+        assert_eq!(verified(&flipped), None);
+        assert_eq!(verified(&entry[..entry.len() - 1]), None);
+        assert_eq!(verified(&entry[..10]), None);
+        assert_eq!(verified(b""), None);
     }
 }

@@ -38,6 +38,13 @@ pub enum ContractError {
     ExportType { detail: String },
     /// The component imports something the host does not provide.
     Imports { detail: String },
+    /// An allowlist is configured and the component's digest is not on it.
+    NotAllowed { digest: String, allowed: usize },
+    /// Compiling the component overran a compile limit.
+    CompileLimit { reason: String },
+    /// The host could not compile the component for a reason of its own
+    /// (the compile worker is missing or crashed).
+    Compiler { detail: String },
 }
 
 impl fmt::Display for ContractError {
@@ -64,6 +71,16 @@ impl fmt::Display for ContractError {
                 "component needs imports wtune does not provide (wtune offers WASI 0.2 and \
                  wtune:trainable/host): {detail}"
             ),
+            ContractError::NotAllowed { digest, allowed } => write!(
+                f,
+                "component blake3 {digest} is not on the allowlist ({allowed} allowed \
+                 component{}); it was refused before compiling",
+                if *allowed == 1 { "" } else { "s" }
+            ),
+            ContractError::CompileLimit { reason } => write!(f, "component refused: {reason}"),
+            ContractError::Compiler { detail } => {
+                write!(f, "cannot compile the component: {detail}")
+            }
         }
     }
 }

@@ -1,6 +1,7 @@
 //! The engine every trial shares: configuration, the epoch ticker behind
 //! wall-clock deadlines, and the linker with the host's imports.
 
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -12,6 +13,7 @@ use wasmtime::{Config, Engine};
 
 use super::bindings;
 use super::cache::ArtifactCache;
+use super::compile::CompileOptions;
 use super::host::TrialHost;
 use crate::compute::{Compute, ComputeOptions};
 
@@ -27,6 +29,11 @@ pub struct SandboxOptions {
     pub max_wasm_stack: usize,
     /// The host compute backend and its device-memory quotas.
     pub compute: ComputeOptions,
+    /// Where components are compiled, and the limits on compiling one.
+    pub compile: CompileOptions,
+    /// When set, only components whose blake3 digest (lowercase hex) is in
+    /// the set are loaded; any other is refused before it is compiled.
+    pub allowed_components: Option<BTreeSet<String>>,
 }
 
 impl Default for SandboxOptions {
@@ -35,6 +42,8 @@ impl Default for SandboxOptions {
             cache_dir: ArtifactCache::default_dir(),
             max_wasm_stack: 1 << 20,
             compute: ComputeOptions::default(),
+            compile: CompileOptions::default(),
+            allowed_components: None,
         }
     }
 }
@@ -51,18 +60,28 @@ pub struct Sandbox {
     pub(crate) ticker: Arc<EpochTicker>,
     /// Shared by every trial of every program this sandbox loads.
     pub(crate) compute: Compute,
+    pub(crate) compile: CompileOptions,
+    pub(crate) max_wasm_stack: usize,
+    pub(crate) allowed_components: Option<BTreeSet<String>>,
+}
+
+/// The engine configuration every trial runs under. The compile worker
+/// builds its engine from the same function, so the artifacts it returns
+/// load in the host's engine.
+pub(crate) fn engine_config(max_wasm_stack: usize) -> Config {
+    let mut config = Config::new();
+    config.wasm_component_model(true);
+    config.consume_fuel(true);
+    config.epoch_interruption(true);
+    config.max_wasm_stack(max_wasm_stack);
+    config
 }
 
 impl Sandbox {
     /// Builds the engine (fuel metering and epoch interruption on) and the
     /// linker with WASI preview 2 and the `wtune:trainable/host` imports.
     pub fn new(options: SandboxOptions) -> wasmtime::Result<Self> {
-        let mut config = Config::new();
-        config.wasm_component_model(true);
-        config.consume_fuel(true);
-        config.epoch_interruption(true);
-        config.max_wasm_stack(options.max_wasm_stack);
-        let engine = Engine::new(&config)?;
+        let engine = Engine::new(&engine_config(options.max_wasm_stack))?;
 
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker)?;
@@ -81,6 +100,9 @@ impl Sandbox {
             cache,
             ticker,
             compute: Compute::new(options.compute).map_err(wasmtime::Error::msg)?,
+            compile: options.compile,
+            max_wasm_stack: options.max_wasm_stack,
+            allowed_components: options.allowed_components,
         })
     }
 }

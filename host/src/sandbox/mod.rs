@@ -13,6 +13,7 @@
 mod bindings;
 mod cache;
 mod capture;
+mod compile;
 mod compute;
 mod contract;
 mod engine;
@@ -25,10 +26,11 @@ mod snapshot;
 mod wit_text;
 
 pub use cache::ArtifactCache;
+pub use compile::{CompileIsolation, CompileOptions, worker_main as compile_worker_main};
 pub use contract::{ComponentDescription, ContractError, WORLD};
 pub use engine::{Sandbox, SandboxOptions};
 pub use fault::{At, Call, TrialFault, fuel_text};
-pub use instance::{CallStats, GuestReport, TrialInstance};
+pub use instance::{CallStats, GuestReport, TrialInstance, check_train_return};
 pub use limits::{Limits, human_bytes};
 pub use program::{LoadError, Program, TrialEnv};
 pub use snapshot::SnapshotError;

@@ -10,6 +10,7 @@ use wasmtime_wasi::{FsPerms, WasiCtxBuilder};
 
 use super::bindings::TrainablePre;
 use super::capture::CappedSink;
+use super::compile::{self, CompileFailure};
 use super::contract::{self, ComponentDescription, ContractError};
 use super::engine::{EpochTicker, Sandbox};
 use super::fault::{At, Call, TrialFault};
@@ -110,6 +111,14 @@ impl Sandbox {
     pub fn load_bytes(&self, bytes: &[u8]) -> Result<Program, ContractError> {
         contract::check_header(bytes)?;
         let digest = blake3::hash(bytes).to_hex().to_string();
+        if let Some(allowed) = &self.allowed_components
+            && !allowed.contains(&digest)
+        {
+            return Err(ContractError::NotAllowed {
+                digest,
+                allowed: allowed.len(),
+            });
+        }
         let (component, access) = match snapshot::instrument(bytes) {
             Ok(instrumented) => {
                 let component = self.compile(&instrumented.bytes)?;
@@ -149,15 +158,32 @@ impl Sandbox {
 
     /// Compiles `bytes`, through the cache when there is one (keyed by the
     /// bytes actually compiled, so instrumented and plain builds differ).
+    /// Compilation itself runs where [`CompileOptions`](super::CompileOptions)
+    /// say, normally a limited child process.
     fn compile(&self, bytes: &[u8]) -> Result<Component, ContractError> {
         let key = blake3::hash(bytes).to_hex().to_string();
-        match &self.cache {
-            Some(cache) => cache.load_or_compile(&self.engine, &key, bytes),
-            None => Component::new(&self.engine, bytes),
+        if let Some(component) = self.cache.as_ref().and_then(|c| c.load(&self.engine, &key)) {
+            return Ok(component);
         }
-        .map_err(|e| ContractError::Invalid {
-            detail: format!("{e:#}"),
-        })
+        let artifact = compile::precompile(&self.engine, bytes, &self.compile, self.max_wasm_stack)
+            .map_err(|failure| match failure {
+                CompileFailure::Invalid(detail) => ContractError::Invalid { detail },
+                CompileFailure::Limit(reason) => ContractError::CompileLimit { reason },
+                CompileFailure::Worker(detail) => ContractError::Compiler { detail },
+            })?;
+        // SAFETY: `artifact` was just produced by wasmtime for an engine
+        // built from the same `engine_config` (in this process or in our own
+        // compile worker), and wasmtime checks its compatibility header.
+        let component =
+            unsafe { Component::deserialize(&self.engine, &artifact) }.map_err(|e| {
+                ContractError::Compiler {
+                    detail: format!("loading the compiled artifact: {e:#}"),
+                }
+            })?;
+        if let Some(cache) = &self.cache {
+            cache.store(&key, &artifact);
+        }
+        Ok(component)
     }
 
     fn check(&self, component: &Component) -> Result<TrainablePre<TrialHost>, ContractError> {

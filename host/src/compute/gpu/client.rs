@@ -7,8 +7,7 @@
 //! nobody else's. Idle workers wait in a [`WorkerPool`] for the next trial,
 //! which saves opening the device again.
 
-use std::collections::VecDeque;
-use std::io::{BufReader, BufWriter, Read};
+use std::io::{BufReader, BufWriter};
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
@@ -19,6 +18,7 @@ use std::time::{Duration, Instant};
 use super::protocol::{self, Adapter, Hello, Reply, Request};
 use crate::compute::ComputeError;
 use crate::compute::device::{Device, Fill, Kernel, PipelineInfo};
+use crate::process::OutputTail;
 
 /// How long a new worker may take to open its device.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
@@ -32,32 +32,6 @@ const MAX_IDLE: usize = 8;
 
 /// Bytes of a worker's stderr kept for messages.
 const STDERR_TAIL: usize = 4096;
-
-/// The executable that serves `gpu-worker`: `$WTUNE_GPU_WORKER`, else this
-/// process when it is `wtune`, else a `wtune` beside it or one directory up
-/// (where cargo puts the binary next to test and bench executables).
-pub fn worker_executable() -> Result<PathBuf, String> {
-    if let Some(path) = std::env::var_os("WTUNE_GPU_WORKER") {
-        return Ok(PathBuf::from(path));
-    }
-    let me = std::env::current_exe().map_err(|e| format!("finding this executable: {e}"))?;
-    if me.file_stem().is_some_and(|s| s == "wtune") {
-        return Ok(me);
-    }
-    let name = format!("wtune{}", std::env::consts::EXE_SUFFIX);
-    me.ancestors()
-        .skip(1)
-        .take(2)
-        .map(|dir| dir.join(&name))
-        .find(|candidate| candidate.is_file())
-        .ok_or_else(|| {
-            format!(
-                "the GPU worker runs as `wtune gpu-worker`, and no wtune executable was found \
-                 beside {}; set WTUNE_GPU_WORKER to one",
-                me.display()
-            )
-        })
-}
 
 /// Why a job got no reply.
 #[derive(Debug)]
@@ -74,7 +48,7 @@ pub struct Worker {
     child: Option<Child>,
     stdin: BufWriter<ChildStdin>,
     replies: Receiver<Result<(Reply, Vec<u8>), String>>,
-    stderr: Arc<Mutex<VecDeque<u8>>>,
+    stderr: OutputTail,
     /// How the process ended, once known.
     status: Option<std::process::ExitStatus>,
 }
@@ -92,19 +66,7 @@ impl Worker {
             .map_err(|e| format!("starting the GPU worker {}: {e}", executable.display()))?;
         let stdin = BufWriter::with_capacity(1 << 20, child.stdin.take().expect("piped"));
         let mut stdout = BufReader::with_capacity(1 << 20, child.stdout.take().expect("piped"));
-        let mut stderr_pipe = child.stderr.take().expect("piped");
-
-        let stderr = Arc::new(Mutex::new(VecDeque::new()));
-        let tail = Arc::clone(&stderr);
-        thread::spawn(move || {
-            let mut chunk = [0u8; 1024];
-            while let Ok(n @ 1..) = stderr_pipe.read(&mut chunk) {
-                let mut tail = tail.lock().unwrap_or_else(|e| e.into_inner());
-                tail.extend(&chunk[..n]);
-                let excess = tail.len().saturating_sub(STDERR_TAIL);
-                tail.drain(..excess);
-            }
-        });
+        let stderr = OutputTail::collect(child.stderr.take().expect("piped"), STDERR_TAIL);
 
         let (hello_tx, hello_rx) = mpsc::channel();
         let (tx, replies) = mpsc::channel();
@@ -192,11 +154,7 @@ impl Worker {
             .status
             .take()
             .map_or(String::new(), |s| format!(" ({s})"));
-        let tail: Vec<u8> = (self.stderr.lock().unwrap_or_else(|e| e.into_inner()))
-            .iter()
-            .copied()
-            .collect();
-        let tail = String::from_utf8_lossy(&tail).trim().to_string();
+        let tail = self.stderr.text();
         if tail.is_empty() {
             format!("the GPU worker failed: {why}{status}")
         } else {
@@ -244,7 +202,7 @@ impl WorkerPool {
     /// Starts one worker to learn the adapter. `Ok(Err(reason))` when the
     /// worker runs but finds no adapter.
     pub fn open() -> Result<Result<Arc<WorkerPool>, String>, String> {
-        let executable = worker_executable()?;
+        let executable = crate::process::worker_executable()?;
         let (worker, hello) = Worker::start(&executable)?;
         Ok(match hello {
             Hello::Ready(adapter) => Ok(Arc::new(WorkerPool {

@@ -11,9 +11,9 @@
 //!
 //! Only Vulkan is used: it checks buffer bounds for untrusted shaders
 //! (out-of-bounds reads give zero, writes are dropped), where the GL
-//! backend does not. Embedders whose binary is not `wtune` point
-//! `WTUNE_GPU_WORKER` at an executable that calls [`worker_main`] when run
-//! with the argument `gpu-worker`.
+//! backend does not. The worker runs the `wtune` executable (see
+//! [`crate::process::worker_executable`]); [`worker_main`] is what it calls
+//! for `gpu-worker`.
 
 pub mod client;
 pub mod protocol;

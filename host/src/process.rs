@@ -1,0 +1,74 @@
+//! Helper processes that wtune starts from its own executable: the GPU
+//! workers and the compiler of untrusted components.
+//!
+//! Both run the `wtune` binary with a hidden subcommand, so a deployment
+//! ships one executable. Programs that embed the library (tests, benches, a
+//! marketplace backend) point `WTUNE_WORKER` at a `wtune` binary when theirs
+//! is not beside it.
+
+use std::collections::VecDeque;
+use std::io::Read;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::thread;
+
+/// The executable that serves wtune's hidden worker subcommands:
+/// `$WTUNE_WORKER`, else this executable if it is `wtune`, else a `wtune`
+/// in this executable's directory or its parent (where cargo puts the binary
+/// beside test and bench executables).
+pub fn worker_executable() -> Result<PathBuf, String> {
+    if let Some(path) = std::env::var_os("WTUNE_WORKER") {
+        return Ok(PathBuf::from(path));
+    }
+    let me = std::env::current_exe().map_err(|e| format!("finding this executable: {e}"))?;
+    if me.file_stem().is_some_and(|s| s == "wtune") {
+        return Ok(me);
+    }
+    let name = format!("wtune{}", std::env::consts::EXE_SUFFIX);
+    me.ancestors()
+        .skip(1)
+        .take(2)
+        .map(|dir| dir.join(&name))
+        .find(|candidate| candidate.is_file())
+        .ok_or_else(|| {
+            format!(
+                "wtune's worker processes run the wtune executable, and none was found beside {}; \
+                 set WTUNE_WORKER to one",
+                me.display()
+            )
+        })
+}
+
+/// The last bytes a child process wrote to a pipe, collected by a thread of
+/// its own so that a chatty child never blocks on a full pipe.
+#[derive(Clone, Default)]
+pub(crate) struct OutputTail {
+    bytes: Arc<Mutex<VecDeque<u8>>>,
+}
+
+impl OutputTail {
+    /// Reads `pipe` until it closes, keeping its last `keep` bytes.
+    pub(crate) fn collect(mut pipe: impl Read + Send + 'static, keep: usize) -> Self {
+        let tail = Self::default();
+        let bytes = Arc::clone(&tail.bytes);
+        thread::spawn(move || {
+            let mut chunk = [0u8; 1024];
+            while let Ok(n @ 1..) = pipe.read(&mut chunk) {
+                let mut tail = bytes.lock().unwrap_or_else(|e| e.into_inner());
+                tail.extend(&chunk[..n]);
+                let excess = tail.len().saturating_sub(keep);
+                tail.drain(..excess);
+            }
+        });
+        tail
+    }
+
+    /// What was kept so far, as trimmed text.
+    pub(crate) fn text(&self) -> String {
+        let tail = self.bytes.lock().unwrap_or_else(|e| e.into_inner());
+        let (front, back) = tail.as_slices();
+        let mut bytes = front.to_vec();
+        bytes.extend_from_slice(back);
+        String::from_utf8_lossy(&bytes).trim().to_string()
+    }
+}

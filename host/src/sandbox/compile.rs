@@ -1,0 +1,267 @@
+//! Compiling untrusted components in a separate process with time and
+//! memory limits.
+//!
+//! wasmtime's security model leaves compile-time denial of service out of
+//! scope: a small component can make Cranelift run for minutes or take
+//! gigabytes. So wtune compiles in `wtune compile-worker`, a child process
+//! under an address-space limit (`setrlimit`) that is killed at a
+//! wall-clock deadline. The child returns wasmtime's serialized artifact,
+//! which the host loads; a component that overruns a limit is refused with
+//! the limit named, and the host is untouched.
+
+use std::io::{Read, Write};
+use std::process::{Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::thread;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use wasmtime::Engine;
+
+use super::limits::human_bytes;
+use crate::process::{OutputTail, worker_executable};
+
+/// The exit status of a compile worker whose input is not a valid
+/// component; its stderr holds wasmtime's message.
+const INVALID_EXIT: i32 = 3;
+
+/// Bytes of the worker's stderr kept for messages.
+const STDERR_TAIL: usize = 16 << 10;
+
+/// Where and under which limits components are compiled.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CompileOptions {
+    /// Whether compilation runs in a separate, limited process.
+    pub isolation: CompileIsolation,
+    /// Wall-clock limit for compiling one component.
+    pub timeout: Duration,
+    /// Address-space limit of the compile process, in bytes.
+    pub memory: u64,
+}
+
+impl Default for CompileOptions {
+    fn default() -> Self {
+        Self {
+            isolation: CompileIsolation::Process,
+            timeout: Duration::from_secs(120),
+            memory: 4 << 30,
+        }
+    }
+}
+
+/// Where components are compiled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CompileIsolation {
+    /// In `wtune compile-worker`, under the time and memory limits.
+    #[default]
+    Process,
+    /// In the host process, without limits: only for components that are
+    /// trusted (a compile bomb then stalls or exhausts the host).
+    InProcess,
+}
+
+impl std::str::FromStr for CompileIsolation {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        match text {
+            "process" => Ok(Self::Process),
+            "in-process" => Ok(Self::InProcess),
+            other => Err(format!(
+                "compile isolation must be \"process\" or \"in-process\"; got {other:?}"
+            )),
+        }
+    }
+}
+
+/// Why a component produced no artifact.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum CompileFailure {
+    /// wasmtime rejected the component (the guest's fault).
+    Invalid(String),
+    /// The component overran a compile limit and is refused.
+    Limit(String),
+    /// The compile worker could not run or failed for another reason.
+    Worker(String),
+}
+
+/// Compiles `bytes` into wasmtime's serialized form for `engine`, where
+/// `options` says.
+pub(crate) fn precompile(
+    engine: &Engine,
+    bytes: &[u8],
+    options: &CompileOptions,
+    max_wasm_stack: usize,
+) -> Result<Vec<u8>, CompileFailure> {
+    match options.isolation {
+        CompileIsolation::InProcess => engine
+            .precompile_component(bytes)
+            .map_err(|e| CompileFailure::Invalid(format!("{e:#}"))),
+        CompileIsolation::Process => in_worker(bytes, options, max_wasm_stack),
+    }
+}
+
+fn in_worker(
+    bytes: &[u8],
+    options: &CompileOptions,
+    max_wasm_stack: usize,
+) -> Result<Vec<u8>, CompileFailure> {
+    let executable = worker_executable().map_err(|e| {
+        CompileFailure::Worker(format!(
+            "untrusted components are compiled in `wtune compile-worker`: {e} (or set \
+             compile isolation to \"in-process\" for trusted components)"
+        ))
+    })?;
+    let mut command = Command::new(&executable);
+    command
+        .arg("compile-worker")
+        .arg("--max-wasm-stack")
+        .arg(max_wasm_stack.to_string())
+        .env_clear()
+        // glibc gives each compiling thread an arena with 64 MiB of address
+        // space; without this cap they would eat the memory limit on a
+        // machine with many cores.
+        .env("MALLOC_ARENA_MAX", "2")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    limit_address_space(&mut command, options.memory);
+    let mut child = command.spawn().map_err(|e| {
+        CompileFailure::Worker(format!(
+            "starting the compile worker {}: {e}",
+            executable.display()
+        ))
+    })?;
+
+    let mut stdin = child.stdin.take().expect("piped");
+    let input = bytes.to_vec();
+    // A worker that dies early stops reading; its exit status says why, so
+    // the broken pipe is not the story.
+    thread::spawn(move || {
+        let _ = stdin.write_all(&input);
+    });
+    let stderr = OutputTail::collect(child.stderr.take().expect("piped"), STDERR_TAIL);
+    let mut stdout = child.stdout.take().expect("piped");
+    let (done, finished) = mpsc::channel();
+    thread::spawn(move || {
+        let mut artifact = Vec::new();
+        let read = stdout.read_to_end(&mut artifact).map(|_| artifact);
+        let _ = done.send(read);
+    });
+
+    let artifact = match finished.recv_timeout(options.timeout) {
+        Ok(read) => read,
+        Err(_) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(CompileFailure::Limit(format!(
+                "compiling it took longer than the {} compile time limit \
+                 (limits.compile_timeout)",
+                humantime::format_duration(options.timeout)
+            )));
+        }
+    };
+    let status = child
+        .wait()
+        .map_err(|e| CompileFailure::Worker(format!("waiting for the compile worker: {e}")))?;
+    if status.success() {
+        return artifact.map_err(|e| {
+            CompileFailure::Worker(format!("reading the compile worker's output: {e}"))
+        });
+    }
+    Err(explain(status, &stderr.text(), options))
+}
+
+/// Turns a failed worker's exit into the reason the user sees.
+fn explain(status: ExitStatus, stderr: &str, options: &CompileOptions) -> CompileFailure {
+    if status.code() == Some(INVALID_EXIT) {
+        return CompileFailure::Invalid(stderr.to_string());
+    }
+    // Rust aborts on a failed allocation with this message; an mmap that
+    // the limit refuses may also surface as a plain out-of-memory error.
+    let out_of_memory = [
+        "memory allocation of",
+        "out of memory",
+        "Cannot allocate memory",
+    ]
+    .iter()
+    .any(|sign| stderr.contains(sign));
+    if out_of_memory {
+        return CompileFailure::Limit(format!(
+            "compiling it needed more than the {} compile memory limit (limits.compile_memory)",
+            human_bytes(options.memory)
+        ));
+    }
+    let said = match stderr.lines().last() {
+        Some(line) => format!("; it said: {line}"),
+        None => String::new(),
+    };
+    CompileFailure::Worker(format!("the compile worker failed ({status}){said}"))
+}
+
+#[cfg(unix)]
+fn limit_address_space(command: &mut Command, bytes: u64) {
+    use std::os::unix::process::CommandExt;
+
+    // SAFETY: the closure runs in the forked child before exec and only
+    // calls setrlimit, which is async-signal-safe, on values computed
+    // before the fork.
+    unsafe {
+        command.pre_exec(move || {
+            let limit = libc::rlimit {
+                rlim_cur: bytes as libc::rlim_t,
+                rlim_max: bytes as libc::rlim_t,
+            };
+            let no_core = libc::rlimit {
+                rlim_cur: 0,
+                rlim_max: 0,
+            };
+            if libc::setrlimit(libc::RLIMIT_AS, &limit) != 0
+                || libc::setrlimit(libc::RLIMIT_CORE, &no_core) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+#[cfg(not(unix))]
+fn limit_address_space(_command: &mut Command, _bytes: u64) {
+    tracing::warn!("compile memory limits need setrlimit; this platform compiles without one");
+}
+
+/// The compile worker's side: reads a component from stdin and writes its
+/// serialized artifact to stdout. Exits with [`INVALID_EXIT`] when the
+/// component does not compile.
+pub fn worker_main(max_wasm_stack: usize) -> std::process::ExitCode {
+    let mut bytes = Vec::new();
+    if let Err(e) = std::io::stdin().lock().read_to_end(&mut bytes) {
+        eprintln!("reading the component: {e}");
+        return std::process::ExitCode::FAILURE;
+    }
+    let engine = match Engine::new(&super::engine::engine_config(max_wasm_stack)) {
+        Ok(engine) => engine,
+        Err(e) => {
+            eprintln!("creating the engine: {e:#}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let artifact = match engine.precompile_component(&bytes) {
+        Ok(artifact) => artifact,
+        Err(e) => {
+            eprintln!("{e:#}");
+            return std::process::ExitCode::from(INVALID_EXIT as u8);
+        }
+    };
+    let mut stdout = std::io::stdout().lock();
+    match stdout.write_all(&artifact).and_then(|()| stdout.flush()) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("writing the artifact: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
