@@ -12,8 +12,8 @@ use std::time::Duration;
 use wtune::sandbox::{CompileIsolation, CompileOptions, ContractError, Sandbox, SandboxOptions};
 
 /// A component whose core module has `functions` small functions: quick
-/// to parse, slow to compile (tens of seconds for 20 000 on a 2-core
-/// machine).
+/// to parse, slow to compile (20 000 take about 40 CPU seconds, and the
+/// worker compiles on at most 8 threads, so at least 5 s anywhere).
 fn many_functions(functions: usize) -> Vec<u8> {
     let body = "local.get 0 i32.const 7 i32.mul local.set 0 ".repeat(50);
     let funcs: String = (0..functions)
@@ -22,10 +22,12 @@ fn many_functions(functions: usize) -> Vec<u8> {
     wat::parse_str(format!("(component (core module {funcs}))")).unwrap()
 }
 
-/// A component with one enormous function, which Cranelift compiles with
-/// over 300 MB of memory.
+/// A component with one enormous function (5 MB of code, within
+/// wasmparser's 7.6 MB per function), which Cranelift compiles with over
+/// 600 MB of memory whatever the machine: it is one function, on one
+/// thread.
 fn one_huge_function() -> Vec<u8> {
-    let body = "local.get 0 i32.const 7 i32.mul local.get 0 i32.add local.set 0 ".repeat(250_000);
+    let body = "local.get 0 i32.const 7 i32.mul local.get 0 i32.add local.set 0 ".repeat(500_000);
     wat::parse_str(format!(
         "(component (core module (func (param i32) (result i32) {body} local.get 0)))"
     ))
@@ -77,8 +79,8 @@ fn a_compile_bomb_is_stopped_at_the_time_limit_and_the_host_goes_on() {
         "component refused: compiling it took longer than the 300ms compile time limit \
          (limits.compile_timeout)"
     );
-    // The same sandbox still compiles an honest component (in well under
-    // the limit only on a fast machine, so with a fresh, roomier one).
+    // The host goes on: an honest component compiles (in a sandbox with
+    // the default limit, as 300 ms is too short for it on a slow machine).
     let roomy = self::sandbox(CompileOptions::default(), None);
     let program = roomy
         .load_bytes(&hostile_bytes())
@@ -164,6 +166,14 @@ fn only_allowlisted_components_load_and_others_are_never_compiled() {
     let entries = std::fs::read_dir(cache.path()).map_or(0, |dir| dir.count());
     assert_eq!(entries, 0);
 
+    // `describe` (what `wtune inspect` uses) compiles too, so it obeys the
+    // allowlist as well.
+    let err = match pinned.describe(&bytes) {
+        Ok(_) => panic!("describe should refuse it"),
+        Err(e) => e,
+    };
+    assert!(matches!(err, ContractError::NotAllowed { .. }), "{err:?}");
+
     let allowed = sandbox_allowing(
         CompileOptions::default(),
         Some(cache.path()),
@@ -206,6 +216,28 @@ fn a_damaged_cache_entry_is_recompiled_and_replaced() {
         "the new entry carries its checksum"
     );
     assert_eq!(replaced.len(), sound.len());
+}
+
+#[test]
+fn a_missing_compile_worker_is_named_with_the_way_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = common::wtune()
+        .env("WTUNE_WORKER", dir.path().join("no-such-wtune"))
+        .arg("run")
+        .arg(common::guest("hostile"))
+        .arg("--no-cache")
+        .arg("--output-dir")
+        .arg(dir.path().join("out"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("cannot compile the component: starting the compile worker")
+            && stderr.contains("no-such-wtune"),
+        "{stderr}"
+    );
+    assert!(!dir.path().join("out").exists(), "nothing ran");
 }
 
 #[test]

@@ -630,16 +630,23 @@ fn resume_experiment(args: ResumeArgs) -> Result<(), Failure> {
             ..SandboxOptions::default()
         },
     )?;
-    let program: Program = sandbox.load(&model).map_err(Failure::user)?;
-    if program.digest() != setup.model_blake3 {
+    // The digest is checked before the file is compiled: resuming must not
+    // compile (or run) anything but the component the experiment admitted.
+    let bytes = std::fs::read(&model)
+        .map_err(|e| Failure::user(format!("cannot read {}: {e}", model.display())))?;
+    let digest = blake3::hash(&bytes).to_hex().to_string();
+    if digest != setup.model_blake3 {
         return Err(Failure::user(format!(
             "{} is not the component the experiment ran (its blake3 {}, expected {}); pass \
              the original with --model",
             model.display(),
-            &program.digest()[..12],
+            &digest[..12],
             &setup.model_blake3[..12.min(setup.model_blake3.len())]
         )));
     }
+    let program: Program = sandbox
+        .load_bytes(&bytes)
+        .map_err(|e| Failure::user(format!("{}: {e}", model.display())))?;
     setup.model = model;
     let key = snapshot_key(setup.snapshot_key_file.as_deref())?;
     let backend = WasmBackend::new(program, setup.limits.clone(), setup.data.clone())

@@ -14,7 +14,7 @@ use serde_json::{Map, Value};
 
 use crate::compute::ComputeOptions;
 use crate::exec::CheckpointMode;
-use crate::sandbox::{CompileOptions, Limits, human_bytes};
+use crate::sandbox::{CompileIsolation, CompileOptions, Limits, human_bytes};
 use crate::tune::{
     CheckpointPolicy, ExperimentStop, ExperimentStopper, FailFast, FailurePolicy, Mode, PoolSpec,
     Resources, RunSpec, SchedulerSpec, SearchSpace, SearchSpec, Searcher, StopCriteria,
@@ -339,6 +339,15 @@ pub fn plan(
         file.security.as_ref().and_then(|s| s.compile.as_deref()),
         &limits_file,
     )?;
+    if compile.isolation == CompileIsolation::InProcess
+        && (limits_file.compile_timeout.is_some() || limits_file.compile_memory.is_some())
+    {
+        notes.push(
+            "security.compile = \"in-process\" compiles without limits; \
+             limits.compile_timeout and limits.compile_memory apply to the compile worker only"
+                .into(),
+        );
+    }
     let (limits, max_wasm_stack) = limits(limits_file, overrides)?;
     let allowed_components = if overrides.allowed_components.is_empty() {
         match file.security.and_then(|s| s.allowed_components) {
@@ -570,14 +579,22 @@ fn compile(isolation: Option<&str>, limits: &LimitsToml) -> Result<CompileOption
             .map_err(|e| bad(format!("security.compile: {e}")))?;
     }
     if let Some(v) = &limits.compile_timeout {
-        options.timeout = duration(v, "limits.compile_timeout")?
-            .ok_or_else(|| bad("limits.compile_timeout must be a duration such as \"2m\""))?;
+        options.timeout = match duration(v, "limits.compile_timeout") {
+            Ok(Some(timeout)) => timeout,
+            _ => {
+                return Err(bad(format!(
+                    "limits.compile_timeout must be a duration such as \"2m\" or a number of \
+                     seconds; got {v}"
+                )));
+            }
+        };
     }
     if let Some(v) = &limits.compile_memory {
         options.memory = size(v, "limits.compile_memory")?;
         if options.memory < MIN_COMPILE_MEMORY {
             return Err(bad(format!(
-                "limits.compile_memory must be at least {}: the compiler itself needs that much",
+                "limits.compile_memory must be at least {}: the compile worker's own code, \
+                 threads and engine take about half of that",
                 human_bytes(MIN_COMPILE_MEMORY)
             )));
         }

@@ -41,17 +41,17 @@ pub fn worker_executable() -> Result<PathBuf, String> {
 
 /// The last bytes a child process wrote to a pipe, collected by a thread of
 /// its own so that a chatty child never blocks on a full pipe.
-#[derive(Clone, Default)]
 pub(crate) struct OutputTail {
     bytes: Arc<Mutex<VecDeque<u8>>>,
+    reader: Option<thread::JoinHandle<()>>,
 }
 
 impl OutputTail {
     /// Reads `pipe` until it closes, keeping its last `keep` bytes.
     pub(crate) fn collect(mut pipe: impl Read + Send + 'static, keep: usize) -> Self {
-        let tail = Self::default();
-        let bytes = Arc::clone(&tail.bytes);
-        thread::spawn(move || {
+        let tail = Arc::new(Mutex::new(VecDeque::new()));
+        let bytes = Arc::clone(&tail);
+        let reader = thread::spawn(move || {
             let mut chunk = [0u8; 1024];
             while let Ok(n @ 1..) = pipe.read(&mut chunk) {
                 let mut tail = bytes.lock().unwrap_or_else(|e| e.into_inner());
@@ -60,7 +60,19 @@ impl OutputTail {
                 tail.drain(..excess);
             }
         });
-        tail
+        Self {
+            bytes: tail,
+            reader: Some(reader),
+        }
+    }
+
+    /// Everything kept, once the pipe has closed (the process has exited
+    /// and its last words are in), as trimmed text.
+    pub(crate) fn finish(mut self) -> String {
+        if let Some(reader) = self.reader.take() {
+            let _ = reader.join();
+        }
+        self.text()
     }
 
     /// What was kept so far, as trimmed text.

@@ -62,16 +62,25 @@ impl ArtifactCache {
     /// replaced: it holds machine code, so it is never loaded unverified.
     pub(crate) fn load(&self, engine: &Engine, digest: &str) -> Option<Component> {
         let path = self.entry(digest);
+        if !path.is_file() {
+            return None;
+        }
+        if let Err(why) = private(&self.dir).and_then(|()| private(&path)) {
+            tracing::warn!("not loading compiled code from the compile cache: {why}");
+            return None;
+        }
         let entry = fs::read(&path).ok()?;
         let Some(artifact) = verified(&entry) else {
             tracing::warn!(path = %path.display(), "ignoring a cache entry whose checksum fails");
             return None;
         };
-        // SAFETY: the checksum shows these are the bytes `store` wrote, and
-        // `store` only writes artifacts that wasmtime produced for this
-        // engine's configuration (the file name carries its compatibility
-        // hash, and wasmtime checks it again). The directory belongs to the
-        // user running wtune; guests only see their trial directories.
+        // SAFETY: the directory and the entry belong to the user running
+        // wtune and nobody else can write them (`private`); guests only see
+        // their trial directories. Within it, entries are only written by
+        // `store`, from artifacts wasmtime produced for this engine's
+        // configuration (the file name carries its compatibility hash, and
+        // wasmtime checks it again), and the checksum shows the bytes are
+        // whole. It guards against damage, not against this same user.
         match unsafe { Component::deserialize(engine, artifact) } {
             Ok(component) => Some(component),
             Err(err) => {
@@ -87,7 +96,8 @@ impl ArtifactCache {
     /// returned.
     pub(crate) fn store(&self, digest: &str, artifact: &[u8]) {
         let write = || -> std::io::Result<()> {
-            fs::create_dir_all(&self.dir)?;
+            create_private_dir(&self.dir)?;
+            private(&self.dir).map_err(std::io::Error::other)?;
             let mut tmp = tempfile::NamedTempFile::new_in(&self.dir)?;
             tmp.write_all(artifact)?;
             tmp.write_all(blake3::hash(artifact).as_bytes())?;
@@ -101,6 +111,48 @@ impl ArtifactCache {
     }
 }
 
+/// Whether `path` is owned by this user and writable by nobody else: the
+/// cache holds machine code the host runs, so a directory another user can
+/// write is not a cache wtune can trust.
+#[cfg(unix)]
+fn private(path: &Path) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+
+    let meta = fs::symlink_metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    if meta.uid() != me {
+        return Err(format!(
+            "{} belongs to uid {}, not to this user (uid {me})",
+            path.display(),
+            meta.uid()
+        ));
+    }
+    if meta.mode() & 0o022 != 0 {
+        return Err(format!(
+            "{} is writable by other users (mode {:o})",
+            path.display(),
+            meta.mode() & 0o7777
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(not(unix))]
+fn private(_path: &Path) -> Result<(), String> {
+    Ok(())
+}
+
+/// Creates the cache directory (and its parents) readable and writable by
+/// this user only.
+fn create_private_dir(dir: &Path) -> std::io::Result<()> {
+    let mut builder = fs::DirBuilder::new();
+    builder.recursive(true);
+    #[cfg(unix)]
+    std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+    builder.create(dir)
+}
+
 /// The artifact in a cache entry, if its trailing checksum matches.
 fn verified(entry: &[u8]) -> Option<&[u8]> {
     let split = entry.len().checked_sub(blake3::OUT_LEN)?;
@@ -110,7 +162,22 @@ fn verified(entry: &[u8]) -> Option<&[u8]> {
 
 #[cfg(test)]
 mod tests {
-    use super::verified;
+    use super::{private, verified};
+
+    #[cfg(unix)]
+    #[test]
+    fn a_cache_directory_others_can_write_is_not_trusted() {
+        use std::os::unix::fs::PermissionsExt;
+
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(private(dir.path()), Ok(()));
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+        let why = private(dir.path()).unwrap_err();
+        assert!(
+            why.ends_with("is writable by other users (mode 777)"),
+            "{why}"
+        );
+    }
 
     #[test]
     fn entries_are_accepted_only_with_their_checksum() {

@@ -28,6 +28,12 @@ const INVALID_EXIT: i32 = 3;
 /// Bytes of the worker's stderr kept for messages.
 const STDERR_TAIL: usize = 16 << 10;
 
+/// Compile threads in the worker at most. Each thread's stack and malloc
+/// arena count against the address-space limit, so on a many-core machine
+/// an unbounded pool would exhaust a modest limit before compiling
+/// anything, and make the limit mean something different on every machine.
+const MAX_COMPILE_THREADS: usize = 8;
+
 /// Where and under which limits components are compiled.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -111,23 +117,26 @@ fn in_worker(
     let executable = worker_executable().map_err(|e| {
         CompileFailure::Worker(format!(
             "untrusted components are compiled in `wtune compile-worker`: {e} (or set \
-             compile isolation to \"in-process\" for trusted components)"
+             security.compile = \"in-process\" for trusted components)"
         ))
     })?;
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(MAX_COMPILE_THREADS);
     let mut command = Command::new(&executable);
     command
         .arg("compile-worker")
         .arg("--max-wasm-stack")
         .arg(max_wasm_stack.to_string())
         .env_clear()
+        .env("RAYON_NUM_THREADS", threads.to_string())
         // glibc gives each compiling thread an arena with 64 MiB of address
-        // space; without this cap they would eat the memory limit on a
-        // machine with many cores.
+        // space; two are plenty for a compiler.
         .env("MALLOC_ARENA_MAX", "2")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    limit_address_space(&mut command, options.memory);
+    confine(&mut command, options, threads);
     let mut child = command.spawn().map_err(|e| {
         CompileFailure::Worker(format!(
             "starting the compile worker {}: {e}",
@@ -143,11 +152,18 @@ fn in_worker(
         let _ = stdin.write_all(&input);
     });
     let stderr = OutputTail::collect(child.stderr.take().expect("piped"), STDERR_TAIL);
-    let mut stdout = child.stdout.take().expect("piped");
+    let stdout = child.stdout.take().expect("piped");
+    // The artifact is machine code for the component plus metadata; one
+    // larger than the compiler's whole address space cannot be honest, and
+    // the cap keeps the host's copy of it bounded.
+    let most = options.memory;
     let (done, finished) = mpsc::channel();
     thread::spawn(move || {
         let mut artifact = Vec::new();
-        let read = stdout.read_to_end(&mut artifact).map(|_| artifact);
+        let read = stdout
+            .take(most.saturating_add(1))
+            .read_to_end(&mut artifact)
+            .map(|_| artifact);
         let _ = done.send(read);
     });
 
@@ -166,12 +182,20 @@ fn in_worker(
     let status = child
         .wait()
         .map_err(|e| CompileFailure::Worker(format!("waiting for the compile worker: {e}")))?;
-    if status.success() {
-        return artifact.map_err(|e| {
-            CompileFailure::Worker(format!("reading the compile worker's output: {e}"))
-        });
+    let stderr = stderr.finish();
+    if !status.success() {
+        return Err(explain(status, &stderr, options));
     }
-    Err(explain(status, &stderr.text(), options))
+    let artifact = artifact
+        .map_err(|e| CompileFailure::Worker(format!("reading the compile worker's output: {e}")))?;
+    if artifact.len() as u64 > most {
+        return Err(CompileFailure::Limit(format!(
+            "its compiled form is larger than the {} compile memory limit \
+             (limits.compile_memory)",
+            human_bytes(options.memory)
+        )));
+    }
+    Ok(artifact)
 }
 
 /// Turns a failed worker's exit into the reason the user sees.
@@ -179,12 +203,14 @@ fn explain(status: ExitStatus, stderr: &str, options: &CompileOptions) -> Compil
     if status.code() == Some(INVALID_EXIT) {
         return CompileFailure::Invalid(stderr.to_string());
     }
-    // Rust aborts on a failed allocation with this message; an mmap that
-    // the limit refuses may also surface as a plain out-of-memory error.
+    // Rust aborts on a failed allocation with the first message; an mmap
+    // the limit refuses surfaces as ENOMEM, and a thread whose stack cannot
+    // be mapped as EAGAIN.
     let out_of_memory = [
         "memory allocation of",
         "out of memory",
         "Cannot allocate memory",
+        "Resource temporarily unavailable",
     ]
     .iter()
     .any(|sign| stderr.contains(sign));
@@ -194,33 +220,48 @@ fn explain(status: ExitStatus, stderr: &str, options: &CompileOptions) -> Compil
             human_bytes(options.memory)
         ));
     }
-    let said = match stderr.lines().last() {
+    let said = match stderr
+        .lines()
+        .rev()
+        .find(|line| !line.is_empty() && !line.starts_with("note:"))
+    {
         Some(line) => format!("; it said: {line}"),
         None => String::new(),
     };
     CompileFailure::Worker(format!("the compile worker failed ({status}){said}"))
 }
 
+/// Limits the worker's address space, its CPU time (a backstop for the
+/// wall-clock kill: `threads` busy for the whole deadline, plus a second),
+/// and core dumps; on Linux it also dies with the host, so a host that is
+/// killed mid-compile leaves no compiler running.
 #[cfg(unix)]
-fn limit_address_space(command: &mut Command, bytes: u64) {
+fn confine(command: &mut Command, options: &CompileOptions, threads: usize) {
     use std::os::unix::process::CommandExt;
 
+    let memory = options.memory as libc::rlim_t;
+    let cpu_seconds =
+        (options.timeout.as_secs() + 1).saturating_mul(threads as u64) as libc::rlim_t;
     // SAFETY: the closure runs in the forked child before exec and only
-    // calls setrlimit, which is async-signal-safe, on values computed
-    // before the fork.
+    // calls setrlimit and prctl, which are async-signal-safe, on values
+    // computed before the fork.
     unsafe {
         command.pre_exec(move || {
-            let limit = libc::rlimit {
-                rlim_cur: bytes as libc::rlim_t,
-                rlim_max: bytes as libc::rlim_t,
+            let limit = |resource, value: libc::rlim_t| {
+                let limit = libc::rlimit {
+                    rlim_cur: value,
+                    rlim_max: value,
+                };
+                match libc::setrlimit(resource, &limit) {
+                    0 => Ok(()),
+                    _ => Err(std::io::Error::last_os_error()),
+                }
             };
-            let no_core = libc::rlimit {
-                rlim_cur: 0,
-                rlim_max: 0,
-            };
-            if libc::setrlimit(libc::RLIMIT_AS, &limit) != 0
-                || libc::setrlimit(libc::RLIMIT_CORE, &no_core) != 0
-            {
+            limit(libc::RLIMIT_AS, memory)?;
+            limit(libc::RLIMIT_CPU, cpu_seconds)?;
+            limit(libc::RLIMIT_CORE, 0)?;
+            #[cfg(target_os = "linux")]
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
                 return Err(std::io::Error::last_os_error());
             }
             Ok(())
@@ -229,14 +270,18 @@ fn limit_address_space(command: &mut Command, bytes: u64) {
 }
 
 #[cfg(not(unix))]
-fn limit_address_space(_command: &mut Command, _bytes: u64) {
-    tracing::warn!("compile memory limits need setrlimit; this platform compiles without one");
+fn confine(_command: &mut Command, _options: &CompileOptions, _threads: usize) {
+    tracing::warn!("compile limits need setrlimit; this platform compiles without them");
 }
 
 /// The compile worker's side: reads a component from stdin and writes its
 /// serialized artifact to stdout. Exits with [`INVALID_EXIT`] when the
 /// component does not compile.
 pub fn worker_main(max_wasm_stack: usize) -> std::process::ExitCode {
+    // One line per failure, so the host can quote it.
+    std::panic::set_hook(Box::new(|info| {
+        eprintln!("compile worker panicked: {info}")
+    }));
     let mut bytes = Vec::new();
     if let Err(e) = std::io::stdin().lock().read_to_end(&mut bytes) {
         eprintln!("reading the component: {e}");

@@ -109,16 +109,7 @@ impl Sandbox {
     /// cannot be is loaded as it is, and says why through
     /// [`Program::snapshots`].
     pub fn load_bytes(&self, bytes: &[u8]) -> Result<Program, ContractError> {
-        contract::check_header(bytes)?;
-        let digest = blake3::hash(bytes).to_hex().to_string();
-        if let Some(allowed) = &self.allowed_components
-            && !allowed.contains(&digest)
-        {
-            return Err(ContractError::NotAllowed {
-                digest,
-                allowed: allowed.len(),
-            });
-        }
+        let digest = self.admit(bytes)?;
         let (component, access) = match snapshot::instrument(bytes) {
             Ok(instrumented) => {
                 let component = self.compile(&instrumented.bytes)?;
@@ -150,7 +141,7 @@ impl Sandbox {
     /// Lists a component's imports and exports and whether it fits the
     /// world. Fails only when the bytes are not a component at all.
     pub fn describe(&self, bytes: &[u8]) -> Result<ComponentDescription, ContractError> {
-        contract::check_header(bytes)?;
+        self.admit(bytes)?;
         let component = self.compile(bytes)?;
         let fits = self.check(&component).map(drop);
         Ok(ComponentDescription::of(&self.engine, &component, fits))
@@ -158,6 +149,21 @@ impl Sandbox {
 
     /// Compiles `bytes`, through the cache when there is one (keyed by the
     /// bytes actually compiled, so instrumented and plain builds differ).
+    /// The checks before any work on `bytes`: that they look like a
+    /// component, and that the allowlist (if any) names them. Returns their
+    /// blake3 digest.
+    fn admit(&self, bytes: &[u8]) -> Result<String, ContractError> {
+        contract::check_header(bytes)?;
+        let digest = blake3::hash(bytes).to_hex().to_string();
+        match &self.allowed_components {
+            Some(allowed) if !allowed.contains(&digest) => Err(ContractError::NotAllowed {
+                digest,
+                allowed: allowed.len(),
+            }),
+            _ => Ok(digest),
+        }
+    }
+
     /// Compilation itself runs where [`CompileOptions`](super::CompileOptions)
     /// say, normally a limited child process.
     fn compile(&self, bytes: &[u8]) -> Result<Component, ContractError> {

@@ -42,6 +42,14 @@ pub const ACCESS_EXPORT: &str = "wtune:snapshot/access";
 /// memory contents.
 pub const SINK_IMPORT: &str = "wtune:snapshot/sink";
 
+/// Memories and mutable globals, over all stateful core instances, that the
+/// accessor reaches at most. Each costs accessor functions, imports and
+/// code, so without a cap a small crafted component (many instances of a
+/// module with many globals) would make instrumentation, which runs in the
+/// host before the compile worker, grow as the product of the two. Real
+/// components have a handful.
+const MAX_ACCESSED_ITEMS: usize = 10_000;
+
 /// One snapshotted memory.
 #[derive(Debug, Clone)]
 pub struct MemoryInfo {
@@ -430,6 +438,20 @@ impl Accessor {
             {
                 stateful.push(inst);
             }
+        }
+        let accessed: usize = stateful
+            .iter()
+            .map(|inst| {
+                let layout = &modules[inst.module as usize];
+                layout.memories.len() + layout.globals.len()
+            })
+            .sum();
+        if accessed > MAX_ACCESSED_ITEMS {
+            return Err(SnapshotRefusal::new(format!(
+                "has {accessed} memories and mutable globals across {} core instances; host \
+                 snapshots handle at most {MAX_ACCESSED_ITEMS}",
+                stateful.len()
+            )));
         }
 
         // Imports, in index order: sink chunks (functions) first, then the
@@ -1113,6 +1135,24 @@ mod tests {
                 (func (export "f") (result s32) (canon lift (core func $i "f"))))"#,
         )
         .unwrap()
+    }
+
+    #[test]
+    fn a_component_with_too_much_state_to_reach_is_refused_quickly() {
+        // 200 globals instantiated 100 times: 20 000 accessor targets from
+        // a few kilobytes of input.
+        let globals = "(global (mut i32) (i32.const 0))".repeat(200);
+        let instances = "(core instance (instantiate $m))".repeat(100);
+        let bytes = wat::parse_str(format!(
+            "(component (core module $m {globals}) {instances})"
+        ))
+        .unwrap();
+        let refusal = instrument(&bytes).unwrap_err();
+        assert_eq!(
+            refusal.reason(),
+            "has 20000 memories and mutable globals across 100 core instances; host snapshots \
+             handle at most 10000"
+        );
     }
 
     #[test]
