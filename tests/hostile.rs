@@ -1,16 +1,27 @@
 //! Hostile guests are contained: each ends as ERROR with a reason that names
 //! the cause, while benign trials in the same experiment finish correctly,
 //! and nothing outside a trial's own directory changes.
+//!
+//! The attacks are those of `examples/hostile` (its crate docs list each with
+//! its intended outcome), plus one component written here in WAT text for
+//! what Rust cannot emit (`table.grow`).
 
 mod common;
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use wtune::sandbox::Limits;
-use wtune::tune::{ExperimentSummary, StopCriteria, Trial, TrialStatus};
+use wtune::exec::{CheckpointMode, WasmBackend};
+use wtune::report::{ExperimentFile, TrialFiles, summary_text};
+use wtune::sandbox::{Limits, Program, TrialFault};
+use wtune::tune::{
+    CheckpointPolicy, ExperimentSummary, FailurePolicy, Fifo, Mode, RunSpec, Runner, StopCriteria,
+    Trial, TrialStatus,
+};
 
 fn tight_limits() -> Limits {
     Limits {
@@ -20,8 +31,21 @@ fn tight_limits() -> Limits {
         table_elements: 100_000,
         call_timeout: Some(Duration::from_secs(60)),
         log_bytes: 64 << 10,
+        checkpoint_bytes: 64 << 20,
     }
 }
+
+/// [`tight_limits`] with room for the guest to build 100 MB values (and the
+/// copies its allocator and the SDK make of them).
+fn roomy_limits() -> Limits {
+    Limits {
+        memory_bytes: 512 << 20,
+        ..tight_limits()
+    }
+}
+
+/// The size of every enormous value `examples/hostile` returns.
+const HUGE: u64 = 100_000_000;
 
 fn attack(name: &str) -> Value {
     json!({"attack": name, "at": 2, "iterations": 3})
@@ -253,6 +277,10 @@ fn escapes_are_denied_and_nothing_outside_the_trial_changes() {
         json!({"attack": "probe"}),
         attack("none"),
     ];
+    // What the guest's planted link `planted-outside` points at, from its
+    // `work/` directory: a file beside the trial directories.
+    let outside = out.path().join("outside.txt");
+    std::fs::write(&outside, "the host's own file\n").unwrap();
     let summary = common::run_trials(
         common::load("hostile"),
         configs,
@@ -263,7 +291,34 @@ fn escapes_are_denied_and_nothing_outside_the_trial_changes() {
     );
 
     let escape = &summary.trials[0];
-    assert_error(escape, &["all escape attempts denied"]);
+    assert_error(
+        escape,
+        &[
+            "train() at iteration 1 failed: all escape attempts denied: ",
+            "read ../params.json: Operation not permitted",
+            "read /proc/self/environ: No such file or directory",
+            "read /proc/self/mem: No such file or directory",
+            "list /: shows only the sandbox",
+            "hard link ../params.json: Operation not permitted",
+            // Absolute paths resolve inside the sandbox, where there is no
+            // /etc.
+            "hard link /etc/passwd: No such file or directory",
+            // The data grant is read-only, so it cannot be linked into the
+            // writable directory and written through the link.
+            "hard link /data/digits/train.csv: Operation not permitted",
+            "read via planted-params: Operation not permitted",
+            "write via planted-params: Operation not permitted",
+            "list via planted-up: Operation not permitted",
+            "write via planted-up/pwned: Operation not permitted",
+            "read via planted-outside: Operation not permitted",
+            "write via planted-outside: Operation not permitted",
+            "write /data/digits/pwned: Operation not permitted",
+            "write ../pwned: Operation not permitted",
+            // Planting a dangling link in its own directory is allowed;
+            // following it out is what must fail.
+            "(planted links: planted-params created, planted-up created, planted-outside created)",
+        ],
+    );
     assert_eq!(
         escape.metric("escaped"),
         None,
@@ -283,6 +338,30 @@ fn escapes_are_denied_and_nothing_outside_the_trial_changes() {
         serde_json::from_str(&std::fs::read_to_string(escape.dir.join("params.json")).unwrap())
             .unwrap();
     assert_eq!(params["attack"], json!("escape"));
+    assert_eq!(
+        std::fs::read_to_string(&outside).unwrap(),
+        "the host's own file\n"
+    );
+    // The planted links are still there, untouched: the host wrote the
+    // trial's files, ran its cleanup and ended it without following (or
+    // replacing) any of them, and no hard link was made.
+    let work = escape.dir.join("work");
+    for (link, target) in [
+        ("planted-params", "../params.json"),
+        ("planted-up", ".."),
+        ("planted-outside", "../../outside.txt"),
+    ] {
+        let path = work.join(link);
+        let meta = std::fs::symlink_metadata(&path).unwrap();
+        assert!(meta.file_type().is_symlink(), "{}", path.display());
+        assert_eq!(std::fs::read_link(&path).unwrap(), Path::new(target));
+    }
+    let mut left: Vec<String> = std::fs::read_dir(&work)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    left.sort();
+    assert_eq!(left, ["planted-outside", "planted-params", "planted-up"]);
 
     let probe = &summary.trials[1];
     assert_eq!(probe.status, TrialStatus::Terminated, "{:?}", probe.error);
@@ -301,6 +380,455 @@ fn escapes_are_denied_and_nothing_outside_the_trial_changes() {
         Some(1.0),
         "the trial may write its own directory"
     );
+    // Clocks and random bytes work on purpose (see examples/hostile's
+    // "What the sandbox is meant to allow").
+    for flag in ["wall_clock_ok", "monotonic_ok", "random_ok"] {
+        assert_eq!(probe.metric(flag), Some(1.0), "{flag}");
+    }
     assert!(probe.dir.join("work/probe.txt").is_file());
     assert_benign_finished(&summary.trials[2]);
+}
+
+/// A spec for `configs`, four at a time, each stopped after `iterations`.
+fn spec(out: &Path, configs: Vec<Value>, iterations: u64) -> RunSpec {
+    RunSpec {
+        metric: None,
+        mode: Mode::Max,
+        stop: StopCriteria {
+            training_iteration: Some(iterations),
+            ..Default::default()
+        },
+        max_concurrent: 4,
+        configs,
+        ..RunSpec::new("hostile", out.to_path_buf())
+    }
+}
+
+/// Runs `spec` on `backend`, writing the usual per-trial files and
+/// `experiment.json`.
+fn run_backend(backend: WasmBackend, spec: RunSpec) -> ExperimentSummary {
+    let runner = Runner::new(backend, spec, Box::new(Fifo::default()))
+        .callback(TrialFiles::new())
+        .callback(ExperimentFile::new(Value::Null));
+    tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(runner.run())
+        .expect("run")
+}
+
+/// The hostile guest with checkpoints taken the given way.
+fn backend(limits: Limits, mode: CheckpointMode) -> WasmBackend {
+    WasmBackend::new(common::load("hostile"), limits, vec![])
+        .checkpoint_mode(mode)
+        .unwrap()
+}
+
+/// Every file under `dir`, links not followed, with its size.
+fn files_under(dir: &Path) -> Vec<(PathBuf, u64)> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        let meta = std::fs::symlink_metadata(&path).unwrap();
+        if meta.is_dir() {
+            files.extend(files_under(&path));
+        } else {
+            files.push((path, meta.len()));
+        }
+    }
+    files
+}
+
+/// Nothing the experiment wrote (results, logs, checkpoints,
+/// `experiment.json`) nor its summary holds an enormous value: the largest
+/// file is under 1 MiB, each error under 5 KB, the summary under 64 KiB.
+fn assert_nothing_enormous_kept(out: &Path, summary: &ExperimentSummary) {
+    let files = files_under(out);
+    assert!(files.iter().any(|(p, _)| p.ends_with("experiment.json")));
+    for (path, len) in files {
+        assert!(len < 1 << 20, "{} holds {len} bytes", path.display());
+    }
+    for trial in &summary.trials {
+        let error = trial.error.as_deref().unwrap_or("");
+        assert!(
+            error.len() < 5000,
+            "{}: {} bytes",
+            trial.trial_id,
+            error.len()
+        );
+    }
+    let text = summary_text(summary);
+    assert!(text.len() < 64 << 10, "summary of {} bytes", text.len());
+}
+
+#[test]
+fn enormous_values_are_refused_or_cut_and_never_kept() {
+    let out = tempfile::tempdir().unwrap();
+    let names = ["none", "huge_error", "huge_metric_name", "huge_log", "none"];
+    let summary = run(
+        names.iter().map(|n| attack(n)).collect(),
+        roomy_limits(),
+        out.path(),
+    );
+    let trials = &summary.trials;
+    assert_benign_finished(&trials[0]);
+    assert_benign_finished(&trials[4]);
+    assert_error(
+        &trials[1],
+        &[
+            &format!(
+                "train() at iteration 2 failed with an error message of {HUGE} bytes; its start: eeee"
+            ),
+            "eeee [...]",
+        ],
+    );
+    assert_error(
+        &trials[2],
+        &[&format!(
+            "train() at iteration 2 returned a bad result: metric names must be 1 to 256 bytes \
+             long (got one of {HUGE} bytes)"
+        )],
+    );
+    // A log line is cut, not fatal: the trial goes on.
+    assert_benign_finished(&trials[3]);
+    let log = std::fs::read_to_string(trials[3].dir.join("guest.log")).unwrap();
+    assert!(
+        log.contains(&format!(" [wtune: a line of {HUGE} bytes, cut at 16384]\n")),
+        "{}",
+        &log[log.len().saturating_sub(200)..]
+    );
+    assert!(log.len() < 17 << 10, "{} bytes", log.len());
+    assert_nothing_enormous_kept(out.path(), &summary);
+}
+
+#[test]
+fn runaway_or_enormous_guest_checkpoints_fail_their_trial_and_write_nothing() {
+    let out = tempfile::tempdir().unwrap();
+    let names = ["none", "loop_save", "loop_restore", "big_save", "none"];
+    let mut spec = spec(out.path(), names.iter().map(|n| attack(n)).collect(), 50);
+    // A checkpoint after every iteration (save), and one recovery from the
+    // newest of them (restore) for the trial that fails on purpose.
+    spec.checkpoint = CheckpointPolicy {
+        freq: 1,
+        ..Default::default()
+    };
+    spec.failure = FailurePolicy {
+        max_failures: Some(1),
+        ..Default::default()
+    };
+    let summary = run_backend(backend(roomy_limits(), CheckpointMode::Guest), spec);
+    let trials = &summary.trials;
+
+    assert_benign_finished(&trials[0]);
+    assert_benign_finished(&trials[4]);
+    assert_eq!(
+        checkpoint_files(&trials[0]),
+        [
+            "checkpoint_000001.wtsnap",
+            "checkpoint_000002.wtsnap",
+            "checkpoint_000003.wtsnap"
+        ]
+    );
+    assert_error(
+        &trials[1],
+        &["checkpoint at iteration 2 failed: save() exceeded the per-call fuel limit of 1e9"],
+    );
+    assert_error(
+        &trials[2],
+        &[
+            "restoring ",
+            "checkpoint_000001.wtsnap: restore() exceeded the per-call fuel limit of 1e9",
+        ],
+    );
+    assert_eq!(trials[2].num_failures, 1, "{:?}", trials[2].error);
+    assert_error(
+        &trials[3],
+        &[&format!(
+            "checkpoint at iteration 2 failed: save() returned a bad result: {HUGE} bytes of \
+             state; guest checkpoints may hold at most 64 MiB (limits.checkpoint_size)"
+        )],
+    );
+    // The refused state never reached the disk, not even as a temporary file.
+    for trial in &trials[1..4] {
+        assert_eq!(
+            checkpoint_files(trial),
+            ["checkpoint_000001.wtsnap"],
+            "{}",
+            trial.config
+        );
+    }
+    assert_nothing_enormous_kept(out.path(), &summary);
+}
+
+/// The names of the files in a trial's `checkpoints/`, hidden ones included.
+fn checkpoint_files(trial: &Trial) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(trial.dir.join("checkpoints"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn a_runaway_reset_fails_the_switch_to_a_new_config() {
+    // A host snapshot of a benign trial at its end...
+    let first = tempfile::tempdir().unwrap();
+    let mut earlier = spec(
+        first.path(),
+        vec![json!({"attack": "none", "iterations": 2})],
+        2,
+    );
+    earlier.checkpoint.at_end = true;
+    let snapshots = backend(tight_limits(), CheckpointMode::Snapshot);
+    let done = run_backend(snapshots.clone(), earlier);
+    let source = &done.trials[0];
+    let snapshot = source.dir.join(&source.checkpoints.last().unwrap().path);
+
+    // ... that every trial of a second experiment starts from. Its config
+    // differs from each trial's, so the host restores the memory and asks
+    // the trainable to switch with reset(new config).
+    let out = tempfile::tempdir().unwrap();
+    let mut spec = spec(
+        out.path(),
+        vec![
+            json!({"attack": "loop_reset"}),
+            json!({"attack": "none", "iterations": 4}),
+        ],
+        50,
+    );
+    spec.restore_from = Some(snapshot);
+    let summary = run_backend(snapshots, spec);
+    assert_error(
+        &summary.trials[0],
+        &[
+            "switching ",
+            "checkpoint_000002.wtsnap to this trial's config: reset() exceeded the per-call \
+             fuel limit of 1e9",
+        ],
+    );
+    let benign = &summary.trials[1];
+    assert_eq!(benign.status, TrialStatus::Terminated, "{:?}", benign.error);
+    assert_eq!(benign.iterations, 4, "continued from iteration 2");
+    assert_eq!(benign.metric("score"), Some(4.0));
+}
+
+/// A `tracing` writer that keeps what it is given.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Captured {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn a_runaway_cleanup_is_ended_and_its_trial_keeps_its_results() {
+    // The call is bounded and named...
+    let program = common::load("hostile");
+    let dir = tempfile::tempdir().unwrap();
+    let env = common::trial_env(dir.path(), vec![]);
+    let mut instance = program.instantiate(&env, &tight_limits()).unwrap();
+    instance.setup(&attack("loop_cleanup").to_string()).unwrap();
+    instance.train().unwrap();
+    let fault = instance.cleanup().unwrap_err();
+    assert!(matches!(fault, TrialFault::FuelPerCall { .. }), "{fault:?}");
+    assert_eq!(
+        fault.to_string(),
+        "cleanup() exceeded the per-call fuel limit of 1e9"
+    );
+
+    // ... and in an experiment with one slot, the next trial starts once
+    // the cleanup has been ended; the trial keeps its (complete) results and
+    // a warning names it and the call.
+    let out = tempfile::tempdir().unwrap();
+    let mut spec = spec(out.path(), vec![attack("loop_cleanup"), attack("none")], 50);
+    spec.max_concurrent = 1;
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .with_max_level(tracing::Level::WARN)
+        .finish();
+    let summary = tracing::subscriber::with_default(subscriber, || {
+        run_backend(backend(tight_limits(), CheckpointMode::Guest), spec)
+    });
+    assert_benign_finished(&summary.trials[0]);
+    assert_benign_finished(&summary.trials[1]);
+    let warnings = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    let line = warnings
+        .lines()
+        .find(|l| l.contains("cleanup failed"))
+        .unwrap_or_else(|| panic!("no warning in {warnings:?}"));
+    assert!(
+        line.contains("trial_0000")
+            && line.contains("cleanup failed: cleanup() exceeded the per-call fuel limit of 1e9"),
+        "{line}"
+    );
+}
+
+#[test]
+fn every_export_is_also_bounded_by_the_wall_clock_deadline() {
+    let program = common::load("hostile");
+    let limits = Limits {
+        fuel_per_call: None,
+        call_timeout: Some(Duration::from_millis(300)),
+        ..tight_limits()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let instance = |name: &str| {
+        let env = common::trial_env(&dir.path().join(name), vec![]);
+        program.instantiate(&env, &limits).unwrap()
+    };
+    let config = |name: &str| json!({"attack": name, "at": 1}).to_string();
+    let expect = |result: Result<(), TrialFault>, call: &str| {
+        let fault = result.unwrap_err();
+        assert_eq!(
+            fault.to_string(),
+            format!("{call} exceeded its 300ms deadline")
+        );
+    };
+
+    let mut setup = instance("loop_setup");
+    expect(setup.setup(&config("loop_setup")).map(drop), "setup()");
+
+    let mut save = instance("loop_save");
+    save.setup(&config("loop_save")).unwrap();
+    save.train().unwrap();
+    expect(save.save().map(drop), "save()");
+
+    let mut restore = instance("loop_restore");
+    restore.setup(&config("loop_restore")).unwrap();
+    expect(restore.restore(&0u64.to_le_bytes()).map(drop), "restore()");
+
+    let mut reset = instance("reset");
+    reset.setup(&config("none")).unwrap();
+    expect(reset.reset(&config("loop_reset")).map(drop), "reset()");
+
+    let mut cleanup = instance("loop_cleanup");
+    cleanup.setup(&config("loop_cleanup")).unwrap();
+    expect(cleanup.cleanup().map(drop), "cleanup()");
+    // An instance stopped mid-call is never entered again.
+    assert!(matches!(cleanup.train(), Err(TrialFault::Poisoned)));
+}
+
+#[test]
+fn sockets_are_denied_and_nothing_reaches_the_host() {
+    // A TCP listener and a UDP socket on the same loopback port: the guest
+    // tries to reach both.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let udp = std::net::UdpSocket::bind(("127.0.0.1", port)).unwrap();
+    udp.set_nonblocking(true).unwrap();
+
+    let out = tempfile::tempdir().unwrap();
+    let summary = run(
+        vec![
+            json!({"attack": "sockets", "at": 2, "iterations": 3, "port": port}),
+            attack("none"),
+        ],
+        tight_limits(),
+        out.path(),
+    );
+    assert_error(
+        &summary.trials[0],
+        &[&format!(
+            "train() at iteration 2 failed: all socket attempts denied: \
+             tcp connect 127.0.0.1:{port}: Permission denied; \
+             tcp listen 127.0.0.1:0: Permission denied; \
+             udp send 127.0.0.1:{port}: Permission denied; \
+             dns lookup localhost: failed to lookup address information: Non-recoverable error"
+        )],
+    );
+    assert_eq!(summary.trials[0].metric("escaped"), None);
+    assert_benign_finished(&summary.trials[1]);
+    assert_eq!(
+        listener.accept().map(drop).unwrap_err().kind(),
+        std::io::ErrorKind::WouldBlock,
+        "the listener was connected to"
+    );
+    let mut buffer = [0u8; 64];
+    assert_eq!(
+        udp.recv_from(&mut buffer).map(drop).unwrap_err().kind(),
+        std::io::ErrorKind::WouldBlock,
+        "a datagram arrived"
+    );
+}
+
+/// A trainable in WAT text, since Rust cannot emit `table.grow`: each
+/// `train()` grows a function table by 40 000 elements and reports nothing.
+/// Every other export succeeds with an empty result. All results are read
+/// from address 16, which stays zero (`ok` with zero payload).
+const TABLE_GROWER: &str = r#"(component
+  (core module $m
+    (memory (export "memory") 1)
+    (table $t 1 funcref)
+    (global $heap (mut i32) (i32.const 1024))
+    (func (export "realloc") (param i32 i32 i32 i32) (result i32)
+      (local $p i32)
+      (local.set $p (i32.and (i32.add (global.get $heap) (i32.const 7)) (i32.const -8)))
+      (global.set $heap (i32.add (local.get $p) (local.get 3)))
+      (local.get $p))
+    (func (export "setup") (param i32 i32) (result i32) (i32.const 16))
+    (func (export "train") (result i32)
+      (if (i32.eq (table.grow $t (ref.null func) (i32.const 40000)) (i32.const -1))
+        (then unreachable))
+      (i32.const 16))
+    (func (export "save") (result i32) (i32.const 16))
+    (func (export "restore") (param i32 i32) (result i32) (i32.const 16))
+    (func (export "reset") (param i32 i32) (result i32) (i32.const 16))
+    (func (export "cleanup")))
+  (core instance $i (instantiate $m))
+  (type $metric (record (field "name" string) (field "value" f64)))
+  (export $metric-ex "metric" (type $metric))
+  (type $report (record (field "metrics" (list $metric-ex)) (field "done" bool)))
+  (export $report-ex "report" (type $report))
+  (func (export "setup") (param "config" string) (result (result (error string)))
+    (canon lift (core func $i "setup") (memory (core memory $i "memory")) (realloc (core func $i "realloc"))))
+  (func (export "train") (result (result $report-ex (error string)))
+    (canon lift (core func $i "train") (memory (core memory $i "memory")) (realloc (core func $i "realloc"))))
+  (func (export "save") (result (result (list u8) (error string)))
+    (canon lift (core func $i "save") (memory (core memory $i "memory")) (realloc (core func $i "realloc"))))
+  (func (export "restore") (param "state" (list u8)) (result (result (error string)))
+    (canon lift (core func $i "restore") (memory (core memory $i "memory")) (realloc (core func $i "realloc"))))
+  (func (export "reset") (param "config" string) (result (result bool (error string)))
+    (canon lift (core func $i "reset") (memory (core memory $i "memory")) (realloc (core func $i "realloc"))))
+  (func (export "cleanup") (canon lift (core func $i "cleanup")))
+)"#;
+
+#[test]
+fn table_growth_past_the_cap_is_stopped_with_the_limit_named() {
+    let bytes = wat::parse_str(TABLE_GROWER).unwrap();
+    let program: Program = common::sandbox()
+        .load_bytes(&bytes)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let out = tempfile::tempdir().unwrap();
+    let summary = common::run_trials(
+        program,
+        vec![json!({})],
+        tight_limits(),
+        StopCriteria {
+            training_iteration: Some(10),
+            ..Default::default()
+        },
+        vec![],
+        out.path(),
+    );
+    let trial = &summary.trials[0];
+    // 40 001 and 80 001 elements fit under the cap of 100 000; 120 001 not.
+    assert_error(
+        trial,
+        &[
+            "table limit of 100000 elements exceeded (the guest asked for 120001) during \
+           train() at iteration 3",
+        ],
+    );
+    assert_eq!(trial.iterations, 2);
 }

@@ -87,6 +87,7 @@ struct LimitsToml {
     compute_memory_total: Option<toml::Value>,
     compile_timeout: Option<toml::Value>,
     compile_memory: Option<toml::Value>,
+    checkpoint_size: Option<toml::Value>,
 }
 
 /// Command-line values that override the experiment file.
@@ -673,6 +674,9 @@ fn limits(file: LimitsToml, overrides: &Overrides) -> Result<(Limits, usize), Co
     }
     if let Some(v) = file.log_size {
         limits.log_bytes = size(&v, "limits.log_size")?;
+    }
+    if let Some(v) = file.checkpoint_size {
+        limits.checkpoint_bytes = size(&v, "limits.checkpoint_size")?;
     }
     if let Some(n) = file.table_elements {
         limits.table_elements = n;

@@ -140,9 +140,15 @@ impl WasmBackend {
                     // The snapshot's memory holds its own trial's
                     // configuration; only the trainable can switch it (a
                     // PBT exploit), keeping what it learned.
-                    let (reconfigured, _) = instance
-                        .reset(&launch.config.to_string())
-                        .map_err(|fault| TrialFailure::permanent(fault.to_string()))?;
+                    let (reconfigured, _) =
+                        instance
+                            .reset(&launch.config.to_string())
+                            .map_err(|fault| {
+                                TrialFailure::permanent(format!(
+                                    "switching {} to this trial's config: {fault}",
+                                    path.display()
+                                ))
+                            })?;
                     if !reconfigured {
                         return Err(TrialFailure::permanent(format!(
                             "checkpoint {} is a host snapshot of a trial with config {}, and \
@@ -159,9 +165,9 @@ impl WasmBackend {
             }
             Payload::Guest(state) => {
                 let mut instance = self.start(env, launch)?;
-                instance
-                    .restore(&state)
-                    .map_err(|fault| TrialFailure::permanent(fault.to_string()))?;
+                instance.restore(&state).map_err(|fault| {
+                    TrialFailure::permanent(format!("restoring {}: {fault}", path.display()))
+                })?;
                 instance.continue_counts(meta.iteration, meta.fuel_total);
                 instance
             }
@@ -300,6 +306,11 @@ impl TrialSession for WasmSession {
     }
 
     fn stop(mut self) -> Result<(), TrialFailure> {
-        self.instance.cleanup().map(drop).map_err(failure)
+        match self.instance.cleanup() {
+            // A trapped instance cannot be entered again: there is nothing
+            // left to clean up, and nothing new to report.
+            Ok(_) | Err(TrialFault::Poisoned) => Ok(()),
+            Err(fault) => Err(failure(fault)),
+        }
     }
 }

@@ -17,31 +17,58 @@
 //!   attack fires. Earlier calls behave like `"none"`. Must be at least 1.
 //! - `iterations` (default 5): when the benign path sets `done`. Must be at
 //!   least 1. If `at > iterations` the trial finishes before the attack fires.
+//! - `port` (default 9): the loopback port `sockets` tries to reach.
 //!
 //! Other keys are ignored, so a search space may add its own parameters.
 //!
-//! Every attack except `loop_setup` fires at the `at`-th `train()` call; the
-//! `score` metric (= iteration) is in every report this crate produces except
-//! `big_report`'s, so experiments can rank by `score`.
+//! The `score` metric (= iteration) is in every report this crate produces
+//! except `big_report`'s and `huge_metric_name`'s, so experiments can rank by
+//! `score`.
 //!
 //! ## Attacks and their intended outcome
 //!
-//! | attack            | what the guest does (at iteration `at`)                        | intended outcome |
-//! |-------------------|----------------------------------------------------------------|------------------|
-//! | `none`            | reports `score` = iteration, `done` at `iterations`            | TERMINATED after `iterations` reports |
-//! | `error`           | returns `Err("deliberate failure at iteration N")`             | ERROR with that message, no trap |
-//! | `panic`           | `panic!("hostile guest panicked on purpose")`                  | trap; ERROR quoting the panic message from stderr |
-//! | `trap`            | executes wasm `unreachable` without panicking                  | trap; ERROR, no panic message |
-//! | `loop_train`      | spins forever in `train()`                                     | never returns: ended by fuel or the wall-clock deadline |
-//! | `loop_setup`      | spins forever in `setup()` (ignores `at`)                      | never returns: ended by fuel or the wall-clock deadline |
-//! | `memory_bomb`     | allocates and touches 16 MiB blocks forever, keeping them all  | stopped by the memory cap (trap) |
-//! | `recursion`       | unbounded non-tail recursion                                   | trap when the wasm call stack hits the host's limit (wasmtime "call stack exhausted") |
-//! | `stdout_flood`    | prints 1 KiB lines to stdout forever (and stderr every 16th)   | capture capped; ended by fuel or the deadline |
-//! | `log_flood`       | sends 64 KiB `info!` lines to the host log forever             | log capped; ended by fuel or the deadline |
-//! | `big_report`      | returns a report with 100 000 metrics `m0`, `m1`, ... (no `score`) | host rejects the report: ERROR |
-//! | `reserved_metric` | returns `score` and a metric named `training_iteration`        | host rejects the report: ERROR |
-//! | `escape`          | tries to read, list, symlink and write outside its sandbox     | ERROR `"all escape attempts denied: ..."`; an `Ok` report (`done`) with `score` and `escaped` > 0 means the sandbox leaked |
-//! | `probe`           | reports `score`, `env_count`, `args_count`, `cwd_entries`, `cwd_write_ok`; writes `./probe.txt` | TERMINATED with that report (`done`) |
+//! | attack             | what the guest does                                             | intended outcome |
+//! |--------------------|-----------------------------------------------------------------|------------------|
+//! | `none`             | reports `score` = iteration, `done` at `iterations`             | TERMINATED after `iterations` reports |
+//! | `error`            | returns `Err("deliberate failure at iteration N")`              | ERROR with that message, no trap |
+//! | `panic`            | `panic!("hostile guest panicked on purpose")`                   | trap; ERROR quoting the panic message from stderr |
+//! | `trap`             | executes wasm `unreachable` without panicking                   | trap; ERROR, no panic message |
+//! | `loop_train`       | spins forever in `train()`                                      | never returns: ended by fuel or the wall-clock deadline |
+//! | `loop_setup`       | spins forever in `setup()` (ignores `at`)                       | never returns: ended by fuel or the wall-clock deadline |
+//! | `loop_save`        | `save()` spins forever once `at` iterations are done            | the checkpoint fails: ERROR `checkpoint at iteration N failed: save() exceeded ...` (fuel or deadline) |
+//! | `loop_restore`     | `train()` fails at `at` (so the host recovers from the newest checkpoint); `restore()` spins forever | the recovery fails: ERROR `restore() exceeded ...` (fuel or deadline); needs guest checkpoints and `max_failures` >= 1 |
+//! | `loop_reset`       | `reset()` spins forever (ignores `at`)                          | ERROR `reset() exceeded ...` (fuel or deadline) when the host switches a restored snapshot to this config |
+//! | `loop_cleanup`     | `cleanup()` spins forever (ignores `at`)                        | cleanup ended by fuel or the deadline; the trial keeps the status it ended with (its results are complete) and the host logs a warning naming `cleanup()` |
+//! | `memory_bomb`      | allocates and touches 16 MiB blocks forever, keeping them all   | stopped by the memory cap (trap) |
+//! | `recursion`        | unbounded non-tail recursion                                    | trap when the wasm call stack hits the host's limit (wasmtime "call stack exhausted") |
+//! | `stdout_flood`     | prints 1 KiB lines to stdout forever (and stderr every 16th)    | capture capped; ended by fuel or the deadline |
+//! | `log_flood`        | sends 64 KiB `info!` lines to the host log forever              | log capped; ended by fuel or the deadline |
+//! | `big_report`       | returns a report with 100 000 metrics `m0`, `m1`, ... (no `score`) | host rejects the report: ERROR |
+//! | `reserved_metric`  | returns `score` and a metric named `training_iteration`         | host rejects the report: ERROR |
+//! | `huge_error`       | returns an error message of 100 000 000 bytes                   | ERROR quoting only the message's first 4 KiB and naming its size |
+//! | `huge_metric_name` | returns one metric whose name is 100 000 000 bytes              | host rejects the report: ERROR naming the length, not quoting the name |
+//! | `huge_log`         | sends one 100 000 000-byte line to the host log, then behaves as `none` | the line is cut to 16 KiB in `guest.log` with a marker naming its size; TERMINATED |
+//! | `big_save`         | `save()` returns 100 000 000 bytes once `at` iterations are done | the checkpoint fails: ERROR naming the size and the cap (the host's `Limits::checkpoint_bytes`, 64 MiB by default); nothing written |
+//! | `escape`           | tries to read, list, link (hard and symbolic) and write outside its sandbox; leaves three symlinks `planted-*` pointing outside in its directory | ERROR `"all escape attempts denied: ..."`; an `Ok` report (`done`) with `score` and `escaped` > 0 means the sandbox leaked |
+//! | `sockets`          | TCP connect to `127.0.0.1:port`, TCP listen, UDP send to `127.0.0.1:port`, DNS lookup of `localhost` | ERROR `"all socket attempts denied: ..."`; an `Ok` report (`done`) with `score` and `escaped` > 0 means the network leaked |
+//! | `probe`            | reports `score`, `env_count`, `args_count`, `cwd_entries`, `cwd_write_ok`, `wall_clock_ok`, `monotonic_ok`, `random_ok`; writes `./probe.txt` | TERMINATED with that report (`done`) |
+//!
+//! Every attack except those marked otherwise fires at the `at`-th `train()`
+//! call (or, for `loop_save` and `big_save`, at the first `save()` after it).
+//! The hostile exports besides `train()` (`save`, `restore`, `reset`,
+//! `cleanup`) work normally for every other attack: `save()` returns the
+//! iteration count, `restore()` takes it back and `reset()` switches to the
+//! new config, keeping the count.
+//!
+//! ## What the sandbox is meant to allow
+//!
+//! `probe` documents the intent: no environment, no arguments, `.` writable;
+//! the wall clock, the monotonic clock and random bytes *work*. The host
+//! leaves WASI's clocks and random generator at their defaults (the host's
+//! clocks and a cryptographic generator) on purpose: trainables seed their
+//! initialisation and time their epochs, and neither can reach anything
+//! outside the sandbox. Reproducibility comes from seeds in the config, not
+//! from hiding the clock.
 //!
 //! Build with `cargo build --release --target wasm32-wasip2 -p hostile`.
 
@@ -71,6 +98,14 @@ pub enum Attack {
     LoopTrain,
     /// Infinite loop in `setup()`.
     LoopSetup,
+    /// Infinite loop in `save()`, once `at` iterations are done.
+    LoopSave,
+    /// Fails `train()` at `at` so the host restores; `restore()` loops.
+    LoopRestore,
+    /// Infinite loop in `reset()`.
+    LoopReset,
+    /// Infinite loop in `cleanup()`.
+    LoopCleanup,
     /// Allocates memory until the host's cap stops it.
     MemoryBomb,
     /// Unbounded recursion until the stack overflows.
@@ -83,28 +118,47 @@ pub enum Attack {
     BigReport,
     /// Returns a report with the reserved metric `training_iteration`.
     ReservedMetric,
+    /// Returns a 100 MB error message.
+    HugeError,
+    /// Returns a metric whose name is 100 MB.
+    HugeMetricName,
+    /// Sends one 100 MB line to the host log.
+    HugeLog,
+    /// `save()` returns 100 MB, once `at` iterations are done.
+    BigSave,
     /// Tries to break out of the filesystem sandbox.
     Escape,
+    /// Tries to reach the network.
+    Sockets,
     /// Reports what the sandbox looks like from inside.
     Probe,
 }
 
 impl Attack {
     /// Every attack, with its config name.
-    pub const ALL: [(&'static str, Attack); 14] = [
+    pub const ALL: [(&'static str, Attack); 23] = [
         ("none", Attack::None),
         ("error", Attack::Error),
         ("panic", Attack::Panic),
         ("trap", Attack::Trap),
         ("loop_train", Attack::LoopTrain),
         ("loop_setup", Attack::LoopSetup),
+        ("loop_save", Attack::LoopSave),
+        ("loop_restore", Attack::LoopRestore),
+        ("loop_reset", Attack::LoopReset),
+        ("loop_cleanup", Attack::LoopCleanup),
         ("memory_bomb", Attack::MemoryBomb),
         ("recursion", Attack::Recursion),
         ("stdout_flood", Attack::StdoutFlood),
         ("log_flood", Attack::LogFlood),
         ("big_report", Attack::BigReport),
         ("reserved_metric", Attack::ReservedMetric),
+        ("huge_error", Attack::HugeError),
+        ("huge_metric_name", Attack::HugeMetricName),
+        ("huge_log", Attack::HugeLog),
+        ("big_save", Attack::BigSave),
         ("escape", Attack::Escape),
+        ("sockets", Attack::Sockets),
         ("probe", Attack::Probe),
     ];
 
@@ -154,6 +208,9 @@ pub struct Config {
     /// The iteration at which the benign path reports `done`.
     #[serde(default = "default_iterations")]
     pub iterations: u64,
+    /// The loopback port `sockets` tries to reach.
+    #[serde(default = "default_port")]
+    pub port: u16,
 }
 
 fn default_attack() -> String {
@@ -168,6 +225,13 @@ fn default_iterations() -> u64 {
     5
 }
 
+fn default_port() -> u16 {
+    9
+}
+
+/// The size of every "enormous" value: 100 MB.
+pub const HUGE: usize = 100_000_000;
+
 /// The trainable: counts iterations and misbehaves at the configured one.
 #[derive(Debug)]
 pub struct Hostile {
@@ -175,12 +239,12 @@ pub struct Hostile {
     at: u64,
     iterations: u64,
     iteration: u64,
+    port: u16,
 }
 
-impl Trainable for Hostile {
-    type Config = Config;
-
-    fn setup(config: Config) -> Result<Self> {
+impl Hostile {
+    /// Checks `config` and builds the trainable at iteration 0.
+    fn configured(config: Config) -> Result<Self> {
         let attack: Attack = config.attack.parse()?;
         if config.at == 0 {
             return Err(Error::msg(
@@ -190,15 +254,30 @@ impl Trainable for Hostile {
         if config.iterations == 0 {
             return Err(Error::msg("`iterations` must be at least 1"));
         }
-        if attack == Attack::LoopSetup {
-            spin_forever();
-        }
         Ok(Hostile {
             attack,
             at: config.at,
             iterations: config.iterations,
             iteration: 0,
+            port: config.port,
         })
+    }
+
+    /// Whether an attack on `save()` is due: the `at`-th iteration is done.
+    fn save_attack_due(&self, attack: Attack) -> bool {
+        self.attack == attack && self.iteration >= self.at
+    }
+}
+
+impl Trainable for Hostile {
+    type Config = Config;
+
+    fn setup(config: Config) -> Result<Self> {
+        let hostile = Self::configured(config)?;
+        if hostile.attack == Attack::LoopSetup {
+            spin_forever();
+        }
+        Ok(hostile)
     }
 
     fn train(&mut self) -> Result<Report> {
@@ -208,7 +287,15 @@ impl Trainable for Hostile {
             return Ok(benign(n, self.iterations));
         }
         match self.attack {
-            Attack::None | Attack::LoopSetup => Ok(benign(n, self.iterations)),
+            Attack::None
+            | Attack::LoopSetup
+            | Attack::LoopSave
+            | Attack::LoopReset
+            | Attack::LoopCleanup
+            | Attack::BigSave => Ok(benign(n, self.iterations)),
+            Attack::LoopRestore => Err(Error::msg(format!(
+                "failing at iteration {n} so the host restores the newest checkpoint"
+            ))),
             Attack::Error => deliberate_error(n),
             Attack::Panic => deliberate_panic(),
             Attack::Trap => deliberate_trap(),
@@ -219,8 +306,57 @@ impl Trainable for Hostile {
             Attack::LogFlood => log_flood(),
             Attack::BigReport => Ok(big_report()),
             Attack::ReservedMetric => Ok(reserved_metric(n)),
+            Attack::HugeError => Err(Error::msg("e".repeat(HUGE))),
+            Attack::HugeMetricName => Ok(Report::new().metric("m".repeat(HUGE), 1.0)),
+            Attack::HugeLog => {
+                wtune_guest::log::log(wtune_guest::log::Level::Info, &"l".repeat(HUGE));
+                Ok(benign(n, self.iterations))
+            }
             Attack::Escape => escape(n),
+            Attack::Sockets => sockets(n, self.port),
             Attack::Probe => probe(n),
+        }
+    }
+
+    /// The state is the iteration count (8 bytes, little-endian).
+    fn save(&self) -> Result<Vec<u8>> {
+        if self.save_attack_due(Attack::LoopSave) {
+            spin_forever();
+        }
+        if self.save_attack_due(Attack::BigSave) {
+            return Ok(vec![0xAB; HUGE]);
+        }
+        Ok(self.iteration.to_le_bytes().to_vec())
+    }
+
+    fn restore(&mut self, state: &[u8]) -> Result<()> {
+        if self.attack == Attack::LoopRestore {
+            spin_forever();
+        }
+        let bytes: [u8; 8] = state.try_into().map_err(|_| {
+            Error::msg(format!(
+                "restore(): expected 8 bytes of state, got {}",
+                state.len()
+            ))
+        })?;
+        self.iteration = u64::from_le_bytes(bytes);
+        Ok(())
+    }
+
+    /// Takes the new config and keeps the iteration count.
+    fn reset(&mut self, config: Config) -> Result<bool> {
+        let iteration = self.iteration;
+        *self = Self::configured(config)?;
+        self.iteration = iteration;
+        if self.attack == Attack::LoopReset {
+            spin_forever();
+        }
+        Ok(true)
+    }
+
+    fn cleanup(&mut self) {
+        if self.attack == Attack::LoopCleanup {
+            spin_forever();
         }
     }
 }
@@ -258,7 +394,7 @@ fn deliberate_trap() -> ! {
     }
 }
 
-/// `loop_train` / `loop_setup`: spins forever; `black_box` keeps the optimiser
+/// `loop_*`: spins forever; `black_box` keeps the optimiser
 /// from removing the loop.
 fn spin_forever() -> ! {
     let mut counter: u64 = 0;
@@ -437,20 +573,65 @@ fn list_root() -> io::Result<()> {
     Ok(())
 }
 
+/// Symlinks `escape` plants in the trial's own directory and leaves there,
+/// each pointing outside it: `(link, target)`. Creating a dangling link is
+/// not an escape; following one out of the sandbox would be. The test
+/// checks afterwards that the host never followed them either.
+pub const PLANTED: [(&str, &str); 3] = [
+    ("planted-params", "../params.json"),
+    ("planted-up", ".."),
+    ("planted-outside", "../../outside.txt"),
+];
+
+/// Creates the [`PLANTED`] links (replacing stale ones) and says for each
+/// whether it could be created.
+fn plant_links() -> Vec<(&'static str, std::result::Result<(), String>)> {
+    PLANTED
+        .iter()
+        .map(|(link, target)| {
+            let _ = fs::remove_file(link);
+            (*link, symlink(target, link).map_err(|e| short_error(&e)))
+        })
+        .collect()
+}
+
 /// `escape`: every way out of the sandbox we could think of. Succeeds (with
 /// metric `escaped`) only if some attempt worked.
 fn escape(iteration: u64) -> Result<Report> {
+    let planted = plant_links();
     let mut attempts = vec![
         Attempt::run("read ../params.json", || read("../params.json")),
         Attempt::run("read ../../etc/passwd", || read("../../etc/passwd")),
         Attempt::run("read /etc/passwd", || read("/etc/passwd")),
         Attempt::run("read /proc/self/environ", || read("/proc/self/environ")),
+        Attempt::run("read /proc/self/mem", || read("/proc/self/mem")),
         Attempt::run("list /", list_root),
         Attempt::run("symlink to /etc/passwd", || {
             read_through_symlink("/etc/passwd", "hostile-link-passwd")
         }),
         Attempt::run("symlink to ../params.json", || {
             read_through_symlink("../params.json", "hostile-link-params")
+        }),
+        Attempt::run("hard link ../params.json", || {
+            fs::hard_link("../params.json", "hostile-hardlink-params")
+        }),
+        Attempt::run("hard link /etc/passwd", || {
+            fs::hard_link("/etc/passwd", "hostile-hardlink-passwd")
+        }),
+        Attempt::run("hard link /data/digits/train.csv", || {
+            fs::hard_link("/data/digits/train.csv", "hostile-hardlink-data")
+        }),
+        Attempt::run("read via planted-params", || read("planted-params")),
+        Attempt::run("write via planted-params", || {
+            write(Path::new("planted-params"))
+        }),
+        Attempt::run("list via planted-up", || names_in("planted-up").map(drop)),
+        Attempt::run("write via planted-up/pwned", || {
+            write(Path::new("planted-up/pwned"))
+        }),
+        Attempt::run("read via planted-outside", || read("planted-outside")),
+        Attempt::run("write via planted-outside", || {
+            write(Path::new("planted-outside"))
         }),
         Attempt::run("write /data/digits/pwned", || {
             write(Path::new("/data/digits/pwned"))
@@ -468,7 +649,26 @@ fn escape(iteration: u64) -> Result<Report> {
     attempts.push(Attempt::run("write ../pwned", || {
         write(Path::new("../pwned"))
     }));
+    let planted: Vec<String> = planted
+        .iter()
+        .map(|(link, made)| match made {
+            Ok(()) => format!("{link} created"),
+            Err(e) => format!("{link} not created ({e})"),
+        })
+        .collect();
+    verdict(
+        "escape",
+        attempts,
+        &format!(" (planted links: {})", planted.join(", ")),
+        iteration,
+    )
+}
 
+/// Ends an attack made of several attempts: `Err("all <kind> attempts
+/// denied: what: why; ...")` when every one failed, else an `Ok` report
+/// (`done`) with `score` and `escaped` = how many worked, each also logged
+/// as an error.
+fn verdict(kind: &str, attempts: Vec<Attempt>, note: &str, iteration: u64) -> Result<Report> {
     let escaped: Vec<&str> = attempts
         .iter()
         .filter(|a| a.outcome.is_ok())
@@ -480,17 +680,44 @@ fn escape(iteration: u64) -> Result<Report> {
             .filter_map(|a| a.outcome.as_ref().err().map(|e| format!("{}: {e}", a.what)))
             .collect();
         return Err(Error::msg(format!(
-            "all escape attempts denied: {}",
+            "all {kind} attempts denied: {}{note}",
             denied.join("; ")
         )));
     }
     for what in &escaped {
-        wtune_guest::error!("sandbox escape succeeded: {what}");
+        wtune_guest::error!("sandbox {kind} succeeded: {what}");
     }
     Ok(Report::new()
         .metric("score", iteration as f64)
         .metric("escaped", escaped.len() as f64)
         .done(true))
+}
+
+/// `sockets`: every kind of network use WASI 0.2 offers. Succeeds (with
+/// metric `escaped`) only if some attempt worked.
+fn sockets(iteration: u64, port: u16) -> Result<Report> {
+    use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs, UdpSocket};
+
+    let target = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    let attempts = vec![
+        Attempt::run(format!("tcp connect {target}"), || {
+            TcpStream::connect(target).map(drop)
+        }),
+        Attempt::run("tcp listen 127.0.0.1:0", || {
+            TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).map(drop)
+        }),
+        Attempt::run(format!("udp send {target}"), || {
+            let socket = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))?;
+            socket.send_to(b"hostile guest", target).map(drop)
+        }),
+        Attempt::run("dns lookup localhost", || {
+            match ("localhost", 80).to_socket_addrs()?.count() {
+                0 => Err(io::Error::other("resolved to no address")),
+                _ => Ok(()),
+            }
+        }),
+    ];
+    verdict("socket", attempts, "", iteration)
 }
 
 /// `probe`: what the sandbox looks like from inside.
@@ -507,13 +734,72 @@ fn probe(iteration: u64) -> Result<Report> {
             false
         }
     };
+    let flag = |ok: bool| if ok { 1.0 } else { 0.0 };
     Ok(Report::new()
         .metric("score", iteration as f64)
         .metric("env_count", env_count as f64)
         .metric("args_count", args_count as f64)
         .metric("cwd_entries", cwd_entries as f64)
-        .metric("cwd_write_ok", if cwd_write_ok { 1.0 } else { 0.0 })
+        .metric("cwd_write_ok", flag(cwd_write_ok))
+        .metric("wall_clock_ok", flag(wall_clock_ok()))
+        .metric("monotonic_ok", flag(monotonic_ok()))
+        .metric("random_ok", flag(random_ok()))
         .done(true))
+}
+
+/// The wall clock reads a plausible date (after 2020-01-01, before 2200).
+fn wall_clock_ok() -> bool {
+    use std::time::{SystemTime, UNIX_EPOCH};
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .is_ok_and(|since| (1_577_836_800..7_258_118_400).contains(&since.as_secs()))
+}
+
+/// The monotonic clock moves forward across a million loop iterations.
+fn monotonic_ok() -> bool {
+    let start = std::time::Instant::now();
+    let mut counter: u64 = 0;
+    for _ in 0..1_000_000 {
+        counter = black_box(counter.wrapping_add(1));
+    }
+    std::time::Instant::now() > start
+}
+
+/// Two 32-byte draws from the random source succeed and differ.
+fn random_ok() -> bool {
+    match (random_bytes(), random_bytes()) {
+        (Ok(a), Ok(b)) => a != b,
+        (Err(e), _) | (_, Err(e)) => {
+            wtune_guest::warn!("random bytes failed: {e}");
+            false
+        }
+    }
+}
+
+/// 32 bytes from libc's `getentropy` (wasi-libc: WASI's secure random).
+#[cfg(any(unix, target_os = "wasi"))]
+fn random_bytes() -> io::Result<[u8; 32]> {
+    use std::ffi::{c_int, c_void};
+
+    unsafe extern "C" {
+        fn getentropy(buffer: *mut c_void, length: usize) -> c_int;
+    }
+
+    let mut bytes = [0u8; 32];
+    // SAFETY: the buffer is valid for writes of its length (at most 256
+    // bytes, getentropy's limit); failure is reported through errno.
+    match unsafe { getentropy(bytes.as_mut_ptr().cast(), bytes.len()) } {
+        0 => Ok(bytes),
+        _ => Err(io::Error::last_os_error()),
+    }
+}
+
+#[cfg(not(any(unix, target_os = "wasi")))]
+fn random_bytes() -> io::Result<[u8; 32]> {
+    Err(io::Error::new(
+        io::ErrorKind::Unsupported,
+        "no random source here",
+    ))
 }
 
 #[cfg(test)]
@@ -537,6 +823,7 @@ mod tests {
             attack: attack.to_owned(),
             at,
             iterations,
+            port: default_port(),
         })
     }
 
@@ -580,6 +867,35 @@ mod tests {
         assert!(t.train().is_ok());
         let err = t.train().unwrap_err().to_string();
         assert_eq!(err, "deliberate failure at iteration 3");
+    }
+
+    #[test]
+    fn state_round_trips_and_reset_keeps_the_count() {
+        let mut t = setup("none", 1, 5).unwrap();
+        t.train().unwrap();
+        t.train().unwrap();
+        let state = t.save().unwrap();
+        assert_eq!(state, 2u64.to_le_bytes());
+
+        let mut other = setup("none", 1, 3).unwrap();
+        other.restore(&state).unwrap();
+        let report = other.train().unwrap();
+        assert_eq!(report.metrics(), &[("score".to_owned(), 3.0)]);
+        assert!(report.is_done(), "done at its own `iterations`");
+        assert!(other.restore(b"short").is_err());
+
+        let switched = t.reset(config(r#"{"attack": "error", "at": 3}"#)).unwrap();
+        assert!(switched);
+        let err = t.train().unwrap_err().to_string();
+        assert_eq!(err, "deliberate failure at iteration 3");
+    }
+
+    #[test]
+    fn loop_restore_fails_train_to_provoke_a_restore() {
+        let mut t = setup("loop_restore", 2, 5).unwrap();
+        assert!(t.train().is_ok());
+        let err = t.train().unwrap_err().to_string();
+        assert!(err.contains("so the host restores"), "{err}");
     }
 
     #[test]

@@ -135,6 +135,14 @@ impl ComputeSession {
         self.meter.settle()
     }
 
+    /// Charges `fuel` for work the host did for the guest outside this
+    /// interface (copying a `log` line), so that repeating an expensive
+    /// host call is not free. A call that cannot pay traps as it returns,
+    /// through [`ComputeSession::settle`].
+    pub fn charge_host_work(&mut self, fuel: u64) {
+        let _ = self.meter.charge(fuel);
+    }
+
     fn charge(&mut self, flops: u64, bytes: u64) -> Result<(), ComputeError> {
         self.meter.charge(cost::fuel(flops, bytes)).map_err(|stop| {
             // The guest never sees this: the sandbox traps when the host

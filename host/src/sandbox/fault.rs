@@ -65,7 +65,14 @@ impl fmt::Display for At {
 #[derive(Debug, Clone, PartialEq)]
 pub enum TrialFault {
     /// The guest returned `err(message)` from a call: a clean failure.
-    GuestError { at: At, message: String },
+    /// Messages over 4 KiB are cut (ending in ` [...]`); `full_length` is
+    /// then the length the guest sent, in bytes, so the reason can say so
+    /// without repeating it.
+    GuestError {
+        at: At,
+        message: String,
+        full_length: Option<usize>,
+    },
     /// The trial's total fuel budget ran out.
     FuelBudget { at: At, budget: u64 },
     /// One call burned more than the per-call fuel limit.
@@ -100,7 +107,19 @@ impl TrialFault {
 impl fmt::Display for TrialFault {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            TrialFault::GuestError { at, message } => write!(f, "{at} failed: {message}"),
+            TrialFault::GuestError {
+                at,
+                message,
+                full_length: None,
+            } => write!(f, "{at} failed: {message}"),
+            TrialFault::GuestError {
+                at,
+                message,
+                full_length: Some(length),
+            } => write!(
+                f,
+                "{at} failed with an error message of {length} bytes; its start: {message}"
+            ),
             TrialFault::FuelBudget { at, budget } => {
                 write!(
                     f,
@@ -158,6 +177,30 @@ mod tests {
         assert_eq!(fuel_text(25_000_000_000), "2.5e10");
         assert_eq!(fuel_text(1234), "1234");
         assert_eq!(fuel_text(123_456_789), "1.23e8");
+    }
+
+    #[test]
+    fn a_cut_guest_message_says_how_long_it_was() {
+        let at = At {
+            call: Call::Train,
+            iteration: Some(2),
+        };
+        let whole = TrialFault::GuestError {
+            at,
+            message: "nan loss".into(),
+            full_length: None,
+        };
+        assert_eq!(whole.to_string(), "train() at iteration 2 failed: nan loss");
+        let cut = TrialFault::GuestError {
+            at,
+            message: "eee [...]".into(),
+            full_length: Some(100_000_000),
+        };
+        assert_eq!(
+            cut.to_string(),
+            "train() at iteration 2 failed with an error message of 100000000 bytes; \
+             its start: eee [...]"
+        );
     }
 
     #[test]

@@ -41,6 +41,10 @@ impl types::Host for TrialHost {}
 
 impl host::Host for TrialHost {
     fn log(&mut self, level: types::Level, message: String) {
+        // The host copied the whole message out of the guest before this
+        // call began, whatever part of it is kept: a byte of fuel per byte,
+        // about what writing it in wasm would cost.
+        self.compute.charge_host_work(message.len() as u64);
         let level = match level {
             types::Level::Trace => "TRACE",
             types::Level::Debug => "DEBUG",
@@ -55,7 +59,10 @@ impl host::Host for TrialHost {
         if message.len() > MAX_LOG_LINE {
             let cut = message.floor_char_boundary(MAX_LOG_LINE);
             line.push_str(&message[..cut]);
-            line.push_str(&format!(" [wtune: line cut at {MAX_LOG_LINE} bytes]"));
+            line.push_str(&format!(
+                " [wtune: a line of {} bytes, cut at {MAX_LOG_LINE}]",
+                message.len()
+            ));
         } else {
             line.push_str(&message);
         }

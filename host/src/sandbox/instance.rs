@@ -130,13 +130,29 @@ impl TrialInstance {
         Ok((report, stats))
     }
 
-    /// `save()`: the guest's own checkpoint bytes.
+    /// `save()`: the guest's own checkpoint bytes, refused when larger than
+    /// [`Limits::checkpoint_bytes`]. The bytes have been copied out of the
+    /// guest by then (bounded by its memory cap); they are dropped at once
+    /// and never reach the disk.
     pub fn save(&mut self) -> Result<(Vec<u8>, CallStats), TrialFault> {
         let at = At {
             call: Call::Save,
             iteration: None,
         };
-        self.call(at, |guest, store| guest.call_save(store))
+        let (state, stats) = self.call(at, |guest, store| guest.call_save(store))?;
+        let cap = self.limits.checkpoint_bytes;
+        if state.len() as u64 > cap {
+            return Err(TrialFault::BadOutput {
+                at,
+                reason: format!(
+                    "{} bytes of state; guest checkpoints may hold at most {} \
+                     (limits.checkpoint_size)",
+                    state.len(),
+                    super::limits::human_bytes(cap)
+                ),
+            });
+        }
+        Ok((state, stats))
     }
 
     /// `restore(state)` with bytes from an earlier `save()`.
@@ -262,10 +278,7 @@ impl TrialInstance {
         };
         match outcome {
             Ok(Ok(value)) => Ok((value, stats)),
-            Ok(Err(message)) => Err(TrialFault::GuestError {
-                at,
-                message: cut(message),
-            }),
+            Ok(Err(message)) => Err(guest_error(at, message)),
             Err(err) => {
                 self.poisoned = true;
                 Err(classify(
@@ -369,6 +382,34 @@ fn panic_message(stderr_tail: &str) -> Option<String> {
     })
 }
 
+/// What [`TrialInstance::train`] makes of the value a guest's `train()`
+/// returned: `Ok((metrics, done))` is checked like a report, `Err(message)`
+/// becomes the trial's error with the message cut to size. Public only for
+/// the cargo-fuzz target `guest_values` (`fuzz/`), which feeds it arbitrary
+/// values; it runs the same checks as the sandbox.
+#[doc(hidden)]
+pub fn check_train_return(
+    returned: Result<(Vec<(String, f64)>, bool), String>,
+    iteration: u64,
+) -> Result<GuestReport, TrialFault> {
+    use super::bindings::wtune::trainable::types::{Metric, Report};
+    let at = At {
+        call: Call::Train,
+        iteration: Some(iteration),
+    };
+    match returned {
+        Ok((metrics, done)) => {
+            let metrics = metrics
+                .into_iter()
+                .map(|(name, value)| Metric { name, value })
+                .collect();
+            check_report(Report { metrics, done })
+                .map_err(|reason| TrialFault::BadOutput { at, reason })
+        }
+        Err(message) => Err(guest_error(at, message)),
+    }
+}
+
 fn check_report(
     report: super::bindings::wtune::trainable::types::Report,
 ) -> Result<GuestReport, String> {
@@ -405,6 +446,18 @@ fn check_report(
         metrics,
         done: report.done,
     })
+}
+
+/// The fault for a guest's `err(message)`: the message is kept whole up to
+/// 4 KiB; a longer one is cut (see [`cut`]) and its full length is kept so
+/// the reason can say how much the guest sent.
+fn guest_error(at: At, message: String) -> TrialFault {
+    let length = message.len();
+    TrialFault::GuestError {
+        at,
+        full_length: (length > MAX_GUEST_MESSAGE).then_some(length),
+        message: cut(message),
+    }
 }
 
 fn cut(mut message: String) -> String {

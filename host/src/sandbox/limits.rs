@@ -22,6 +22,19 @@ pub struct Limits {
     pub call_timeout: Option<Duration>,
     /// Cap on each captured stream (stdout, stderr, guest log), in bytes.
     pub log_bytes: u64,
+    /// Cap on the state one `save()` may return for a guest checkpoint, in
+    /// bytes. The guest memory cap already bounds what the host copies out;
+    /// this bounds what lands on disk per checkpoint, so a guest cannot turn
+    /// every checkpoint into a disk-filling write. Host snapshots are not
+    /// affected (their size follows the guest's memory).
+    #[serde(default = "default_checkpoint_bytes")]
+    pub checkpoint_bytes: u64,
+}
+
+/// 64 MiB: far above what the shipped trainables save, far below what would
+/// hurt a disk when every trial checkpoints every few iterations.
+fn default_checkpoint_bytes() -> u64 {
+    64 << 20
 }
 
 impl Default for Limits {
@@ -34,6 +47,7 @@ impl Default for Limits {
             table_elements: 100_000,
             call_timeout: Some(Duration::from_secs(120)),
             log_bytes: 10 << 20,
+            checkpoint_bytes: default_checkpoint_bytes(),
         }
     }
 }

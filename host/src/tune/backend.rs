@@ -146,5 +146,8 @@ pub trait TrialSession: Send + 'static {
     fn save(&mut self, path: &Path, info: &CheckpointInfo<'_>) -> Result<u64, TrialFailure>;
 
     /// Lets the trainable release its resources; the session is gone after.
+    /// An `Err` (the trainable's cleanup failed or ran past a limit) is
+    /// logged as a warning naming the trial; the trial keeps the status it
+    /// ended with, since its results are complete.
     fn stop(self) -> Result<(), TrialFailure>;
 }

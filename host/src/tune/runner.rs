@@ -348,8 +348,12 @@ enum Event<S> {
         saved: Result<Checkpoint, TrialFailure>,
         then: Then,
     },
-    /// The session is gone; its slot is free.
-    Stopped { pausing: bool },
+    /// The session is gone; its slot is free. `cleanup` says why the
+    /// trainable's cleanup failed, if it did.
+    Stopped {
+        pausing: bool,
+        cleanup: Option<TrialFailure>,
+    },
 }
 
 /// What follows a checkpoint.
@@ -633,8 +637,19 @@ impl<B: TrialBackend> Runner<B> {
                 self.saving.remove(&index);
             }
             let failed = match event {
-                Event::Stopped { pausing } => {
+                Event::Stopped { pausing, cleanup } => {
                     live -= 1;
+                    // The trial keeps the status it ended with: its results
+                    // are complete. A cleanup that failed (ran out of fuel,
+                    // past its deadline) is still the trainable's fault, so
+                    // it is said where the user looks.
+                    if let Some(failure) = cleanup {
+                        tracing::warn!(
+                            trial = %trials[index].trial_id,
+                            "cleanup failed: {}",
+                            failure.reason
+                        );
+                    }
                     self.pool.release(&trials[index].trial_id);
                     if pausing {
                         trials[index].status = TrialStatus::Paused;
@@ -1270,7 +1285,15 @@ impl<B: TrialBackend> Runner<B> {
             }
             // Nothing to stop: free the slot through the same event.
             None => {
-                tasks.spawn(async move { (index, Event::Stopped { pausing: false }) });
+                tasks.spawn(async move {
+                    (
+                        index,
+                        Event::Stopped {
+                            pausing: false,
+                            cleanup: None,
+                        },
+                    )
+                });
             }
         };
         if allowed && let Some(halted) = halted {
@@ -1588,10 +1611,10 @@ fn step<S: TrialSession>(mut session: S) -> Event<S> {
 }
 
 fn stop<S: TrialSession>(session: S, pausing: bool) -> Event<S> {
-    if let Err(failure) = session.stop() {
-        tracing::debug!("cleanup failed: {failure}");
+    Event::Stopped {
+        pausing,
+        cleanup: session.stop().err(),
     }
-    Event::Stopped { pausing }
 }
 
 /// Digits in trial ids: enough for every trial the search will create
