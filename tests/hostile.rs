@@ -832,3 +832,68 @@ fn table_growth_past_the_cap_is_stopped_with_the_limit_named() {
     );
     assert_eq!(trial.iterations, 2);
 }
+
+/// The host's own memory stays bounded while guests misbehave: a memory
+/// bomb, 100 MB values and a 100 000-metric report, two at a time under a
+/// 256 MiB guest cap, leave the `wtune` process's peak resident memory
+/// within what two capped guests plus one copy of each value explain.
+#[cfg(target_os = "linux")]
+#[test]
+fn the_host_memory_stays_bounded_under_hostile_guests() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("experiment.toml");
+    std::fs::write(
+        &config,
+        "max_concurrent_trials = 2\nseed = 1\n\
+         [limits]\nmemory = \"256MiB\"\nfuel_per_call = 2e10\ncall_timeout = \"60s\"\n\
+         [param_space]\niterations = 2\nat = 1\nattack = { grid_search = [\"memory_bomb\", \
+         \"huge_error\", \"huge_metric_name\", \"huge_log\", \"big_report\", \"none\"] }\n",
+    )
+    .unwrap();
+    #[allow(clippy::zombie_processes, reason = "reaped by wait4 below")]
+    let child = common::wtune()
+        .arg("run")
+        .arg(common::guest("hostile"))
+        .arg("--config")
+        .arg(&config)
+        .arg("--output-dir")
+        .arg(dir.path().join("out"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // wait4 rather than Child::wait, for the child's own peak RSS.
+    let mut status = 0;
+    // SAFETY: rusage is plain data that wait4 fills in; the pid is our
+    // child's, not yet reaped.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    let pid = child.id() as libc::pid_t;
+    let reaped = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+    assert_eq!(reaped, pid);
+    assert!(libc::WIFEXITED(status), "wtune died of a signal: {status}");
+    let peak_mib = usage.ru_maxrss as u64 / 1024;
+    // Two guests at their 256 MiB cap, each with one 100 MB copy of what it
+    // returned, plus the runtime: about 1 GiB at worst. Unbounded handling
+    // (an uncapped bomb, values kept or copied repeatedly) goes far past.
+    assert!(peak_mib < 1536, "peak resident memory {peak_mib} MiB");
+
+    let experiment: Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("out/experiment.json")).unwrap())
+            .unwrap();
+    let statuses: Vec<&str> = experiment["trials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["status"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        statuses.iter().filter(|s| **s == "ERROR").count(),
+        4,
+        "{statuses:?}"
+    );
+    assert_eq!(
+        statuses.iter().filter(|s| **s == "TERMINATED").count(),
+        2,
+        "{statuses:?}"
+    );
+}
