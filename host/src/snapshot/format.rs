@@ -47,6 +47,9 @@ const MAX_HEADER: usize = 256 << 20;
 /// Largest guest `save()` state accepted: a guest's state cannot exceed the
 /// 4 GiB a 32-bit memory addresses.
 const MAX_GUEST_STATE: usize = 4 << 30;
+/// Most pages of a memory in a snapshot: host snapshots refuse 64-bit
+/// memories, so each is at most 4 GiB.
+const MAX_MEMORY_PAGES: u64 = 1 << 16;
 
 /// What a snapshot belongs to.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -391,11 +394,21 @@ pub fn decode(
     }
     let mut image = GuestImage::default();
     for memory in header.memories {
-        let expected: u64 = memory.runs.iter().map(|&(_, len)| len).sum();
+        // Only 32-bit memories are snapshotted; the bound also caps what
+        // one memory's data reserves below, whatever its runs claim.
+        if u64::from(memory.pages) > MAX_MEMORY_PAGES {
+            return Err(FormatError::Malformed(
+                "a memory is larger than the 4 GiB a 32-bit memory addresses".into(),
+            ));
+        }
+        let expected = memory
+            .runs
+            .iter()
+            .try_fold(0u64, |sum, &(_, len)| sum.checked_add(len));
         let frame_len = payload.u64()? as usize;
         let frame = payload.take(frame_len)?;
-        let capacity = usize::try_from(expected)
-            .ok()
+        let capacity = expected
+            .and_then(|e| usize::try_from(e).ok())
             .filter(|&c| c as u64 <= u64::from(memory.pages) * super::PAGE)
             .ok_or_else(|| FormatError::Malformed("memory runs exceed the memory".into()))?;
         let data = zstd::bulk::decompress(frame, capacity)
@@ -729,6 +742,68 @@ mod tests {
         assert_eq!(
             decode(&forged, &meta.component, Some(&key)),
             Err(FormatError::Unauthenticated)
+        );
+    }
+
+    /// A version 1 file whose header lists `memories` (as JSON), with one
+    /// small frame for each, behind a valid checksum.
+    fn forged(meta: &SnapshotMeta, memories: Value) -> Vec<u8> {
+        let count = memories.as_array().unwrap().len();
+        let mut header = serde_json::to_value(meta).unwrap();
+        header["memories"] = memories;
+        header["globals"] = serde_json::json!([]);
+        header["data_len"] = serde_json::json!(1);
+        let header = serde_json::to_vec(&header).unwrap();
+        let frame = zstd::bulk::compress(b"x", ZSTD_LEVEL).unwrap();
+        let mut payload = Vec::new();
+        for _ in 0..count {
+            payload.extend_from_slice(&(frame.len() as u64).to_le_bytes());
+            payload.extend_from_slice(&frame);
+        }
+        let mut out = MAGIC.to_vec();
+        out.extend_from_slice(&FORMAT_VERSION_PLAIN.to_le_bytes());
+        out.extend_from_slice(&0u32.to_le_bytes());
+        out.extend_from_slice(&(header.len() as u32).to_le_bytes());
+        out.extend_from_slice(&header);
+        out.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+        out.extend_from_slice(&payload);
+        let sum = blake3::hash(&out);
+        out.extend_from_slice(sum.as_bytes());
+        out
+    }
+
+    #[test]
+    fn claimed_memory_sizes_are_bounded_before_anything_is_reserved() {
+        // Found with the `snapshot` fuzz target (fuzz/): run lengths whose
+        // sum overflowed, and a memory of 2^32 - 1 pages whose runs made the
+        // decoder reserve 16 TiB for a one-byte frame (an abort, not an
+        // error).
+        let (meta, _) = sample();
+        let malformed =
+            |memories: Value| match decode(&forged(&meta, memories), &meta.component, None) {
+                Err(FormatError::Malformed(why)) => why,
+                other => panic!("{other:?}"),
+            };
+        let half = 1u64 << 63;
+        assert_eq!(
+            malformed(serde_json::json!([{"pages": 1, "runs": [[0, half], [half, half]]}])),
+            "memory runs exceed the memory"
+        );
+        assert_eq!(
+            malformed(serde_json::json!([{"pages": u32::MAX, "runs": [[0, 1u64 << 44]]}])),
+            "a memory is larger than the 4 GiB a 32-bit memory addresses"
+        );
+        // 4 GiB itself is a memory a snapshot may hold.
+        let largest = forged(
+            &meta,
+            serde_json::json!([{"pages": 1 << 16, "runs": [[0, 1]]}]),
+        );
+        let (_, Payload::Memory(image)) = decode(&largest, &meta.component, None).unwrap() else {
+            panic!("a memory snapshot expected")
+        };
+        assert_eq!(
+            (image.memories[0].pages, image.memories[0].data.len()),
+            (1 << 16, 1)
         );
     }
 

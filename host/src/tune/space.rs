@@ -420,8 +420,10 @@ fn enumerate(domain: &Domain, path: &str, points: Option<usize>) -> Result<Vec<V
                 push(float(x.clamp(low, high)))
             }
             Domain::RandInt { low, high } => {
-                let top = high - 1;
-                push(Value::from(low + ((top - low) as f64 * t).round() as i64))
+                // In i128: `high - 1 - low` overflows i64 for wide ranges.
+                let (low, top) = (i128::from(low), i128::from(high) - 1);
+                let x = low + ((top - low) as f64 * t).round() as i128;
+                push(Value::from(x.clamp(low, top) as i64))
             }
             Domain::QUniform { low, high, q } => {
                 let x = ((low + (high - low) * t) / q).round() * q;
@@ -504,6 +506,17 @@ fn parse_domain(name: &str, args: &Value, path: &str) -> Result<Domain, SpaceErr
             ))
         }
     };
+    // Sampling draws from `high - low`, which must be finite.
+    let finite_width = |low: f64, high: f64, shape: &str| {
+        if (high - low).is_finite() {
+            Ok(())
+        } else {
+            Err(err(
+                path,
+                format!("{name} needs {shape} with a finite width high - low, got {args}"),
+            ))
+        }
+    };
     match name {
         "grid_search" => Ok(Domain::GridSearch(list("values")?)),
         "choice" => Ok(Domain::Choice(list("values")?)),
@@ -511,6 +524,7 @@ fn parse_domain(name: &str, args: &Value, path: &str) -> Result<Domain, SpaceErr
             let shape = "[low, high] (two numbers)";
             let v = numbers(2, shape)?;
             ordered(v[0], v[1], shape)?;
+            finite_width(v[0], v[1], shape)?;
             Ok(Domain::Uniform {
                 low: v[0],
                 high: v[1],
@@ -523,6 +537,16 @@ fn parse_domain(name: &str, args: &Value, path: &str) -> Result<Domain, SpaceErr
                 return Err(err(path, format!("loguniform needs {shape}, got {args}")));
             }
             ordered(v[0], v[1], shape)?;
+            // Draws are uniform in log space.
+            if v[0].ln() >= v[1].ln() {
+                return Err(err(
+                    path,
+                    format!(
+                        "loguniform needs {shape} far enough apart that ln(low) < ln(high), \
+                         got {args}"
+                    ),
+                ));
+            }
             Ok(Domain::LogUniform {
                 low: v[0],
                 high: v[1],
@@ -547,6 +571,7 @@ fn parse_domain(name: &str, args: &Value, path: &str) -> Result<Domain, SpaceErr
             let shape = "[low, high, q] (three numbers, q > 0)";
             let v = numbers(3, shape)?;
             ordered(v[0], v[1], shape)?;
+            finite_width(v[0], v[1], shape)?;
             if v[2] <= 0.0 {
                 return Err(err(path, format!("quniform needs {shape}, got {args}")));
             }
@@ -709,6 +734,55 @@ mod tests {
         }
         let message = SearchSpace::from_json(&json!([1])).unwrap_err().to_string();
         assert_eq!(message, "param_space: must be a table, got a list");
+    }
+
+    #[test]
+    fn bounds_that_cannot_be_sampled_are_refused() {
+        // Found with the `config` fuzz target (fuzz/): these spaces parsed,
+        // then panicked on the first draw (rand refuses an infinite width or
+        // an empty range).
+        let cases = [
+            (
+                json!({"u": {"uniform": [-1e308, 1e308]}}),
+                "param_space.u: uniform needs [low, high] (two numbers) with a finite width",
+            ),
+            (
+                json!({"q": {"quniform": [-1e308, 1e308, 1.0]}}),
+                "param_space.q: quniform needs [low, high, q] (three numbers, q > 0) with a \
+                 finite width",
+            ),
+            (
+                json!({"l": {"loguniform": [1e300, 1.000_000_000_000_000_2e300]}}),
+                "param_space.l: loguniform needs [low, high] (two positive numbers) far enough \
+                 apart that ln(low) < ln(high)",
+            ),
+        ];
+        for (value, expected) in cases {
+            let message = SearchSpace::from_json(&value).unwrap_err().to_string();
+            assert!(
+                message.starts_with(expected),
+                "{message}\n expected: {expected}"
+            );
+        }
+        let wide = space(json!({"u": {"uniform": [-1e307, 1e307]}}));
+        for config in wide.generate(100, 1).unwrap() {
+            assert!(config["u"].as_f64().unwrap().abs() <= 1e307);
+        }
+    }
+
+    #[test]
+    fn the_widest_randint_enumerates_within_its_range() {
+        // Found with the `config` fuzz target: `high - 1 - low` overflowed.
+        let s = space(json!({"n": {"randint": [i64::MIN, i64::MAX]}}));
+        let values: Vec<i64> = s
+            .enumerated(Some(3))
+            .unwrap()
+            .generate(1, 0)
+            .unwrap()
+            .iter()
+            .map(|c| c["n"].as_i64().unwrap())
+            .collect();
+        assert_eq!(values, [i64::MIN, 0, i64::MAX - 1]);
     }
 
     #[test]
