@@ -50,6 +50,10 @@ const MAX_GUEST_STATE: usize = 4 << 30;
 /// Most pages of a memory in a snapshot: host snapshots refuse 64-bit
 /// memories, so each is at most 4 GiB.
 const MAX_MEMORY_PAGES: u64 = 1 << 16;
+/// Most bytes one byte of a zstd frame decompresses to: a block yields at
+/// most 128 KiB and takes at least 4 bytes (a 3-byte header and one byte of
+/// RLE content; RFC 8878, section 3.1.1.2).
+const ZSTD_MAX_RATIO: usize = 32 << 10;
 
 /// What a snapshot belongs to.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -383,7 +387,7 @@ pub fn decode(
             .ok()
             .filter(|&c| c <= MAX_GUEST_STATE)
             .ok_or_else(|| FormatError::Malformed("guest state too large".into()))?;
-        let data = zstd::bulk::decompress(frame, capacity)
+        let data = decompress(frame, capacity)
             .map_err(|e| FormatError::Malformed(format!("guest state: {e}")))?;
         if data.len() as u64 != header.data_len || payload.at != payload.bytes.len() {
             return Err(FormatError::Malformed(
@@ -411,7 +415,7 @@ pub fn decode(
             .and_then(|e| usize::try_from(e).ok())
             .filter(|&c| c as u64 <= u64::from(memory.pages) * super::PAGE)
             .ok_or_else(|| FormatError::Malformed("memory runs exceed the memory".into()))?;
-        let data = zstd::bulk::decompress(frame, capacity)
+        let data = decompress(frame, capacity)
             .map_err(|e| FormatError::Malformed(format!("memory data: {e}")))?;
         let image_memory = MemoryImage {
             pages: memory.pages,
@@ -475,8 +479,8 @@ fn decode_compute(
         }
         let frame_len = payload.u64()? as usize;
         let frame = payload.take(frame_len)?;
-        let bytes = zstd::bulk::decompress(frame, (elements * 4) as usize)
-            .map_err(|e| malformed(&e.to_string()))?;
+        let bytes =
+            decompress(frame, (elements * 4) as usize).map_err(|e| malformed(&e.to_string()))?;
         if bytes.len() as u64 != elements * 4 {
             return Err(malformed("a buffer's length differs from the header"));
         }
@@ -486,6 +490,15 @@ fn decode_compute(
         next_buffer: header.next_buffer,
         buffers,
     })
+}
+
+/// Decompresses `frame`, which may hold at most `capacity` bytes, reserving
+/// no more than the frame can produce: `capacity` comes from the header, and
+/// a few bytes of frame claiming gigabytes must not make the host reserve
+/// them (or abort when it cannot).
+fn decompress(frame: &[u8], capacity: usize) -> std::io::Result<Vec<u8>> {
+    let most = frame.len().saturating_mul(ZSTD_MAX_RATIO);
+    zstd::bulk::decompress(frame, capacity.min(most))
 }
 
 /// A body whose own lengths run past its end was cut short, which says more
@@ -745,24 +758,28 @@ mod tests {
         );
     }
 
-    /// A version 1 file whose header lists `memories` (as JSON), with one
-    /// small frame for each, behind a valid checksum.
-    fn forged(meta: &SnapshotMeta, memories: Value) -> Vec<u8> {
-        let count = memories.as_array().unwrap().len();
+    /// A version 1 file with `flags` whose header lists `memories` (as JSON)
+    /// and `data_len`, with a frame of one byte for each memory (for the
+    /// guest state with [`FLAG_GUEST`]), behind a valid checksum.
+    fn forged(meta: &SnapshotMeta, flags: u32, memories: Value, data_len: u64) -> Vec<u8> {
+        let frames = match flags & FLAG_GUEST {
+            0 => memories.as_array().unwrap().len(),
+            _ => 1,
+        };
         let mut header = serde_json::to_value(meta).unwrap();
         header["memories"] = memories;
         header["globals"] = serde_json::json!([]);
-        header["data_len"] = serde_json::json!(1);
+        header["data_len"] = serde_json::json!(data_len);
         let header = serde_json::to_vec(&header).unwrap();
         let frame = zstd::bulk::compress(b"x", ZSTD_LEVEL).unwrap();
         let mut payload = Vec::new();
-        for _ in 0..count {
+        for _ in 0..frames {
             payload.extend_from_slice(&(frame.len() as u64).to_le_bytes());
             payload.extend_from_slice(&frame);
         }
         let mut out = MAGIC.to_vec();
         out.extend_from_slice(&FORMAT_VERSION_PLAIN.to_le_bytes());
-        out.extend_from_slice(&0u32.to_le_bytes());
+        out.extend_from_slice(&flags.to_le_bytes());
         out.extend_from_slice(&(header.len() as u32).to_le_bytes());
         out.extend_from_slice(&header);
         out.extend_from_slice(&(payload.len() as u64).to_le_bytes());
@@ -780,7 +797,7 @@ mod tests {
         // error).
         let (meta, _) = sample();
         let malformed =
-            |memories: Value| match decode(&forged(&meta, memories), &meta.component, None) {
+            |memories: Value| match decode(&forged(&meta, 0, memories, 1), &meta.component, None) {
                 Err(FormatError::Malformed(why)) => why,
                 other => panic!("{other:?}"),
             };
@@ -796,7 +813,9 @@ mod tests {
         // 4 GiB itself is a memory a snapshot may hold.
         let largest = forged(
             &meta,
+            0,
             serde_json::json!([{"pages": 1 << 16, "runs": [[0, 1]]}]),
+            1,
         );
         let (_, Payload::Memory(image)) = decode(&largest, &meta.component, None).unwrap() else {
             panic!("a memory snapshot expected")
@@ -805,6 +824,32 @@ mod tests {
             (image.memories[0].pages, image.memories[0].data.len()),
             (1 << 16, 1)
         );
+    }
+
+    #[test]
+    fn a_small_frame_reserves_no_more_than_it_can_hold() {
+        // Found with the `snapshot` fuzz target: a guest checkpoint of a few
+        // hundred bytes whose header claimed 4 GiB of state made the decoder
+        // reserve 4 GiB before reading its one-byte frame.
+        let (meta, _) = sample();
+        let claim = forged(&meta, FLAG_GUEST, serde_json::json!([]), 4 << 30);
+        assert_eq!(
+            decode(&claim, &meta.component, None),
+            Err(FormatError::Malformed(
+                "guest state length differs from the header".into()
+            ))
+        );
+        let frame = zstd::bulk::compress(b"x", ZSTD_LEVEL).unwrap();
+        let data = decompress(&frame, MAX_GUEST_STATE).unwrap();
+        assert_eq!(data, b"x");
+        assert!(data.capacity() <= frame.len() * ZSTD_MAX_RATIO);
+        // The bound leaves room for the most compressible data at the
+        // strongest level.
+        let zeros = vec![0u8; 16 << 20];
+        for level in [ZSTD_LEVEL, 19] {
+            let frame = zstd::bulk::compress(&zeros, level).unwrap();
+            assert_eq!(decompress(&frame, zeros.len()).unwrap(), zeros);
+        }
     }
 
     #[test]
