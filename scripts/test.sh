@@ -1,7 +1,16 @@
 #!/usr/bin/env bash
 # The whole test suite: unit tests, the end-to-end and hostile-guest suites
-# (which run the guest components built by setup.sh), and doc tests.
+# (which run the guest components built by setup.sh), the dashboard's
+# browser test, and doc tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+# The dashboard test drives headless Chromium through chromedriver.
+if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then
+  sudo=""
+  if [ "$(id -u)" != 0 ]; then sudo="sudo"; fi
+  $sudo apt-get update -qq >/dev/null
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends \
+    chromium chromium-driver fonts-liberation >/dev/null
+fi
 cargo test --release --locked --workspace

@@ -15,11 +15,12 @@ use crate::report::{ExperimentFile, Progress, StateFile, TrialFiles, state, summ
 use crate::sandbox::{
     CompileOptions, Limits, Program, Sandbox, SandboxOptions, fuel_text, human_bytes,
 };
+use crate::serve;
 use crate::snapshot::{Payload, SnapshotKey};
 use crate::tune::resume::{self, ErroredTrials};
 use crate::tune::{
-    DecisionState, Listed, RunError, RunSpec, Runner, Scheduler, SchedulerSpec, SearchSpec,
-    Searcher, Trial, TrialStatus,
+    DecisionState, Listed, RunError, RunSpec, Runner, STOPPED_BY_REQUEST, Scheduler, SchedulerSpec,
+    SearchSpec, Searcher, Trial, TrialStatus, control,
 };
 
 /// Tune hyperparameters of WebAssembly trainables, each trial in its own sandbox.
@@ -36,6 +37,9 @@ enum Command {
     Run(Box<RunArgs>),
     /// Continue an interrupted experiment from its output directory.
     Resume(ResumeArgs),
+    /// Serve the dashboard and API for an experiment directory, finished or running in
+    /// another process (to control a run, start it with `--serve` instead).
+    Serve(ServeDirArgs),
     /// Show a component's imports and exports and whether it fits the wtune contract.
     Inspect {
         /// The component (.wasm) to inspect.
@@ -128,6 +132,54 @@ struct RunArgs {
     allow_component: Vec<String>,
     #[command(flatten)]
     cache: CacheArgs,
+    #[command(flatten)]
+    serve: ServeArgs,
+}
+
+#[derive(Debug, Args)]
+struct ServeArgs {
+    /// Serve a dashboard and control API while the experiment runs: `--serve` on
+    /// 127.0.0.1:8267 (loopback only), `--serve=ADDR` elsewhere (port 0 picks a free port).
+    #[arg(
+        long,
+        value_name = "ADDR",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = serve::DEFAULT_ADDR
+    )]
+    serve: Option<std::net::SocketAddr>,
+    /// The bearer token API clients must send (required when ADDR is not loopback).
+    #[arg(long, value_name = "TOKEN", env = serve::TOKEN_ENV, hide_env_values = true)]
+    serve_token: Option<String>,
+}
+
+impl ServeArgs {
+    fn options(self) -> Result<Option<serve::ServeOptions>, Failure> {
+        let Some(addr) = self.serve else {
+            if self.serve_token.is_some() && std::env::var_os(serve::TOKEN_ENV).is_none() {
+                return Err(Failure::user("--serve-token needs --serve"));
+            }
+            return Ok(None);
+        };
+        let options = serve::ServeOptions {
+            addr,
+            token: self.serve_token,
+        };
+        options.check().map_err(Failure::user)?;
+        Ok(Some(options))
+    }
+}
+
+#[derive(Debug, Args)]
+struct ServeDirArgs {
+    /// The experiment's output directory.
+    dir: PathBuf,
+    /// Where to listen (loopback only unless a token is given).
+    #[arg(long, value_name = "ADDR", default_value = serve::DEFAULT_ADDR)]
+    addr: std::net::SocketAddr,
+    /// The bearer token API clients must send (required when ADDR is not loopback).
+    #[arg(long, value_name = "TOKEN", env = serve::TOKEN_ENV, hide_env_values = true)]
+    token: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -158,6 +210,8 @@ struct ResumeArgs {
     model: Option<PathBuf>,
     #[command(flatten)]
     cache: CacheArgs,
+    #[command(flatten)]
+    serve: ServeArgs,
 }
 
 /// What `experiment_state.json` keeps for `wtune resume`: the validated
@@ -283,6 +337,7 @@ pub fn main() -> ExitCode {
     let outcome = match cli.command {
         Command::Run(args) => run(*args),
         Command::Resume(args) => resume_experiment(args),
+        Command::Serve(args) => serve_dir(args),
         Command::Inspect { model } => inspect(&model),
         Command::GpuWorker | Command::CompileWorker { .. } => unreachable!("served above"),
     };
@@ -316,6 +371,7 @@ fn sandbox(cache: CacheArgs, mut options: SandboxOptions) -> Result<Sandbox, Fai
 }
 
 fn run(args: RunArgs) -> Result<(), Failure> {
+    let serve = args.serve.options()?;
     let overrides = Overrides {
         name: args.name,
         num_samples: args.num_samples,
@@ -441,7 +497,9 @@ fn run(args: RunArgs) -> Result<(), Failure> {
     let scheduler = setup.scheduler()?;
     let searcher = setup.searcher()?;
     let lock = lock(&spec.output_dir)?;
-    execute(backend, spec, scheduler, searcher, None, &setup, lock)
+    execute(
+        backend, spec, scheduler, searcher, None, &setup, lock, serve,
+    )
 }
 
 /// What `wtune resume` carries on from: the saved trials and decisions.
@@ -451,7 +509,9 @@ struct Resumed {
 }
 
 /// Runs trials to the end and reports, for `run` and `resume` alike, while
-/// holding the experiment directory's `lock`.
+/// holding the experiment directory's `lock`; with `serve`, beside a
+/// control server.
+#[allow(clippy::too_many_arguments)]
 fn execute(
     backend: WasmBackend,
     spec: RunSpec,
@@ -460,6 +520,7 @@ fn execute(
     resumed: Option<Resumed>,
     setup: &Setup,
     lock: std::fs::File,
+    serve: Option<serve::ServeOptions>,
 ) -> Result<(), Failure> {
     let _lock = lock;
     let (trials, resumed) = match resumed {
@@ -487,8 +548,31 @@ fn execute(
     let runtime = tokio::runtime::Runtime::new()
         .map_err(|e| Failure::runtime(format!("cannot start the runtime: {e}")))?;
     let (interrupt, interrupts) = tokio::sync::mpsc::unbounded_channel();
-    let runner = runner.interrupts(interrupts);
+    let mut runner = runner.interrupts(interrupts);
     let dir = setup.spec.output_dir.clone();
+    // Dropped after the run: the page keeps answering until then.
+    let _server = match serve {
+        Some(options) => {
+            let (controller, requests) = control::channel();
+            runner = runner.control(requests);
+            let server = runtime
+                .block_on(serve::Server::start(
+                    dir.clone(),
+                    Some(controller),
+                    &options,
+                ))
+                .map_err(Failure::user)?;
+            eprintln!("serving the dashboard at {}", server.url());
+            if options.token.is_some() {
+                eprintln!(
+                    "(API requests need the token; open the page as {}#token=TOKEN)",
+                    server.url()
+                );
+            }
+            Some(server)
+        }
+        None => None,
+    };
     runtime.spawn(async move {
         let mut count = 0;
         while tokio::signal::ctrl_c().await.is_ok() {
@@ -531,6 +615,13 @@ fn execute(
     };
 
     print!("{}", summary_text(&summary));
+    if summary.halted.as_deref() == Some(STOPPED_BY_REQUEST) {
+        eprintln!(
+            "the experiment was stopped by a control request; continue it with `wtune resume {}`",
+            summary.output_dir.display()
+        );
+        return Ok(());
+    }
     if let Some(reason) = &summary.halted {
         let mut failure = Failure::runtime(format!(
             "the experiment stopped early: {reason}; continue it with `wtune resume {}`",
@@ -593,6 +684,7 @@ fn snapshot_key(file: Option<&Path>) -> Result<Option<SnapshotKey>, Failure> {
 }
 
 fn resume_experiment(args: ResumeArgs) -> Result<(), Failure> {
+    let serve = args.serve.options()?;
     // Locked before the state is read, not only before anything changes
     // (resuming moves a damaged state aside and deletes the checkpoints of
     // restarted trials): a wtune finishing beside this one may still write
@@ -747,7 +839,38 @@ fn resume_experiment(args: ResumeArgs) -> Result<(), Failure> {
         Some(Resumed { trials, decisions }),
         &setup,
         lock,
+        serve,
     )
+}
+
+/// `wtune serve DIR`: the dashboard and API for an experiment directory,
+/// read-only, until Ctrl-C.
+fn serve_dir(args: ServeDirArgs) -> Result<(), Failure> {
+    let options = serve::ServeOptions {
+        addr: args.addr,
+        token: args.token,
+    };
+    options.check().map_err(Failure::user)?;
+    // Refuse a directory that is not an experiment now, not on the first
+    // page load.
+    serve::view::ExperimentDir::new(&args.dir)
+        .state()
+        .map_err(Failure::user)?;
+    let runtime = tokio::runtime::Runtime::new()
+        .map_err(|e| Failure::runtime(format!("cannot start the runtime: {e}")))?;
+    runtime.block_on(async {
+        let server = serve::Server::start(args.dir.clone(), None, &options)
+            .await
+            .map_err(Failure::user)?;
+        eprintln!(
+            "serving the dashboard at {} for {} (read-only; Ctrl-C to stop)",
+            server.url(),
+            args.dir.display()
+        );
+        tokio::signal::ctrl_c()
+            .await
+            .map_err(|e| Failure::runtime(format!("waiting for Ctrl-C: {e}")))
+    })
 }
 
 fn inspect(model: &Path) -> Result<(), Failure> {

@@ -42,5 +42,6 @@ pub mod persist;
 pub mod process;
 pub mod report;
 pub mod sandbox;
+pub mod serve;
 pub mod snapshot;
 pub mod tune;

@@ -711,6 +711,13 @@ impl Scheduler for Asha {
         self.unhold(&trial.trial_id);
     }
 
+    fn on_trial_retry(&mut self, trial: &Trial) {
+        // Seen finished, it was dropped from the trials looked at: look at
+        // all again (once per retry).
+        self.fifo.on_trial_retry(trial);
+        self.resync(self.seen);
+    }
+
     fn on_no_more_trials(&mut self) {
         self.no_more_trials = true;
     }

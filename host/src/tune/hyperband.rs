@@ -443,6 +443,8 @@ impl Scheduler for HyperBand {
             self.assigned.remove(&trial.trial_id);
         }
         self.join(&trial.trial_id);
+        // The cursor may have passed it while it was finished.
+        self.cursor = 0;
     }
 
     fn on_no_more_trials(&mut self) {

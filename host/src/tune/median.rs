@@ -235,6 +235,10 @@ impl Scheduler for MedianStopping {
         self.add(trial, result);
     }
 
+    fn on_trial_retry(&mut self, trial: &Trial) {
+        self.fifo.on_trial_retry(trial);
+    }
+
     fn choose_next(&mut self, trials: &[Trial]) -> Option<usize> {
         self.fifo.choose_next(trials)
     }

@@ -5,6 +5,7 @@
 
 pub mod asha;
 mod backend;
+pub mod control;
 mod decisions;
 pub mod hyperband;
 pub mod median;
@@ -26,6 +27,7 @@ pub use asha::{Asha, AshaConfig, AshaVariant};
 pub use backend::{
     CheckpointInfo, CheckpointMeta, Step, TrialBackend, TrialFailure, TrialLaunch, TrialSession,
 };
+pub use control::{Command, ControlError, Controller, Reply, Requests};
 pub use decisions::{Deciders, DecisionState, SavedState};
 pub use hyperband::{HyperBand, HyperBandConfig};
 pub use median::{MedianStopping, MedianStoppingConfig};
@@ -36,7 +38,7 @@ pub use resources::{Acquire, PoolSpec, ResourcePool, Resources, detect_gpus, mac
 pub use result::{AUTO_FIELDS, Mode};
 pub use runner::{
     CHECKPOINT_DIR, Callback, CheckpointPolicy, ExperimentSummary, FailFast, FailurePolicy,
-    RunError, RunSpec, Runner,
+    RunError, RunSpec, Runner, STOPPED_BY_REQUEST,
 };
 pub use scheduler::{Decision, Fifo, Scheduler, SchedulerSpec};
 pub use search::{

@@ -40,6 +40,10 @@ pub struct ResumePlan {
     /// `continued` or `restarted`): their scheduler and searcher must be
     /// told, see [`retry_errored`].
     pub retried: Vec<String>,
+    /// Trials a control request had paused (`Trial::held`): they run
+    /// again, and their scheduler, which was told they ended, must be told
+    /// they are live (see [`retry_errored`]).
+    pub released: Vec<String>,
     /// Trials not yet started.
     pub pending: usize,
     /// Trials that stay finished (TERMINATED, or ERROR kept).
@@ -62,6 +66,10 @@ pub fn prepare<B: TrialBackend>(
     for trial in trials.iter_mut() {
         // The directory may have moved since the state was written.
         trial.dir = output_dir.join(&trial.trial_id);
+        if trial.held {
+            trial.held = false;
+            plan.released.push(trial.trial_id.clone());
+        }
         let action = match (trial.status, errored) {
             (TrialStatus::Pending, _) => {
                 plan.pending += 1;
@@ -104,7 +112,9 @@ pub fn prepare<B: TrialBackend>(
 
 /// Tells the scheduler and the searcher (restored from the saved state,
 /// where these trials had ended) that the ERROR trials in `plan.retried`
-/// are live again, so that their completion counts once.
+/// are live again, so that their completion counts once; and the scheduler
+/// that the trials in `plan.released` are (the searcher never saw them
+/// end).
 pub fn retry_errored(
     plan: &ResumePlan,
     trials: &[Trial],
@@ -115,6 +125,11 @@ pub fn retry_errored(
         if let Some(trial) = trials.iter().find(|t| &t.trial_id == id) {
             scheduler.on_trial_retry(trial);
             searcher.on_trial_retry(id);
+        }
+    }
+    for id in &plan.released {
+        if let Some(trial) = trials.iter().find(|t| &t.trial_id == id) {
+            scheduler.on_trial_retry(trial);
         }
     }
 }

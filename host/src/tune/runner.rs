@@ -2,7 +2,7 @@
 //! steps them, records results, applies stopping criteria and the
 //! scheduler's decisions, and reports to callbacks (files, progress).
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -13,6 +13,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
 use super::backend::{CheckpointInfo, Step, TrialBackend, TrialFailure, TrialLaunch, TrialSession};
+use super::control::{Command, ControlError, ControlRequest, Reply, Requests};
 use super::decisions::{Deciders, DecisionState};
 use super::resources::{Acquire, PoolSpec, ResourcePool, Resources};
 use super::result::{self, Mode};
@@ -321,7 +322,32 @@ pub struct Runner<B: TrialBackend> {
     callbacks: Vec<Box<dyn Callback>>,
     trials: Option<Vec<Trial>>,
     interrupts: Option<mpsc::UnboundedReceiver<()>>,
+    /// Control requests ([`Runner::control`]), taken between events.
+    control: Option<Requests>,
+    /// What control requests asked of RUNNING trials, carried out when
+    /// their current step ends.
+    requested: HashMap<usize, Requested>,
+    /// PENDING and PAUSED trials a control request holds ([`Trial::held`]).
+    /// The scheduler was told they ended (`on_trial_remove`) and sees them
+    /// as ERROR until a request resumes them (`on_trial_retry`), so no
+    /// scheduler needs to know about holds.
+    held: BTreeSet<usize>,
+    /// Trials the scheduler was told ended because a request holds them
+    /// (or held them until their stop): told once, and not again when they
+    /// end.
+    told: HashSet<usize>,
 }
+
+/// What a control request asked of a RUNNING trial.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Requested {
+    Stop,
+    Pause,
+}
+
+/// The stop reason of trials, and the halt reason of experiments, that a
+/// control request ended.
+pub const STOPPED_BY_REQUEST: &str = "stopped by a control request";
 
 /// An exploit waiting for its source's checkpoint (see `Runner::parked`).
 struct ParkedExploit<S> {
@@ -386,7 +412,20 @@ impl<B: TrialBackend> Runner<B> {
             callbacks: Vec::new(),
             trials: None,
             interrupts: None,
+            control: None,
+            requested: HashMap::new(),
+            held: BTreeSet::new(),
+            told: HashSet::new(),
         }
+    }
+
+    /// Takes requests from a [`Controller`](super::control::Controller)
+    /// between events (see [`Command`]). While a request holds trials and
+    /// nothing else runs, the run waits for the next request instead of
+    /// ending, until the controller is dropped.
+    pub fn control(mut self, requests: Requests) -> Self {
+        self.control = Some(requests);
+        self
     }
 
     /// Each message on `interrupts` is one interrupt (Ctrl-C, say). The
@@ -508,6 +547,14 @@ impl<B: TrialBackend> Runner<B> {
                 let Some(index) = chosen else {
                     break;
                 };
+                if self.held.contains(&index) {
+                    tracing::warn!(
+                        trial = %trials[index].trial_id,
+                        "the {} scheduler chose a trial a control request holds; starting nothing now",
+                        self.scheduler.name()
+                    );
+                    break;
+                }
                 if !matches!(
                     trials[index].status,
                     TrialStatus::Pending | TrialStatus::Paused
@@ -561,9 +608,25 @@ impl<B: TrialBackend> Runner<B> {
             }
             self.persist(&trials);
             let deadline = self.deadline(started);
+            // Held trials may be resumed: with nothing running, wait for
+            // the request rather than end the run.
+            let hold_open = tasks.is_empty()
+                && !self.held.is_empty()
+                && self.control.is_some()
+                && halted.is_none()
+                && stopped.is_none();
             let joined = tokio::select! {
-                joined = tasks.join_next() => joined,
-                () = sleep_until(deadline), if live > 0 && stopped.is_none() => continue,
+                joined = tasks.join_next(), if !hold_open => joined,
+                request = next_request(&mut self.control) => {
+                    if let Some(request) = request {
+                        let command = request.command.clone();
+                        let outcome =
+                            self.handle(&mut trials, command, &mut halted, stopped.is_some());
+                        request.answer(outcome);
+                    }
+                    continue;
+                }
+                () = sleep_until(deadline), if (live > 0 || hold_open) && stopped.is_none() => continue,
                 () = next_interrupt(&mut self.interrupts) => {
                     if halted.is_some() && interrupted {
                         // A second interrupt: leave now. The state on disk
@@ -651,10 +714,30 @@ impl<B: TrialBackend> Runner<B> {
                         );
                     }
                     self.pool.release(&trials[index].trial_id);
-                    if pausing {
+                    // A request that came while a pause was already under
+                    // way (no result came to carry it) is carried out here.
+                    let request = if pausing {
+                        self.requested.remove(&index)
+                    } else {
+                        None
+                    };
+                    if request == Some(Requested::Stop) {
+                        trials[index].stop_reason = Some(STOPPED_BY_REQUEST.into());
+                        self.tell_ended(&trials, index);
+                        self.end(&mut trials, index);
+                    } else if pausing {
                         trials[index].status = TrialStatus::Paused;
+                        let held = trials[index].held;
+                        if held {
+                            self.tell_ended(&trials, index);
+                            self.held.insert(index);
+                        }
                         self.notify(&trials, index, |cb, t| cb.on_trial_pause(t, index));
-                        if self.resizing.remove(&index) && halted.is_none() && stopped.is_none() {
+                        if self.resizing.remove(&index)
+                            && !held
+                            && halted.is_none()
+                            && stopped.is_none()
+                        {
                             self.waiting.push_back(index);
                         }
                     }
@@ -875,6 +958,162 @@ impl<B: TrialBackend> Runner<B> {
         }
     }
 
+    /// Carries out a control request, or refuses it changing nothing.
+    fn handle(
+        &mut self,
+        trials: &mut Vec<Trial>,
+        command: Command,
+        halted: &mut Option<String>,
+        stopped: bool,
+    ) -> Result<Reply, ControlError> {
+        let find = |trials: &[Trial], id: &str| {
+            trials
+                .iter()
+                .position(|t| t.trial_id == id)
+                .ok_or_else(|| ControlError::UnknownTrial(id.to_string()))
+        };
+        let reply = |trial: &Trial, message: String| Reply {
+            trial: Some(trial.clone()),
+            message,
+        };
+        match command {
+            Command::GetTrial(id) => {
+                let index = find(trials, &id)?;
+                Ok(reply(
+                    &trials[index],
+                    format!("{id} is {}", trials[index].status),
+                ))
+            }
+            Command::StopExperiment => {
+                let message = match halted {
+                    Some(reason) => format!("the experiment is already stopping ({reason})"),
+                    None => {
+                        *halted = Some(STOPPED_BY_REQUEST.into());
+                        "the experiment stops: no new trials; running trials are checkpointed \
+                         after their current step and left PAUSED"
+                            .into()
+                    }
+                };
+                Ok(Reply {
+                    trial: None,
+                    message,
+                })
+            }
+            Command::AddTrial(config) => {
+                if !config.is_object() {
+                    return Err(ControlError::Invalid(format!(
+                        "a trial's config must be a JSON object, not {config}"
+                    )));
+                }
+                if halted.is_some() || stopped {
+                    return Err(ControlError::Conflict(
+                        "the experiment is stopping; it takes no new trials".into(),
+                    ));
+                }
+                let trial_id = format!("trial_{:0width$}", trials.len(), width = self.id_width);
+                let dir = self.spec.output_dir.join(&trial_id);
+                let mut trial = Trial::new(trial_id, config, dir);
+                trial.restore_from = self.spec.restore_from.clone();
+                self.scheduler.on_trial_add(&trial);
+                let message = format!(
+                    "{} added; it starts when the scheduler gives it a slot",
+                    trial.trial_id
+                );
+                trials.push(trial);
+                Ok(reply(&trials[trials.len() - 1], message))
+            }
+            Command::StopTrial(id) => {
+                let index = find(trials, &id)?;
+                match trials[index].status {
+                    TrialStatus::Running => {
+                        self.requested.insert(index, Requested::Stop);
+                        Ok(reply(
+                            &trials[index],
+                            format!("{id} stops after its current step"),
+                        ))
+                    }
+                    TrialStatus::Pending | TrialStatus::Paused => {
+                        self.waiting.retain(|&i| i != index);
+                        self.resizing.remove(&index);
+                        trials[index].stop_reason = Some(STOPPED_BY_REQUEST.into());
+                        self.tell_ended(trials, index);
+                        self.end(trials, index);
+                        Ok(reply(&trials[index], format!("{id} stopped")))
+                    }
+                    status => Err(ControlError::Conflict(format!(
+                        "{id} has already ended ({status})"
+                    ))),
+                }
+            }
+            Command::PauseTrial(id) => {
+                let index = find(trials, &id)?;
+                let trial = &mut trials[index];
+                match trial.status {
+                    _ if trial.held => Ok(reply(trial, format!("{id} is already held"))),
+                    TrialStatus::Running => {
+                        if self.requested.get(&index) == Some(&Requested::Stop) {
+                            return Err(ControlError::Conflict(format!("{id} is stopping")));
+                        }
+                        self.requested.insert(index, Requested::Pause);
+                        trial.held = true;
+                        Ok(reply(
+                            trial,
+                            format!(
+                                "{id} is checkpointed after its current step and held PAUSED \
+                                 until resumed"
+                            ),
+                        ))
+                    }
+                    TrialStatus::Pending | TrialStatus::Paused => {
+                        trial.held = true;
+                        self.held.insert(index);
+                        self.waiting.retain(|&i| i != index);
+                        self.resizing.remove(&index);
+                        self.tell_ended(trials, index);
+                        let trial = &trials[index];
+                        Ok(reply(
+                            trial,
+                            format!("{id} is held {} until resumed", trial.status),
+                        ))
+                    }
+                    status => Err(ControlError::Conflict(format!(
+                        "{id} has already ended ({status})"
+                    ))),
+                }
+            }
+            Command::ResumeTrial(id) => {
+                let index = find(trials, &id)?;
+                let trial = &mut trials[index];
+                match trial.status {
+                    TrialStatus::Running
+                        if self.requested.get(&index) == Some(&Requested::Pause) =>
+                    {
+                        self.requested.remove(&index);
+                        trial.held = false;
+                        Ok(reply(trial, format!("{id}'s pause is cancelled")))
+                    }
+                    TrialStatus::Running if trial.held => Err(ControlError::Conflict(format!(
+                        "{id} is being checkpointed to pause; resume it once it is PAUSED"
+                    ))),
+                    TrialStatus::Pending | TrialStatus::Paused if trial.held => {
+                        trial.held = false;
+                        self.held.remove(&index);
+                        if self.told.remove(&index) {
+                            self.scheduler.on_trial_retry(trial);
+                        }
+                        Ok(reply(
+                            trial,
+                            format!("{id} runs again when the scheduler gives it a slot"),
+                        ))
+                    }
+                    status => Err(ControlError::Conflict(format!(
+                        "{id} is {status}, not held by a pause request"
+                    ))),
+                }
+            }
+        }
+    }
+
     /// What `trial` asks of the pool.
     fn request<'t>(&'t self, trial: &'t Trial) -> &'t Resources {
         trial
@@ -985,7 +1224,7 @@ impl<B: TrialBackend> Runner<B> {
         if self.search_over
             || trials
                 .last()
-                .is_some_and(|t| t.status == TrialStatus::Pending)
+                .is_some_and(|t| t.status == TrialStatus::Pending && !t.held)
         {
             return None;
         }
@@ -1020,13 +1259,49 @@ impl<B: TrialBackend> Runner<B> {
     /// they waited.
     fn choose_next(&mut self, trials: &mut [Trial]) -> Option<usize> {
         self.take_stops(trials);
-        self.scheduler.choose_next(trials)
+        self.with_held_hidden(trials, |scheduler, trials| scheduler.choose_next(trials))
+    }
+
+    /// Runs `f` on the scheduler with the held trials shown as ERROR, which
+    /// is what the scheduler was told of them (see `Runner::held`).
+    fn with_held_hidden<R>(
+        &mut self,
+        trials: &mut [Trial],
+        f: impl FnOnce(&mut dyn Scheduler, &[Trial]) -> R,
+    ) -> R {
+        let shown: Vec<(usize, TrialStatus)> =
+            self.held.iter().map(|&i| (i, trials[i].status)).collect();
+        for &(index, _) in &shown {
+            trials[index].status = TrialStatus::Error;
+        }
+        let out = f(self.scheduler.as_mut(), trials);
+        for (index, status) in shown {
+            trials[index].status = status;
+        }
+        out
+    }
+
+    /// Forgets what control requests asked of a trial that ends.
+    fn release_hold(&mut self, trials: &mut [Trial], index: usize) {
+        self.requested.remove(&index);
+        self.held.remove(&index);
+        self.told.remove(&index);
+        trials[index].held = false;
+    }
+
+    /// Tells the scheduler that a trial a request holds or stops has ended
+    /// (see `Runner::held`), once.
+    fn tell_ended(&mut self, trials: &[Trial], index: usize) {
+        if self.told.insert(index) {
+            self.scheduler.on_trial_remove(&trials[index]);
+        }
     }
 
     /// Ends the PENDING and PAUSED trials the scheduler stopped
     /// ([`Scheduler::take_stops`]).
     fn take_stops(&mut self, trials: &mut [Trial]) {
-        for index in self.scheduler.take_stops(trials) {
+        let stops = self.with_held_hidden(trials, |scheduler, trials| scheduler.take_stops(trials));
+        for index in stops {
             let Some(trial) = trials.get_mut(index) else {
                 tracing::warn!(
                     "the {} scheduler stopped trial index {index}, which does not exist",
@@ -1402,10 +1677,21 @@ impl<B: TrialBackend> Runner<B> {
         } else {
             self.spec.stop.reached(&record)?
         };
+        let requested = self.requested.remove(&index);
+        let stop_reason = stop_reason.or_else(|| {
+            (requested == Some(Requested::Stop)).then(|| STOPPED_BY_REQUEST.to_string())
+        });
         let decision = match stop_reason {
             Some(_) => {
                 self.scheduler.on_trial_complete(trial, &record);
                 Decision::Stop
+            }
+            // Held from now on: to the scheduler it ended (see `held`).
+            None if requested == Some(Requested::Pause) => {
+                if self.told.insert(index) {
+                    self.scheduler.on_trial_remove(trial);
+                }
+                Decision::Pause
             }
             None => self.scheduler.on_result(trial, &record),
         };
@@ -1429,6 +1715,7 @@ impl<B: TrialBackend> Runner<B> {
 
     /// Ends a trial as TERMINATED (its stop reason is already set).
     fn end(&mut self, trials: &mut [Trial], index: usize) {
+        self.release_hold(trials, index);
         trials[index].status = TrialStatus::Terminated;
         let trial = &trials[index];
         self.searcher
@@ -1447,11 +1734,15 @@ impl<B: TrialBackend> Runner<B> {
 
     fn fail(&mut self, trials: &mut [Trial], index: usize, reason: String) {
         tracing::debug!(trial = %trials[index].trial_id, "ERROR: {reason}");
+        let told = self.told.contains(&index);
+        self.release_hold(trials, index);
         let trial = &mut trials[index];
         trial.status = TrialStatus::Error;
         trial.error = Some(reason);
         trial.stop_reason = None;
-        self.scheduler.on_trial_remove(trial);
+        if !told {
+            self.scheduler.on_trial_remove(trial);
+        }
         self.searcher
             .on_trial_complete(&trial.trial_id, trial.last_result.as_ref(), true);
         self.notify(trials, index, |cb, t| cb.on_trial_end(t, index));
@@ -1581,6 +1872,21 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
     match deadline {
         Some(deadline) => tokio::time::sleep_until(deadline).await,
         None => std::future::pending::<()>().await,
+    }
+}
+
+/// The next control request; `None` once, when the controller is dropped,
+/// and then never again.
+async fn next_request(control: &mut Option<Requests>) -> Option<ControlRequest> {
+    match control {
+        Some(requests) => {
+            let request = requests.receiver.recv().await;
+            if request.is_none() {
+                *control = None;
+            }
+            request
+        }
+        None => std::future::pending().await,
     }
 }
 

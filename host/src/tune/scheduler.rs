@@ -2,6 +2,8 @@
 //! which waiting trial runs next. They are pure: they see trials and results,
 //! never sandboxes.
 
+use std::collections::VecDeque;
+
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
@@ -135,18 +137,21 @@ pub trait Scheduler: Send {
     }
 
     /// A trial ended without a final result the scheduler was told about
-    /// through [`Scheduler::on_trial_complete`]: it failed (ERROR). A
-    /// scheduler that waits for groups of trials (synchronous HyperBand)
-    /// must stop waiting for it.
+    /// through [`Scheduler::on_trial_complete`]: it failed (ERROR), or a
+    /// control request stopped or holds it (a held trial shows as ERROR to
+    /// the scheduler until [`Scheduler::on_trial_retry`]). A scheduler that
+    /// waits for groups of trials (synchronous HyperBand) must stop waiting
+    /// for it.
     fn on_trial_remove(&mut self, trial: &Trial) {
         let _ = trial;
     }
 
     /// A trial that ended in ERROR runs again (`wtune resume
-    /// --retry-errored` or `--restart-errored`): it is PAUSED at its newest
-    /// checkpoint or PENDING from scratch, and live again after the
-    /// scheduler was told it ended ([`Scheduler::on_trial_remove`]). By
-    /// default it is treated as a new trial.
+    /// --retry-errored` or `--restart-errored`), or a control request
+    /// resumed a held trial: it is PAUSED at its newest checkpoint or
+    /// PENDING, and live again after the scheduler was told it ended
+    /// ([`Scheduler::on_trial_remove`]). By default it is treated as a new
+    /// trial.
     fn on_trial_retry(&mut self, trial: &Trial) {
         self.on_trial_add(trial);
     }
@@ -229,9 +234,13 @@ pub trait Scheduler: Send {
 /// resumed after an interruption) continue in the same order.
 #[derive(Debug, Default)]
 pub struct Fifo {
-    /// Trials before this index are known to be neither PENDING nor PAUSED;
-    /// FIFO never pauses a trial, so none can become so again.
+    /// Trials before this index are known to be neither PENDING nor PAUSED,
+    /// except the `retried` ones: FIFO never pauses a trial itself.
     cursor: usize,
+    /// Trials live again ([`Scheduler::on_trial_retry`]), perhaps behind
+    /// the cursor, first in first out; each leaves the queue once seen
+    /// neither PENDING nor PAUSED.
+    retried: VecDeque<String>,
 }
 
 impl Scheduler for Fifo {
@@ -239,7 +248,27 @@ impl Scheduler for Fifo {
         Decision::Continue
     }
 
+    fn on_trial_retry(&mut self, trial: &Trial) {
+        self.retried.push_back(trial.trial_id.clone());
+    }
+
     fn choose_next(&mut self, trials: &[Trial]) -> Option<usize> {
+        while let Some(id) = self.retried.front() {
+            // Retries are rare; finding one by its id costs a scan.
+            match trials.iter().position(|t| &t.trial_id == id) {
+                Some(index)
+                    if matches!(
+                        trials[index].status,
+                        TrialStatus::Pending | TrialStatus::Paused
+                    ) =>
+                {
+                    return Some(index);
+                }
+                _ => {
+                    self.retried.pop_front();
+                }
+            }
+        }
         while self.cursor < trials.len() {
             if matches!(
                 trials[self.cursor].status,

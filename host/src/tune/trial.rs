@@ -108,6 +108,11 @@ pub struct Trial {
     /// scheduler changed it from the experiment's `resources_per_trial`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<Resources>,
+    /// PAUSED (or PENDING) because a control request paused it: the runner
+    /// does not run it again until a request resumes it. `wtune resume`
+    /// clears it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub held: bool,
 }
 
 impl Trial {
@@ -131,6 +136,7 @@ impl Trial {
             time_since_restore: 0.0,
             fuel_since_restore: 0,
             resources: None,
+            held: false,
         }
     }
 

@@ -1,0 +1,110 @@
+//! The control server and dashboard: an HTTP JSON API and a web page to
+//! watch an experiment and, while it runs in this process, steer it (stop,
+//! pause, resume and add trials; stop the experiment), as Ray Tune's
+//! TuneServer does. `wtune run --serve` and `wtune resume --serve` start it
+//! beside the runner; `wtune serve DIR` shows any experiment directory,
+//! finished or running elsewhere, without control.
+//!
+//! The server reads what it shows from the experiment's files
+//! ([`view`]) and sends control requests to the runner through a
+//! [`Controller`], which the runner takes between steps; the API is in
+//! `openapi.json` (also served at `/api/openapi.json`).
+
+pub mod api;
+pub mod view;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use crate::tune::Controller;
+
+/// Where `--serve` listens when no address is given: loopback only.
+pub const DEFAULT_ADDR: &str = "127.0.0.1:8267";
+
+/// The environment variable that may hold the bearer token.
+pub const TOKEN_ENV: &str = "WTUNE_SERVE_TOKEN";
+
+/// How the server listens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServeOptions {
+    /// Address and port; port 0 takes any free one.
+    pub addr: SocketAddr,
+    /// The bearer token every API request must carry; required unless the
+    /// address is a loopback one.
+    pub token: Option<String>,
+}
+
+impl ServeOptions {
+    /// Refuses what would expose control of the experiment to the network.
+    pub fn check(&self) -> Result<(), String> {
+        match &self.token {
+            Some(token) if token.trim().is_empty() => {
+                Err("the server's token is empty; give a long random one".into())
+            }
+            Some(token) if token.len() < 16 => Err(format!(
+                "the server's token has {} characters; give at least 16 (e.g. `openssl rand -hex 16`)",
+                token.len()
+            )),
+            None if !self.addr.ip().is_loopback() => Err(format!(
+                "{} is reachable from other machines, and the server controls the experiment: \
+                 give a token with --serve-token or {TOKEN_ENV}, or listen on 127.0.0.1",
+                self.addr
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// A running server; it stops when dropped.
+pub struct Server {
+    addr: SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Server {
+    /// Binds `options.addr` and serves the experiment in `dir`, with
+    /// control through `controller` when given. Must be called inside a
+    /// tokio runtime; the server runs on it.
+    pub async fn start(
+        dir: PathBuf,
+        controller: Option<Controller>,
+        options: &ServeOptions,
+    ) -> Result<Self, String> {
+        options.check()?;
+        let listener = tokio::net::TcpListener::bind(options.addr)
+            .await
+            .map_err(|e| format!("cannot listen on {}: {e}", options.addr))?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| format!("cannot listen on {}: {e}", options.addr))?;
+        let app = Arc::new(api::App {
+            dir: view::ExperimentDir::new(dir),
+            controller,
+            token: options.token.as_deref().map(|t| blake3::hash(t.as_bytes())),
+        });
+        let router = api::router(app);
+        let task = tokio::spawn(async move {
+            if let Err(err) = axum::serve(listener, router).await {
+                tracing::warn!("the control server stopped: {err}");
+            }
+        });
+        Ok(Self { addr, task })
+    }
+
+    /// The address it listens on (with the port chosen, for port 0).
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The dashboard's address.
+    pub fn url(&self) -> String {
+        format!("http://{}/", self.addr)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}

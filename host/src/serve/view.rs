@@ -1,0 +1,395 @@
+//! What the server shows, read from the experiment's directory: the state
+//! file the runner keeps (`experiment_state.json`, rewritten about once a
+//! second), each trial's `result.jsonl` and `guest.log`. Reading files
+//! rather than the runner's memory serves a finished experiment, one run by
+//! another process and a live one the same way, and keeps the runner's loop
+//! free of the server's work.
+
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+use serde_json::{Map, Value, json};
+
+use crate::report::state::{self, ExperimentState, STATE_FILE};
+use crate::tune::{Mode, Trial, TrialStatus};
+
+/// Most bytes of results or logs one answer carries.
+pub const MAX_CHUNK: u64 = 1 << 20;
+
+/// An experiment directory, with the last state read from it.
+pub struct ExperimentDir {
+    dir: PathBuf,
+    /// The state file's modification time and length when it was parsed,
+    /// and what it held: polled every second by every open page, a state
+    /// of 10,000 trials is parsed once per write, not once per request.
+    cached: Mutex<Option<(SystemTime, u64, Arc<ExperimentState>)>>,
+}
+
+/// What the experiment is, from the state's setup.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Header {
+    /// The experiment's name.
+    pub name: String,
+    /// The metric trials are ranked by, if any.
+    pub metric: Option<String>,
+    /// Whether lower or higher is better.
+    pub mode: Mode,
+}
+
+/// A run of records from a trial's `result.jsonl`.
+#[derive(Debug, PartialEq)]
+pub struct Results {
+    /// Parsed records, oldest first.
+    pub records: Vec<Value>,
+    /// Where the next read starts.
+    pub next_offset: u64,
+    /// The file is shorter than the offset asked for (the trial started
+    /// over): `records` start from the beginning.
+    pub reset: bool,
+}
+
+/// A piece of a trial's log.
+#[derive(Debug, PartialEq)]
+pub struct LogText {
+    /// The text (invalid UTF-8 replaced).
+    pub text: String,
+    /// Where it starts in the file.
+    pub offset: u64,
+    /// Where it ends.
+    pub next_offset: u64,
+}
+
+/// Which part of a log to read.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum LogRange {
+    /// From this byte on.
+    From(u64),
+    /// The last this many bytes.
+    Tail(u64),
+}
+
+impl ExperimentDir {
+    /// The experiment in `dir`; nothing is read yet.
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        Self {
+            dir: dir.into(),
+            cached: Mutex::new(None),
+        }
+    }
+
+    /// The directory.
+    pub fn path(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The newest state, from the cache when the file has not changed.
+    /// A state that cannot be read falls back to the one it replaced.
+    pub fn state(&self) -> Result<Arc<ExperimentState>, String> {
+        let path = self.dir.join(STATE_FILE);
+        let stamp = std::fs::metadata(&path)
+            .and_then(|m| Ok((m.modified()?, m.len())))
+            .map_err(|e| match e.kind() {
+                std::io::ErrorKind::NotFound => format!(
+                    "{} has no {STATE_FILE} yet: is it an experiment directory?",
+                    self.dir.display()
+                ),
+                _ => format!("reading {}: {e}", path.display()),
+            })?;
+        let mut cached = self.cached.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((modified, len, state)) = cached.as_ref()
+            && (*modified, *len) == stamp
+        {
+            return Ok(state.clone());
+        }
+        let state = state::load(&self.dir, false)
+            .or_else(|newest| state::load(&self.dir, true).map_err(|_| newest.to_string()))?;
+        let state = Arc::new(state);
+        *cached = Some((stamp.0, stamp.1, state.clone()));
+        Ok(state)
+    }
+
+    /// A trial's directory: under this directory whatever the state says,
+    /// since the experiment may have moved since it was written.
+    fn trial_dir(&self, trial: &Trial) -> PathBuf {
+        self.dir.join(&trial.trial_id)
+    }
+
+    /// Records from `trial`'s `result.jsonl`, from byte `offset`, at most
+    /// `limit` of them and [`MAX_CHUNK`] bytes; only complete lines.
+    pub fn results(&self, trial: &Trial, offset: u64, limit: usize) -> Result<Results, String> {
+        let path = self.trial_dir(trial).join("result.jsonl");
+        let (bytes, start, reset) = match read_from(&path, offset, MAX_CHUNK)? {
+            Some((bytes, len)) if offset <= len => (bytes, offset, false),
+            Some(_) => match read_from(&path, 0, MAX_CHUNK)? {
+                Some((bytes, _)) => (bytes, 0, true),
+                None => (Vec::new(), 0, true),
+            },
+            None => (Vec::new(), 0, offset > 0),
+        };
+        let mut records = Vec::new();
+        let mut consumed = 0;
+        for line in bytes.split_inclusive(|&b| b == b'\n') {
+            if records.len() >= limit || !line.ends_with(b"\n") {
+                break;
+            }
+            consumed += line.len();
+            match serde_json::from_slice::<Value>(line) {
+                Ok(record) => records.push(record),
+                Err(err) => tracing::debug!("{}: skipping a bad line: {err}", path.display()),
+            }
+        }
+        let mut next_offset = start + consumed as u64;
+        if consumed == 0 && bytes.len() as u64 == MAX_CHUNK {
+            // One line longer than a whole answer: skip it, or every poll
+            // would stall on it.
+            if let Some(end) = next_newline(&path, start + MAX_CHUNK)? {
+                tracing::debug!("{}: skipping a line over 1 MiB", path.display());
+                next_offset = end + 1;
+            }
+        }
+        Ok(Results {
+            records,
+            next_offset,
+            reset,
+        })
+    }
+
+    /// Part of `trial`'s `guest.log`, at most [`MAX_CHUNK`] bytes.
+    pub fn log(&self, trial: &Trial, range: LogRange) -> Result<LogText, String> {
+        let path = self.trial_dir(trial).join("guest.log");
+        let len = match std::fs::metadata(&path) {
+            Ok(meta) => meta.len(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
+            Err(e) => return Err(format!("reading {}: {e}", path.display())),
+        };
+        let (offset, most) = match range {
+            LogRange::From(offset) => (offset.min(len), MAX_CHUNK),
+            LogRange::Tail(bytes) => {
+                let bytes = bytes.min(MAX_CHUNK);
+                (len.saturating_sub(bytes), bytes)
+            }
+        };
+        let bytes = match read_from(&path, offset, most)? {
+            Some((bytes, _)) => bytes,
+            None => Vec::new(),
+        };
+        Ok(LogText {
+            text: String::from_utf8_lossy(&bytes).into_owned(),
+            offset,
+            next_offset: offset + bytes.len() as u64,
+        })
+    }
+}
+
+/// Up to `most` bytes of `path` from `offset`, and the file's length;
+/// `None` when there is no such file.
+fn read_from(path: &Path, offset: u64, most: u64) -> Result<Option<(Vec<u8>, u64)>, String> {
+    let fail = |e: std::io::Error| format!("reading {}: {e}", path.display());
+    let mut file = match std::fs::File::open(path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(fail(e)),
+    };
+    let len = file.metadata().map_err(fail)?.len();
+    if offset > len {
+        return Ok(Some((Vec::new(), len)));
+    }
+    file.seek(SeekFrom::Start(offset)).map_err(fail)?;
+    let mut bytes = Vec::new();
+    file.take(most).read_to_end(&mut bytes).map_err(fail)?;
+    Ok(Some((bytes, len)))
+}
+
+/// Where the first `\n` at or after `from` is in `path`.
+fn next_newline(path: &Path, mut from: u64) -> Result<Option<u64>, String> {
+    while let Some((bytes, _)) = read_from(path, from, MAX_CHUNK)? {
+        if bytes.is_empty() {
+            return Ok(None);
+        }
+        if let Some(at) = bytes.iter().position(|&b| b == b'\n') {
+            return Ok(Some(from + at as u64));
+        }
+        from += bytes.len() as u64;
+    }
+    Ok(None)
+}
+
+/// The experiment's name, metric and mode, from the setup `wtune` saves
+/// (`spec.name`, `spec.metric`, `spec.mode`); an embedder's own setup may
+/// lack them, so the directory's name stands in.
+pub fn header(state: &ExperimentState, dir: &Path) -> Header {
+    let spec = state.setup.get("spec");
+    let field = |key: &str| spec.and_then(|s| s.get(key)).and_then(Value::as_str);
+    Header {
+        name: field("name").map(str::to_string).unwrap_or_else(|| {
+            dir.file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default()
+        }),
+        metric: field("metric").map(str::to_string),
+        mode: match field("mode") {
+            Some("max") => Mode::Max,
+            _ => Mode::Min,
+        },
+    }
+}
+
+/// The best trial by `metric`'s last reported value.
+pub fn best<'t>(trials: &'t [Trial], metric: &str, mode: Mode) -> Option<&'t Trial> {
+    trials
+        .iter()
+        .filter_map(|t| Some((t, t.metric(metric).filter(|v| !v.is_nan())?)))
+        .reduce(|a, b| match mode {
+            Mode::Min if b.1 < a.1 => b,
+            Mode::Max if b.1 > a.1 => b,
+            _ => a,
+        })
+        .map(|(t, _)| t)
+}
+
+/// How many trials have each status, every status named.
+pub fn counts(trials: &[Trial]) -> Map<String, Value> {
+    let mut counts = Map::new();
+    for status in [
+        TrialStatus::Pending,
+        TrialStatus::Running,
+        TrialStatus::Paused,
+        TrialStatus::Terminated,
+        TrialStatus::Error,
+    ] {
+        let n = trials.iter().filter(|t| t.status == status).count();
+        counts.insert(status.to_string(), n.into());
+    }
+    counts
+}
+
+/// A trial as the API shows it (`TrialSummary` in the OpenAPI document).
+pub fn summary(trial: &Trial) -> Value {
+    json!({
+        "trial_id": trial.trial_id,
+        "status": trial.status,
+        "held": trial.held,
+        "config": trial.config,
+        "iterations": trial.iterations,
+        "time_total_s": trial.time_total_s,
+        "fuel_total": trial.fuel_total,
+        "last_result": trial.last_result,
+        "error": trial.error,
+        "stop_reason": trial.stop_reason,
+        "num_failures": trial.num_failures,
+    })
+}
+
+/// [`summary`] with the trial's checkpoints.
+pub fn detail(trial: &Trial) -> Value {
+    let mut value = summary(trial);
+    value["checkpoints"] = trial
+        .checkpoints
+        .iter()
+        .map(|c| json!({"iteration": c.iteration, "path": c.path, "bytes": c.bytes}))
+        .collect();
+    value
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn trial(dir: &Path, id: &str) -> Trial {
+        Trial::new(id.into(), json!({}), dir.join(id))
+    }
+
+    #[test]
+    fn results_come_in_complete_lines_from_an_offset() {
+        let dir = tempfile::tempdir().unwrap();
+        let view = ExperimentDir::new(dir.path());
+        let t = trial(dir.path(), "trial_0000");
+        // No file yet: nothing, from the start.
+        let none = view.results(&t, 0, 10).unwrap();
+        assert_eq!(
+            (none.records.len(), none.next_offset, none.reset),
+            (0, 0, false)
+        );
+
+        std::fs::create_dir_all(&t.dir).unwrap();
+        let file = t.dir.join("result.jsonl");
+        std::fs::write(&file, "{\"a\":1}\n{\"a\":2}\n{\"a\":").unwrap();
+        let first = view.results(&t, 0, 10).unwrap();
+        assert_eq!(first.records, vec![json!({"a": 1}), json!({"a": 2})]);
+        assert_eq!(first.next_offset, 16, "the partial line is left for later");
+        let limited = view.results(&t, 0, 1).unwrap();
+        assert_eq!(limited.records, vec![json!({"a": 1})]);
+        assert_eq!(limited.next_offset, 8);
+
+        std::fs::write(&file, "{\"a\":1}\n{\"a\":2}\n{\"a\":3}\n").unwrap();
+        let rest = view.results(&t, first.next_offset, 10).unwrap();
+        assert_eq!(rest.records, vec![json!({"a": 3})]);
+        assert!(!rest.reset);
+
+        // A line longer than an answer is skipped, not stalled on.
+        let long = format!(
+            "{{\"x\":\"{}\"}}\n{{\"a\":4}}\n",
+            "x".repeat(MAX_CHUNK as usize)
+        );
+        std::fs::write(&file, &long).unwrap();
+        let skipped = view.results(&t, 0, 10).unwrap();
+        assert!(skipped.records.is_empty());
+        let after = view.results(&t, skipped.next_offset, 10).unwrap();
+        assert_eq!(after.records, vec![json!({"a": 4})]);
+
+        // Started over: shorter than the offset.
+        std::fs::write(&file, "{\"b\":1}\n").unwrap();
+        let over = view.results(&t, rest.next_offset, 10).unwrap();
+        assert_eq!(over.records, vec![json!({"b": 1})]);
+        assert!(over.reset);
+    }
+
+    #[test]
+    fn logs_are_read_from_an_offset_or_as_a_tail() {
+        let dir = tempfile::tempdir().unwrap();
+        let view = ExperimentDir::new(dir.path());
+        let t = trial(dir.path(), "trial_0000");
+        let empty = view.log(&t, LogRange::Tail(100)).unwrap();
+        assert_eq!((empty.text.as_str(), empty.next_offset), ("", 0));
+        std::fs::create_dir_all(&t.dir).unwrap();
+        std::fs::write(t.dir.join("guest.log"), "one\ntwo\nthree\n").unwrap();
+        let tail = view.log(&t, LogRange::Tail(6)).unwrap();
+        assert_eq!(
+            (tail.text.as_str(), tail.offset, tail.next_offset),
+            ("three\n", 8, 14)
+        );
+        let from = view.log(&t, LogRange::From(4)).unwrap();
+        assert_eq!(from.text, "two\nthree\n");
+        let past = view.log(&t, LogRange::From(1000)).unwrap();
+        assert_eq!((past.text.as_str(), past.offset), ("", 14));
+    }
+
+    #[test]
+    fn the_best_trial_follows_the_mode_and_skips_missing_values() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut trials: Vec<Trial> = (0..3)
+            .map(|i| trial(dir.path(), &format!("trial_{i}")))
+            .collect();
+        for (t, loss) in trials.iter_mut().zip([Some(0.5), None, Some(0.2)]) {
+            if let Some(loss) = loss {
+                let mut record = Map::new();
+                record.insert("loss".into(), json!(loss));
+                t.last_result = Some(record);
+            }
+        }
+        assert_eq!(
+            best(&trials, "loss", Mode::Min).unwrap().trial_id,
+            "trial_2"
+        );
+        assert_eq!(
+            best(&trials, "loss", Mode::Max).unwrap().trial_id,
+            "trial_0"
+        );
+        assert!(best(&trials, "acc", Mode::Max).is_none());
+        let counts = counts(&trials);
+        assert_eq!(counts["PENDING"], 3);
+        assert_eq!(counts["ERROR"], 0);
+    }
+}
