@@ -236,17 +236,10 @@ pub fn header(state: &ExperimentState, dir: &Path) -> Header {
     }
 }
 
-/// The best trial by `metric`'s last reported value.
+/// The best trial by `metric`'s last reported value, as the run's summary
+/// names it.
 pub fn best<'t>(trials: &'t [Trial], metric: &str, mode: Mode) -> Option<&'t Trial> {
-    trials
-        .iter()
-        .filter_map(|t| Some((t, t.metric(metric).filter(|v| !v.is_nan())?)))
-        .reduce(|a, b| match mode {
-            Mode::Min if b.1 < a.1 => b,
-            Mode::Max if b.1 > a.1 => b,
-            _ => a,
-        })
-        .map(|(t, _)| t)
+    crate::tune::best_trial(trials, metric, mode).map(|i| &trials[i])
 }
 
 /// How many trials have each status, every status named.

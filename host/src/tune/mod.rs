@@ -36,6 +36,7 @@ pub use pbt::{PbtConfig, PopulationBasedTraining};
 pub use replay::{CurveSet, replay_backend};
 pub use resources::{Acquire, PoolSpec, ResourcePool, Resources, detect_gpus, machine_gpus};
 pub use result::{AUTO_FIELDS, Mode};
+pub(crate) use runner::best_trial;
 pub use runner::{
     CHECKPOINT_DIR, Callback, CheckpointPolicy, ExperimentSummary, FailFast, FailurePolicy,
     RunError, RunSpec, Runner, STOPPED_BY_REQUEST,

@@ -1931,7 +1931,9 @@ fn trial_id_width(total: Option<u64>, existing: usize) -> usize {
     count.saturating_sub(1).to_string().len().max(4)
 }
 
-fn best_trial(trials: &[Trial], metric: &str, mode: Mode) -> Option<usize> {
+/// The index of the trial whose last `metric` is best (finite values only;
+/// the first of equals), as the summary and the dashboard name it.
+pub(crate) fn best_trial(trials: &[Trial], metric: &str, mode: Mode) -> Option<usize> {
     let mut best: Option<(usize, f64)> = None;
     for (i, trial) in trials.iter().enumerate() {
         let Some(value) = trial.metric(metric).filter(|v| v.is_finite()) else {
