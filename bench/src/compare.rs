@@ -171,21 +171,21 @@ pub fn digits(root: &Path, program: &Program) {
     };
     let (per_trial, max_t) = probe;
     let budget = per_trial * FULL_TRIALS;
-    println!(
+    out!(
         "\n### ASHA vs random search at equal fuel: digits example in the sandbox \
          ({} fuel = {FULL_TRIALS} x {} for a full {max_t}-iteration trial, mean of {PROBE} of seed 99)\n",
         fuel_text(budget),
         fuel_text(per_trial)
     );
-    println!(
+    out!(
         "Each cell: random search (FIFO) / ASHA (grace 1, rf 3, max_t {max_t}); both draw the \
          same configurations in the same order (random search, the seed's draws).\n"
     );
-    println!(
+    out!(
         "| seed | best val_accuracy reached (trial, iteration) | best trial's last val_accuracy \
          | trials started (run to {max_t}) | fuel used | wall (s) |"
     );
-    println!("| --- | --- | --- | --- | --- | --- |");
+    out!("| --- | --- | --- | --- | --- | --- |");
     let mut fifo_runs = Vec::new();
     let mut asha_runs = Vec::new();
     for seed in SEEDS {
@@ -219,7 +219,7 @@ pub fn digits(root: &Path, program: &Program) {
             pair.push(run);
         }
         let (fifo, asha) = (&pair[0], &pair[1]);
-        println!(
+        out!(
             "| {seed} | {:.4} ({}, {}) / {:.4} ({}, {}) | {:.4} / {:.4} | {} ({}) / {} ({}) | {} / {} \
              | {:.1} / {:.1} |",
             fifo.best.value,
@@ -265,7 +265,7 @@ pub fn digits(root: &Path, program: &Program) {
             }] += 1;
             w
         });
-    println!(
+    out!(
         "| mean | **{}** | {} | {} ({}) | {} / {} | {} |",
         both(&|r| r.best.value, 4),
         both(&|r| r.best_final, 4),
@@ -275,10 +275,12 @@ pub fn digits(root: &Path, program: &Program) {
         fuel_text(mean(&asha_runs, &|r| r.fuel as f64) as u64),
         both(&|r| r.wall.as_secs_f64(), 1),
     );
-    println!(
+    out!(
         "\nBest reached, ASHA against random search: {} better, {} equal, {} worse (one \
          validation example is 1/359 = 0.0028).",
-        wins[0], wins[1], wins[2]
+        wins[0],
+        wins[1],
+        wins[2]
     );
 }
 
@@ -297,13 +299,13 @@ pub fn replay() {
     let anytime = set.best_anytime();
     let space = SearchSpace::from_json(&set.param_space(Sampling::Choice)).expect("a space");
     let runtime = tokio::runtime::Runtime::new().expect("a runtime");
-    println!(
+    out!(
         "\n### ASHA vs random search at equal fuel: native replay of CurveSet::synthetic() \
          ({SEEDS} seeds, {SLOTS} at a time, {} fuel = {FULL_TRIALS} full {max_t}-epoch trials of \
          the mean config)\n",
         fuel_text(budget)
     );
-    println!(
+    out!(
         "Optimum: {} (final val_loss {:.4}; best anywhere {:.4} at epoch {}). Regret of the \
          best reached = best val_loss any result reported - {:.4}; regret of its config = that \
          config's final val_loss - {:.4} (CurveSet::regret).\n",
@@ -314,12 +316,12 @@ pub fn replay() {
         anytime.value,
         optimum.value
     );
-    println!(
+    out!(
         "| scheduler | regret of best reached: mean / median / p90 | regret of its config: mean / \
          median | found the optimum config | trials started | trials run to {max_t} | fuel used | \
          ms per run |"
     );
-    println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
+    out!("| --- | --- | --- | --- | --- | --- | --- | --- |");
     let schedulers: [(&str, Option<SchedulerSpec>); 4] = [
         ("random search (FIFO)", None),
         ("ASHA (grace 1, rf 3)", Some(asha(max_t, 1))),
@@ -375,7 +377,7 @@ pub fn replay() {
         let found = config.iter().filter(|&&r| r == 0.0).count();
         let n = runs.len() as f64;
         let mean = |f: &dyn Fn(&Run) -> f64| runs.iter().map(f).sum::<f64>() / n;
-        println!(
+        out!(
             "| {name} | {:.4} / {:.4} / {:.4} | {:.4} / {:.4} | {}/{} ({:.0}%) | {:.1} | {:.1} | {} | {:.1} |",
             mean_of(&reached),
             quantile(&reached, 0.5),

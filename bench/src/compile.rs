@@ -6,11 +6,13 @@ use std::time::{Duration, Instant};
 
 use wtune::sandbox::{CompileIsolation, CompileOptions, Sandbox, SandboxOptions};
 
+use crate::report::Summary;
+
 const RUNS: usize = 5;
 
-/// Median wall time of loading `bytes` in a sandbox built from `options`.
-fn load_time(options: impl Fn() -> SandboxOptions, bytes: &[u8]) -> (Duration, Duration) {
-    let mut times: Vec<Duration> = (0..RUNS)
+/// Wall time of loading `bytes` in a sandbox built from `options`, in ms.
+fn load_time(options: impl Fn() -> SandboxOptions, bytes: &[u8]) -> Summary {
+    let times: Vec<Duration> = (0..RUNS)
         .map(|_| {
             let sandbox = Sandbox::new(options()).expect("engine");
             let start = Instant::now();
@@ -18,16 +20,13 @@ fn load_time(options: impl Fn() -> SandboxOptions, bytes: &[u8]) -> (Duration, D
             start.elapsed()
         })
         .collect();
-    times.sort();
-    (times[RUNS / 2], times[RUNS - 1] - times[0])
+    Summary::ms(&times)
 }
 
 /// Prints the table for the guests under `root/target/wasm32-wasip2/release`.
 pub fn run(root: &Path) {
-    println!(
-        "\n### Loading a component: compile worker against in-process compile ({RUNS} runs, median and spread)\n"
-    );
-    println!(
+    out!("\n### Loading a component: compile worker against in-process compile ({RUNS} runs)\n");
+    out!(
         "| component | size | in process, no cache | compile worker, no cache | cache hit |\n| --- | --- | --- | --- | --- |"
     );
     let cache = tempfile::tempdir().expect("cache dir");
@@ -55,14 +54,8 @@ pub fn run(root: &Path) {
         };
         Sandbox::new(cached()).unwrap().load_bytes(&bytes).unwrap();
         let hit = load_time(cached, &bytes);
-        let cell = |(median, spread): (Duration, Duration)| {
-            format!(
-                "{:.0} ms (±{:.0})",
-                median.as_secs_f64() * 1e3,
-                spread.as_secs_f64() * 1e3 / 2.0
-            )
-        };
-        println!(
+        let cell = |summary: Summary| format!("{} ms", summary.cell(0));
+        out!(
             "| {name} | {} KiB | {} | {} | {} |",
             bytes.len() >> 10,
             cell(in_process),

@@ -16,6 +16,8 @@ use wtune::compute::gpu::protocol::{Reply, Request, f32_bytes};
 use wtune::compute::{Compute, ComputeMode, ComputeOptions, ops::Matmul};
 use wtune::sandbox::{Limits, Program, Sandbox, SandboxOptions, TrialInstance};
 
+use crate::report::Summary;
+
 const ROUNDS: usize = 3;
 
 fn options() -> ComputeOptions {
@@ -26,17 +28,34 @@ fn options() -> ComputeOptions {
     }
 }
 
-fn median(mut times: Vec<Duration>) -> Duration {
-    times.sort();
-    times[times.len() / 2]
+/// The median of `times`, with the spread for [`cell`].
+fn median(times: Vec<Duration>) -> Timed {
+    let mut sorted = times.clone();
+    sorted.sort();
+    Timed {
+        median: sorted[sorted.len() / 2],
+        times,
+    }
+}
+
+/// Repeated timings of one product.
+struct Timed {
+    median: Duration,
+    times: Vec<Duration>,
 }
 
 fn gflops(n: u64, d: Duration) -> String {
     format!("{:.1}", 2.0 * (n * n * n) as f64 / d.as_secs_f64() / 1e9)
 }
 
-fn cell(n: u64, d: Duration) -> String {
-    format!("{:.1} ms ({} GFLOP/s)", d.as_secs_f64() * 1e3, gflops(n, d))
+/// `2.8 ms (2.7–3.0), 96.2 GFLOP/s`: median (p10–p90) and the median's
+/// rate.
+fn cell(n: u64, timed: &Timed) -> String {
+    format!(
+        "{} ms, {} GFLOP/s",
+        Summary::ms(&timed.times).cell(1),
+        gflops(n, timed.median)
+    )
 }
 
 fn square(n: u32) -> Matmul {
@@ -52,7 +71,7 @@ fn square(n: u32) -> Matmul {
 }
 
 /// One matmul on the backend, no wasm involved.
-fn direct(n: u32) -> Duration {
+fn direct(n: u32) -> Timed {
     let compute = Compute::cpu(options());
     let mut session = compute.session();
     let data: Vec<f32> = (0..n * n).map(|i| (i % 17) as f32 / 17.0).collect();
@@ -86,7 +105,7 @@ fn instance(program: &Program, config: Value) -> (TrialInstance, tempfile::TempD
 }
 
 /// Median time of one `train()` call with `config`, divided by `per`.
-fn per_call(program: &Program, config: Value, rounds: usize, per: u32) -> (Duration, u64) {
+fn per_call(program: &Program, config: Value, rounds: usize, per: u32) -> (Timed, u64) {
     let (mut trial, _dir) = instance(program, config);
     trial.train().unwrap(); // warm-up
     let mut fuel = 0;
@@ -106,16 +125,17 @@ fn per_call(program: &Program, config: Value, rounds: usize, per: u32) -> (Durat
 fn per_kernel_call(program: &Program, tiny: u32) -> Duration {
     let (base, _) = per_call(program, json!({"width": 8}), 5, 1);
     let (with_tiny, _) = per_call(program, json!({"width": 8, "tiny": tiny}), 5, 1);
-    with_tiny.saturating_sub(base) / tiny
+    with_tiny.median.saturating_sub(base.median) / tiny
 }
 
 pub fn run(program: &Program) {
     let info = Compute::cpu(options()).info();
-    println!(
+    out!(
         "\n### Host compute: square an n x n f32 matrix ({} backend on {})\n",
-        info.kind, info.name
+        info.kind,
+        info.name
     );
-    println!(
+    out!(
         "| n | CPU backend, called directly | through the interface, from wasm | plain wasm with fuel | interface speed-up over plain wasm | fuel per product (interface) |\n| --- | --- | --- | --- | --- | --- |"
     );
     for n in [512u32, 1024, 2048] {
@@ -137,23 +157,26 @@ pub fn run(program: &Program) {
                 1,
             );
             (
-                cell(n64, plain),
-                format!("{:.0}x", plain.as_secs_f64() / through.as_secs_f64()),
+                cell(n64, &plain),
+                format!(
+                    "{:.0}x",
+                    plain.median.as_secs_f64() / through.median.as_secs_f64()
+                ),
             )
         } else {
             ("not run (minutes)".into(), "-".into())
         };
-        println!(
+        out!(
             "| {n} | {} | {} | {plain} | {ratio} | {:.2e} |",
-            cell(n64, direct),
-            cell(n64, through),
+            cell(n64, &direct),
+            cell(n64, &through),
             fuel as f64
         );
     }
 
     const TINY: u32 = 20_000;
     let each = per_kernel_call(program, TINY);
-    println!(
+    out!(
         "\nPer-call cost of the interface (a one-element kernel, from wasm, {TINY} calls): {:.2} µs\n",
         each.as_secs_f64() * 1e6
     );
@@ -161,7 +184,7 @@ pub fn run(program: &Program) {
 
 /// One matmul with wgpu in this process: the worker's code without the
 /// process boundary or the guest.
-fn wgpu_direct(gpu: &mut LocalGpu, n: u32) -> Duration {
+fn wgpu_direct(gpu: &mut LocalGpu, n: u32) -> Timed {
     let data: Vec<f32> = (0..n * n).map(|i| (i % 17) as f32 / 17.0).collect();
     let elements = n as u64 * n as u64;
     let create = |id, from_payload| Request::Create {
@@ -198,7 +221,7 @@ pub fn run_gpu(guest: &Path) {
     let mut gpu = match LocalGpu::open() {
         Ok(gpu) => gpu,
         Err(reason) => {
-            println!("\n### Host compute on the GPU: not measured ({reason})\n");
+            out!("\n### Host compute on the GPU: not measured ({reason})\n");
             return;
         }
     };
@@ -212,11 +235,13 @@ pub fn run_gpu(guest: &Path) {
     })
     .expect("a GPU sandbox");
     let program = sandbox.load(guest).expect("the kernels guest");
-    println!(
+    out!(
         "\n### Host compute on the GPU: square an n x n f32 matrix ({}, {}, {})\n",
-        adapter.name, adapter.device_type, adapter.driver
+        adapter.name,
+        adapter.device_type,
+        adapter.driver
     );
-    println!(
+    out!(
         "| n | wgpu in process | through the interface, from wasm (worker process) | interface overhead |\n| --- | --- | --- | --- |"
     );
     // Software Vulkan takes seconds per 2048 product.
@@ -233,16 +258,16 @@ pub fn run_gpu(guest: &Path) {
             ROUNDS,
             2,
         );
-        println!(
+        out!(
             "| {n} | {} | {} | {:+.1} ms |",
-            cell(n as u64, local),
-            cell(n as u64, through),
-            (through.as_secs_f64() - local.as_secs_f64()) * 1e3
+            cell(n as u64, &local),
+            cell(n as u64, &through),
+            (through.median.as_secs_f64() - local.median.as_secs_f64()) * 1e3
         );
     }
     const TINY: u32 = 2_000;
     let each = per_kernel_call(&program, TINY);
-    println!(
+    out!(
         "\nPer-call cost on the GPU backend (a one-element kernel, from wasm, to the worker and back, waiting for the GPU; {TINY} calls): {:.1} µs\n",
         each.as_secs_f64() * 1e6
     );

@@ -428,20 +428,20 @@ fn state_cell((bytes, time): (usize, Duration)) -> String {
 /// `None`).
 pub fn run(only: Option<&str>) {
     let wanted = |name: &str| only.is_none_or(|o| name.contains(o));
-    println!(
+    out!(
         "\n### Decision cost: {TRIALS} trials, {SLOTS} at a time, up to {ITERATIONS} iterations \
          each (no runner, no sandbox)\n"
     );
-    println!(
+    out!(
         "Per call: mean (p99) in µs; \"first → last 10%\": mean of the costliest call while \
          the first 1,000 trials existed, and while the last 1,000 were created.\n"
     );
-    println!(
+    out!(
         "| scheduler (random search) | results | stopped early / paused / exploits | on_result | \
          on_trial_complete | choose_next | take_stops | costliest call: first → last 10% | \
          scheduler total (s) | state() at the end: size / build + serialize |"
     );
-    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+    out!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
     let asha = |variant: &str| {
         json!({"type": "asha", "time_attr": "training_iteration", "max_t": ITERATIONS,
                "grace_period": 1, "reduction_factor": 3, "variant": variant})
@@ -498,7 +498,7 @@ pub fn run(only: Option<&str>) {
             .map(|&c| (c, t.stats(c)))
             .max_by_key(|(_, s)| s.total)
             .expect("calls");
-        println!(
+        out!(
             "| {name} | {} | {} / {} / {} | {} | {} | {} | {} | {} {} | {:.2} | {} |",
             out.results,
             out.stopped_early,
@@ -516,15 +516,15 @@ pub fn run(only: Option<&str>) {
         assert_eq!(out.trials, TRIALS);
     }
     for line in &missing {
-        println!("\n(not measured: {line})");
+        out!("\n(not measured: {line})");
     }
 
-    println!(
+    out!(
         "\n| searcher (FIFO) | suggest | suggest: first → last 10% | suggest answering Wait: \
          calls, mean (p99) | on_result | on_trial_complete | searcher total (s) | state() at \
          the end: size / build + serialize |"
     );
-    println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
+    out!("| --- | --- | --- | --- | --- | --- | --- | --- |");
     let searchers = [
         ("random", json!("random"), TRIALS as u64),
         (
@@ -560,7 +560,7 @@ pub fn run(only: Option<&str>) {
         ];
         let total: Duration = calls.iter().map(|&c| t.stats(c).total).sum();
         let wait = t.stats(Call::SuggestWait);
-        println!(
+        out!(
             "| {name} | {} | {} | {} | {} | {} | {:.2} | {} |",
             t.stats(Call::Suggest).cell(),
             t.stats(Call::Suggest).growth(),

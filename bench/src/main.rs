@@ -1,55 +1,94 @@
-//! wtune's benchmarks. Prints Markdown tables for BENCHMARKS.md.
+//! wtune's benchmarks. Prints Markdown tables; with `--write`, also inserts
+//! them as a new dated section at the top of BENCHMARKS.md's list of
+//! sections, headed with the date, the commit and the machine.
 //!
 //! ```text
-//! bash scripts/setup.sh                       # builds the guest components
-//! cargo run --release -p wtune-bench -- all   # or one of the names below
+//! bash scripts/setup.sh                               # builds the guest components
+//! cargo run --release -p wtune-bench -- all --write   # every scenario, into BENCHMARKS.md
+//! cargo run --release -p wtune-bench -- step          # one scenario, printed only
 //! ```
 //!
-//! - `startup`: instantiate-to-first-result latency of one trial (fresh
-//!   store, WASI context and log files, `setup`, first `train`), p50/p99.
-//! - `overhead`: wall time per trial of 1,000 trials that report once and do
-//!   no work, through the real runner with result files on; once in the
-//!   sandbox, once with plain-Rust trainables to isolate the runner.
-//! - `step`: one training step (epoch + validation) of the digits example,
-//!   natively and as wasm with fuel metering, and their ratio.
+//! Usage: `wtune-bench [SCENARIO...] [--write] [--note TEXT] [--file PATH]`.
+//! Scenarios (default `all`, in this order):
+//!
+//! - `step`: one training step (epoch + validation) of the digits example:
+//!   native, wasm in plain wasmtime (no fuel, no epoch checks), wasm in
+//!   wtune with fuel metering, and wasm with its math on host compute.
+//! - `overhead`: bookkeeping overhead per trial: 1,000 trials that report
+//!   once and do no work, through the real runner; in the sandbox and with
+//!   plain-Rust trainables, with and without result files, against what the
+//!   file system alone charges for the same files.
+//! - `throughput`: result throughput: 4 trials reporting 25,000 results
+//!   each as fast as they can, with `wtune run`'s callbacks (state file,
+//!   result files, `experiment.json`, progress), and without.
+//! - `startup`: trial start latency (instantiate to first result), p50 and
+//!   p99, of the instance alone and through the runner.
 //! - `snapshot`: host snapshot and restore of 1, 64 and 512 MiB memories
 //!   filled with random data (the worst case), and of a 64 MiB memory that
-//!   is mostly untouched heap: in-memory GB/s each way, file size and the
-//!   time to encode (zstd + checksum) and write it.
-//! - `state`: 10,000 trials (20 iterations of 2 ms each, 32 at a time) with
-//!   and without `experiment_state.json` persistence: the wall-time
-//!   difference, and the share of the run spent serializing state on the
-//!   runner's thread.
+//!   is mostly untouched heap: GB/s each way, file size, encode + write.
+//! - `state`: 10,000 trials with and without `experiment_state.json`.
 //! - `decisions [NAME]`: per-call cost of every scheduler and searcher
-//!   (those whose name contains NAME) with 10,000 trials, driven directly by
-//!   a loop that calls them as the runner does (no runner, no sandbox), and
-//!   the size and cost of their `state()`.
-//! - `compute`: squaring an `n x n` matrix (512, 1024, 2048) on the CPU
-//!   compute backend called directly, through the guest interface, and in
-//!   plain wasm with fuel; and the interface's cost per call.
-//! - `compute-gpu` (also part of `compute`): the same products on the wgpu
-//!   backend, in process against through the interface and worker.
-//! - `compile`: loading a component with no cache, compiled in the host
-//!   process against in `wtune compile-worker`, and a cache hit.
-//! - `compare`: ASHA against random search (FIFO) at equal total fuel
-//!   (`stop_experiment.max_fuel`): on the digits example in the sandbox
-//!   (best `val_accuracy` reached, 10 seeds), and on the native replay of
-//!   `CurveSet::synthetic()` (regret against its known optimum, 200 seeds).
+//!   (those whose name contains NAME) with 10,000 trials, driven directly.
+//! - `compute`: squaring `n x n` matrices on the CPU compute backend called
+//!   directly, through the guest interface and in plain wasm with fuel; then
+//!   `compute-gpu`.
+//! - `compute-gpu`: the same on the wgpu backend where a Vulkan adapter
+//!   exists.
+//! - `compile`: loading a component with no cache, compiled in process and
+//!   in `wtune compile-worker`, and a cache hit.
+//! - `compare`: ASHA against random search at equal total fuel, on the
+//!   digits example and on the native replay of `CurveSet::synthetic()`.
+//!
+//! A scenario that cannot run (no GPU adapter, a guest not built, a panic)
+//! says so in the output instead of stopping the others.
+
+/// Prints a line of Markdown and keeps it for `--write`.
+macro_rules! out {
+    () => {
+        $crate::report::emit("")
+    };
+    ($($arg:tt)*) => {
+        $crate::report::emit(&format!($($arg)*))
+    };
+}
 
 mod compare;
 mod compile;
 mod compute;
 mod decisions;
+mod experiment;
+mod plain_wasm;
+mod report;
+mod trial;
 
+use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use serde_json::{Value, json};
-use wtune::exec::WasmBackend;
-use wtune::report::{ExperimentFile, StateFile, TrialFiles};
-use wtune::sandbox::{Limits, Program, Sandbox, SandboxOptions, TrialEnv};
-use wtune::tune::{Fifo, FnBackend, Mode, RunSpec, Runner, Step, StopCriteria, TrialBackend};
-use wtune_guest::Trainable;
+use wtune::sandbox::{Program, Sandbox, SandboxOptions, TrialEnv};
+
+/// Every scenario, in the order `all` runs them.
+const SCENARIOS: [&str; 11] = [
+    "step",
+    "overhead",
+    "throughput",
+    "startup",
+    "snapshot",
+    "state",
+    "decisions",
+    "compute",
+    "compute-gpu",
+    "compile",
+    "compare",
+];
+
+const USAGE: &str = "usage: wtune-bench [SCENARIO...] [--write] [--note TEXT] [--file PATH]
+
+SCENARIO: all (the default), or any of: step overhead throughput startup snapshot state
+decisions [NAME] compute compute-gpu compile compare
+  --write      insert the results into BENCHMARKS.md as a new dated section, above the others
+  --note TEXT  a paragraph for that section (say what else the machine was doing)
+  --file PATH  the file --write updates (default: BENCHMARKS.md in the repository)";
 
 /// Scratch space for trial directories. Not /tmp: on these machines /tmp
 /// makes file creation ~15x slower than the work disk (3 ms vs 0.2 ms for a
@@ -72,465 +111,238 @@ fn trial_env(dir: &Path, data: Vec<(String, PathBuf)>) -> TrialEnv {
     }
 }
 
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// What the command line asked for.
+struct Args {
+    scenarios: Vec<&'static str>,
+    /// `decisions NAME`.
+    decisions_filter: Option<String>,
+    write: bool,
+    note: Option<String>,
+    file: Option<PathBuf>,
+}
+
+fn parse(args: &[String]) -> Result<Args, String> {
+    let mut parsed = Args {
+        scenarios: Vec::new(),
+        decisions_filter: None,
+        write: false,
+        note: None,
+        file: None,
+    };
+    let mut rest = args.iter();
+    while let Some(arg) = rest.next() {
+        match arg.as_str() {
+            "--write" => parsed.write = true,
+            "--note" => parsed.note = Some(rest.next().ok_or("--note needs a text")?.clone()),
+            "--file" => {
+                parsed.file = Some(rest.next().ok_or("--file needs a path")?.into());
+                parsed.write = true;
+            }
+            "-h" | "--help" => return Err(String::new()),
+            "all" => parsed.scenarios.extend(SCENARIOS),
+            name => match SCENARIOS.iter().find(|s| **s == name) {
+                Some(scenario) => parsed.scenarios.push(scenario),
+                None if parsed.scenarios.last() == Some(&"decisions")
+                    && parsed.decisions_filter.is_none()
+                    && !name.starts_with('-') =>
+                {
+                    parsed.decisions_filter = Some(name.to_string());
+                }
+                None => return Err(format!("unknown scenario or option `{name}`")),
+            },
+        }
+    }
+    if parsed.scenarios.is_empty() {
+        parsed.scenarios.extend(SCENARIOS);
+    }
+    // Once each, in the order asked; `compute` includes `compute-gpu`.
+    let mut seen = Vec::new();
+    for s in parsed.scenarios.drain(..) {
+        if !seen.contains(&s) {
+            seen.push(s);
+        }
+    }
+    if seen.contains(&"compute") {
+        seen.retain(|s| *s != "compute-gpu");
+    }
+    parsed.scenarios = seen;
+    Ok(parsed)
+}
+
+/// The Vulkan adapter the compute backend finds, described; `None` when
+/// there is none.
+fn gpu() -> Option<String> {
+    let gpu = wtune::compute::gpu::LocalGpu::open().ok()?;
+    let adapter = gpu.adapter();
+    Some(if adapter.software {
+        format!(
+            "none in hardware (Vulkan finds only the software adapter {}, {})",
+            adapter.name, adapter.driver
+        )
+    } else {
+        format!(
+            "{} ({}, {})",
+            adapter.name, adapter.device_type, adapter.driver
+        )
+    })
+}
+
+/// Runs `scenario`; a panic becomes a "not measured" note in the output.
+fn run(name: &str, scenario: impl FnOnce()) {
+    let started = Instant::now();
+    eprintln!("[wtune-bench] {name}...");
+    if let Err(panic) = std::panic::catch_unwind(AssertUnwindSafe(scenario)) {
+        let message = panic
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| panic.downcast_ref::<&str>().copied())
+            .unwrap_or("it panicked");
+        out!("\n### `{name}`: not measured\n\n{message}");
+    }
+    eprintln!(
+        "[wtune-bench] {name} took {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+}
+
 fn main() {
-    let what = std::env::args().nth(1).unwrap_or_else(|| "all".into());
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let parsed = match parse(&args) {
+        Ok(parsed) => parsed,
+        Err(message) => {
+            if !message.is_empty() {
+                eprintln!("wtune-bench: {message}");
+            }
+            eprintln!("{USAGE}");
+            std::process::exit(if message.is_empty() { 0 } else { 2 });
+        }
+    };
     let root = Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .unwrap()
         .to_path_buf();
+    let started = Instant::now();
+    let date = report::now_utc();
+    let commit = report::commit(&root);
+    let load_before = report::load();
+    let machine = report::machine(gpu().as_deref());
+    eprintln!("[wtune-bench] {date}, commit {commit}; {machine}");
+
     let sandbox = Sandbox::new(SandboxOptions {
         cache_dir: Some(root.join("target/wtune-bench-cache")),
         ..Default::default()
     })
     .expect("engine");
+    let wasm = |name: &str| {
+        root.join("target/wasm32-wasip2/release")
+            .join(format!("{name}.wasm"))
+    };
     let guest = |name: &str| -> Program {
-        let path = root
-            .join("target/wasm32-wasip2/release")
-            .join(format!("{name}.wasm"));
-        sandbox
-            .load(&path)
-            .unwrap_or_else(|e| panic!("{e} (run `bash scripts/setup.sh` first)"))
-    };
-    println!(
-        "machine: {} cores; wtune {}",
-        cores(),
-        env!("CARGO_PKG_VERSION")
-    );
-    if matches!(what.as_str(), "all" | "startup") {
-        startup(&guest("hostile"));
-    }
-    if matches!(what.as_str(), "all" | "overhead") {
-        overhead(&guest("hostile"));
-    }
-    if matches!(what.as_str(), "all" | "step") {
-        step(
-            &guest("digits_mlp"),
-            &root.join("examples/digits-mlp/data"),
-            sandbox.compute().kind,
-        );
-    }
-    if matches!(what.as_str(), "all" | "snapshot") {
-        snapshot(&guest("stateful"));
-    }
-    if matches!(what.as_str(), "all" | "state") {
-        state_writes();
-    }
-    if matches!(what.as_str(), "all" | "decisions") {
-        decisions::run(std::env::args().nth(2).as_deref());
-    }
-    if matches!(what.as_str(), "all" | "compute") {
-        compute::run(&guest("kernels"));
-    }
-    if matches!(what.as_str(), "all" | "compute" | "compute-gpu") {
-        compute::run_gpu(&root.join("target/wasm32-wasip2/release/kernels.wasm"));
-    }
-    if matches!(what.as_str(), "all" | "compile") {
-        compile::run(&root);
-    }
-    if matches!(what.as_str(), "all" | "compare") {
-        compare::replay();
-        compare::digits(&root, &guest("digits_mlp"));
-    }
-}
-
-fn state_writes() {
-    const TRIALS: usize = 10_000;
-    const ITERATIONS: u64 = 20;
-    const CONCURRENT: usize = 32;
-    let step_time = Duration::from_millis(2);
-    println!(
-        "\n### Experiment state persistence ({TRIALS} trials x {ITERATIONS} iterations of {} ms, {CONCURRENT} at a time)\n",
-        step_time.as_millis()
-    );
-    println!(
-        "| run | wall (s) | state writes | state size | serializing on the runner thread |\n| --- | --- | --- | --- | --- |"
-    );
-    let backend = move || {
-        FnBackend::new(move |config: &Value| {
-            let x = config["x"].as_f64().unwrap_or(0.0);
-            Ok(move |it: u64| {
-                std::thread::sleep(step_time);
-                Ok(Step {
-                    metrics: vec![
-                        ("score".into(), x * it as f64),
-                        ("loss".into(), 1.0 / (1.0 + x * it as f64)),
-                    ],
-                    done: false,
-                    fuel: 1_000_000,
-                })
-            })
+        let path = wasm(name);
+        sandbox.load(&path).unwrap_or_else(|e| {
+            panic!(
+                "{}: {e} (run `bash scripts/setup.sh` first)",
+                path.display()
+            )
         })
     };
-    let run = |with_state: bool| {
-        let dir = scratch();
-        let spec = RunSpec {
-            name: "state".into(),
-            output_dir: dir.path().join("out"),
-            metric: Some("score".into()),
-            mode: Mode::Max,
-            stop: StopCriteria {
-                training_iteration: Some(ITERATIONS),
-                ..Default::default()
-            },
-            max_concurrent: CONCURRENT,
-            configs: (0..TRIALS)
-                .map(|i| json!({"x": i as f64 / TRIALS as f64, "name": format!("config-{i}")}))
-                .collect(),
-            checkpoint: Default::default(),
-            failure: Default::default(),
-            restore_from: None,
-            resources_per_trial: Default::default(),
-            resources: Default::default(),
-            stop_experiment: Default::default(),
+    let data = root.join("examples/digits-mlp/data");
+    for &scenario in &parsed.scenarios {
+        run(scenario, || match scenario {
+            "step" => trial::step(
+                &guest("digits_mlp"),
+                &wasm("digits_mlp"),
+                &data,
+                sandbox.compute().kind,
+            ),
+            "overhead" => experiment::overhead(&guest("hostile")),
+            "throughput" => experiment::throughput(&guest("hostile")),
+            "startup" => trial::startup(&guest("hostile")),
+            "snapshot" => trial::snapshot(&guest("stateful")),
+            "state" => experiment::state_writes(),
+            "decisions" => decisions::run(parsed.decisions_filter.as_deref()),
+            "compute" => {
+                compute::run(&guest("kernels"));
+                compute::run_gpu(&wasm("kernels"));
+            }
+            "compute-gpu" => compute::run_gpu(&wasm("kernels")),
+            "compile" => compile::run(&root),
+            "compare" => {
+                compare::replay();
+                compare::digits(&root, &guest("digits_mlp"));
+            }
+            other => unreachable!("scenario {other} is in SCENARIOS"),
+        });
+    }
+
+    if parsed.write {
+        // The command as given, without the note's text.
+        let mut command = String::from("cargo run --release -p wtune-bench --");
+        let mut given = args.iter();
+        while let Some(arg) = given.next() {
+            if arg == "--note" {
+                given.next();
+                continue;
+            }
+            command.push(' ');
+            command.push_str(arg);
+        }
+        let header = report::Header {
+            date,
+            commit,
+            command,
+            machine,
+            load_before,
+            load_after: report::load(),
+            took: started.elapsed(),
+            note: parsed.note,
         };
-        let mut runner = Runner::new(backend(), spec, Box::new(Fifo::default()));
-        let mut stats = None;
-        if with_state {
-            let state = StateFile::new(json!({"bench": true}));
-            stats = Some(state.stats());
-            runner = runner.callback(state);
+        let section = report::section(&header, &report::printed());
+        let path = parsed.file.unwrap_or_else(|| root.join("BENCHMARKS.md"));
+        match report::write_section(&path, &section) {
+            Ok(()) => eprintln!("[wtune-bench] wrote a new section into {}", path.display()),
+            Err(e) => {
+                eprintln!("wtune-bench: writing {}: {e}", path.display());
+                std::process::exit(1);
+            }
         }
-        let started = Instant::now();
-        tokio::runtime::Runtime::new()
-            .unwrap()
-            .block_on(runner.run())
-            .unwrap();
-        let wall = started.elapsed();
-        let size =
-            std::fs::metadata(dir.path().join("out/experiment_state.json")).map_or(0, |m| m.len());
-        (wall, stats, size)
-    };
-    let (without, _, _) = run(false);
-    println!(
-        "| runner alone | {:.2} | - | - | - |",
-        without.as_secs_f64()
-    );
-    let (with, stats, size) = run(true);
-    let stats = stats.unwrap();
-    let serialize = Duration::from_nanos(
-        stats
-            .serialize_ns
-            .load(std::sync::atomic::Ordering::Relaxed),
-    );
-    println!(
-        "| runner + experiment_state.json | {:.2} ({:+.2}%) | {} + final | {} | {:.1} ms ({:.2}% of wall) |",
-        with.as_secs_f64(),
-        (with.as_secs_f64() / without.as_secs_f64() - 1.0) * 100.0,
-        stats.writes.load(std::sync::atomic::Ordering::Relaxed),
-        wtune::sandbox::human_bytes(size),
-        serialize.as_secs_f64() * 1e3,
-        serialize.as_secs_f64() / with.as_secs_f64() * 100.0
-    );
-}
-
-fn gbps(bytes: u64, d: Duration) -> String {
-    format!("{:.2}", bytes as f64 / d.as_secs_f64() / 1e9)
-}
-
-fn snapshot(program: &Program) {
-    const ROUNDS: usize = 5;
-    let limits = Limits {
-        memory_bytes: 1 << 30,
-        fuel_per_call: None,
-        call_timeout: None,
-        ..Limits::default()
-    };
-    let cases = [
-        ("1 MiB random", json!({"buffer_kib": 1 << 10})),
-        ("64 MiB random", json!({"buffer_kib": 64 << 10})),
-        ("512 MiB random", json!({"buffer_kib": 512 << 10})),
-        (
-            "64 MiB, mostly untouched heap",
-            json!({"buffer_kib": 64, "reserve_mib": 64}),
-        ),
-    ];
-    println!("\n### Host snapshots (stateful.wasm, best of {ROUNDS})\n");
-    println!(
-        "| memory | size | snapshot (GB/s) | restore (GB/s) | plain copy into fresh memory (GB/s) | encode + write (ms) | file |\n| --- | --- | --- | --- | --- | --- | --- |"
-    );
-    for (name, config) in cases {
-        let dir = scratch();
-        let env = trial_env(dir.path(), vec![]);
-        let mut instance = program.instantiate(&env, &limits).unwrap();
-        instance.setup(&config.to_string()).unwrap();
-        let (mut take, mut restore, mut write) = (Duration::MAX, Duration::MAX, Duration::MAX);
-        let mut image = None;
-        let mut file = 0;
-        for _ in 0..ROUNDS {
-            let started = Instant::now();
-            let taken = instance.snapshot().unwrap();
-            take = take.min(started.elapsed());
-
-            let meta = wtune::snapshot::SnapshotMeta {
-                component: program.digest().into(),
-                trial_id: "bench".into(),
-                config: config.clone(),
-                iteration: 0,
-                fuel_total: 0,
-                time_total_s: 0.0,
-                result: Value::Null,
-            };
-            let taken = wtune::snapshot::Payload::Memory(taken);
-            let started = Instant::now();
-            file =
-                wtune::snapshot::write(&dir.path().join("s.wtsnap"), &meta, &taken, None).unwrap();
-            let wtune::snapshot::Payload::Memory(taken) = taken else {
-                unreachable!("written as a memory snapshot")
-            };
-            write = write.min(started.elapsed());
-
-            // Restoring includes creating the fresh instance it lands in.
-            let started = Instant::now();
-            let restored = program.restore(&env, &limits, &taken, 0, 0).unwrap();
-            restore = restore.min(started.elapsed());
-            drop(restored);
-            image = Some(taken);
-        }
-        let image = image.unwrap();
-        let size = image.memory_bytes();
-        println!(
-            "| {name} | {} | {} | {} | {} | {} | {} |",
-            wtune::sandbox::human_bytes(size),
-            gbps(size, take),
-            gbps(size, restore),
-            gbps(size, fresh_copy(size as usize, ROUNDS)),
-            ms(write),
-            wtune::sandbox::human_bytes(file)
-        );
     }
 }
 
-/// Best time of `rounds` copies of `size` bytes into freshly allocated
-/// memory: what a restore's writes cost at least on this machine, since a
-/// restored instance's memory is fresh and every page is touched first by
-/// the copy (the kernel's page faults and zeroing, not wtune's work).
-fn fresh_copy(size: usize, rounds: usize) -> Duration {
-    let source = vec![0x5au8; size];
-    (0..rounds)
-        .map(|_| {
-            let mut fresh = vec![0u8; size];
-            let started = Instant::now();
-            fresh.copy_from_slice(&source);
-            let took = started.elapsed();
-            std::hint::black_box(&fresh);
-            took
-        })
-        .min()
-        .unwrap_or(Duration::MAX)
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-fn cores() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
-}
-
-fn ms(d: Duration) -> String {
-    format!("{:.3}", d.as_secs_f64() * 1e3)
-}
-
-fn startup(program: &Program) {
-    const TRIALS: usize = 300;
-    let dir = scratch();
-    let limits = Limits::default();
-    let mut instantiate = Vec::with_capacity(TRIALS);
-    let mut first_result = Vec::with_capacity(TRIALS);
-    for i in 0..TRIALS {
-        let env = trial_env(&dir.path().join(format!("t{i}")), vec![]);
-        let started = Instant::now();
-        let mut instance = program.instantiate(&env, &limits).unwrap();
-        instantiate.push(started.elapsed());
-        instance.setup(r#"{"attack":"none"}"#).unwrap();
-        instance.train().unwrap();
-        first_result.push(started.elapsed());
+    fn args(line: &str) -> Result<Args, String> {
+        parse(
+            &line
+                .split_whitespace()
+                .map(String::from)
+                .collect::<Vec<_>>(),
+        )
     }
-    instantiate.sort();
-    first_result.sort();
-    println!("\n### Trial start latency ({TRIALS} trials, hostile.wasm `none`)\n");
-    println!("| stage | p50 (ms) | p99 (ms) |\n| --- | --- | --- |");
-    println!(
-        "| instantiate (store, WASI, log files) | {} | {} |",
-        ms(percentile(&instantiate, 0.5)),
-        ms(percentile(&instantiate, 0.99))
-    );
-    println!(
-        "| instantiate + setup + first train | {} | {} |",
-        ms(percentile(&first_result, 0.5)),
-        ms(percentile(&first_result, 0.99))
-    );
-}
 
-fn run_experiment<B: TrialBackend>(backend: B, trials: usize, out: &Path, files: bool) -> Duration {
-    let spec = RunSpec {
-        name: "overhead".into(),
-        output_dir: out.to_path_buf(),
-        metric: Some("score".into()),
-        mode: Mode::Max,
-        stop: StopCriteria {
-            training_iteration: Some(1),
-            ..Default::default()
-        },
-        max_concurrent: cores(),
-        configs: vec![json!({"attack": "none", "iterations": 1}); trials],
-        checkpoint: Default::default(),
-        failure: Default::default(),
-        restore_from: None,
-        resources_per_trial: Default::default(),
-        resources: Default::default(),
-        stop_experiment: Default::default(),
-    };
-    let mut runner = Runner::new(backend, spec, Box::new(Fifo::default()));
-    if files {
-        runner = runner
-            .callback(TrialFiles::new())
-            .callback(ExperimentFile::new(Value::Null));
-    }
-    let started = Instant::now();
-    let summary = tokio::runtime::Runtime::new()
-        .unwrap()
-        .block_on(runner.run())
-        .unwrap();
-    let wall = started.elapsed();
-    assert_eq!(summary.count(wtune::tune::TrialStatus::Terminated), trials);
-    wall
-}
-
-fn overhead(program: &Program) {
-    const TRIALS: usize = 1000;
-    const REPEATS: usize = 3;
-    println!(
-        "\n### Runner overhead ({TRIALS} trials that report once and do no work, result files on, {} at a time)\n",
-        cores()
-    );
-    println!(
-        "| backend | wall time per run (s), median of {REPEATS} | per trial (ms) |\n| --- | --- | --- |"
-    );
-    let measure = |name: &str, run: &mut dyn FnMut(&Path) -> Duration| {
-        let mut walls: Vec<Duration> = (0..REPEATS)
-            .map(|_| {
-                let dir = scratch();
-                run(&dir.path().join("out"))
-            })
+    #[test]
+    fn the_command_line() {
+        let every: Vec<&str> = SCENARIOS
+            .into_iter()
+            .filter(|s| *s != "compute-gpu")
             .collect();
-        walls.sort();
-        let median = walls[REPEATS / 2];
-        println!(
-            "| {name} | {:.3} (min {:.3}, max {:.3}) | {:.3} |",
-            median.as_secs_f64(),
-            walls[0].as_secs_f64(),
-            walls[REPEATS - 1].as_secs_f64(),
-            median.as_secs_f64() * 1e3 / TRIALS as f64
-        );
-    };
-    measure("wasm sandbox (hostile.wasm `none`)", &mut |out| {
-        let backend = WasmBackend::new(program.clone(), Limits::default(), vec![]);
-        run_experiment(backend, TRIALS, out, true)
-    });
-    let no_work = || {
-        FnBackend::new(|_: &Value| {
-            Ok(|_: u64| {
-                Ok(Step {
-                    metrics: vec![("score".into(), 1.0)],
-                    done: true,
-                    fuel: 0,
-                })
-            })
-        })
-    };
-    measure("plain Rust (FnBackend): runner + files", &mut |out| {
-        run_experiment(no_work(), TRIALS, out, true)
-    });
-    measure(
-        "plain Rust (FnBackend): runner alone, no files",
-        &mut |out| run_experiment(no_work(), TRIALS, out, false),
-    );
-    // What the file system alone charges for the files a sandboxed trial
-    // gets, measured in the same minute: on a VM whose file creation cost
-    // swings, the rows above are only comparable to this one.
-    measure(
-        "file system floor: what the files cost without wtune",
-        &mut |out| file_floor(TRIALS, out),
-    );
-}
-
-/// The file operations of `TRIALS` sandboxed trials that report once, done
-/// by a plain loop on as many threads as trials run at once: per trial a
-/// directory and its `work/` directory, `params.json`, `result.jsonl` and
-/// `progress.csv` with one line each.
-fn file_floor(trials: usize, out: &Path) -> Duration {
-    std::fs::create_dir_all(out).unwrap();
-    let started = Instant::now();
-    std::thread::scope(|scope| {
-        for thread in 0..cores() {
-            scope.spawn(move || {
-                for i in (thread..trials).step_by(cores()) {
-                    let dir = out.join(format!("trial_{i:04}"));
-                    std::fs::create_dir_all(dir.join("work")).unwrap();
-                    std::fs::write(dir.join("params.json"), b"{\"attack\": \"none\"}").unwrap();
-                    std::fs::write(dir.join("result.jsonl"), b"{\"score\": 1.0}\n").unwrap();
-                    std::fs::write(dir.join("progress.csv"), b"score\n1.0\n").unwrap();
-                }
-            });
-        }
-    });
-    started.elapsed()
-}
-
-fn step(program: &Program, data: &Path, backend: &str) {
-    const STEPS: usize = 15;
-    let config = json!({"lr": 0.05, "hidden": 64, "batch_size": 32, "momentum": 0.9});
-
-    let mut native_config: digits_mlp::Config = serde_json::from_value(config.clone()).unwrap();
-    native_config.data_dir = data.display().to_string();
-    let mut native = digits_mlp::DigitsMlp::from_config(&native_config).unwrap();
-    let mut native_times = Vec::new();
-    for _ in 0..STEPS {
-        let started = Instant::now();
-        native.train().unwrap();
-        native_times.push(started.elapsed());
+        assert_eq!(args("").unwrap().scenarios, every);
+        let all = args("all --write --note shared").unwrap();
+        assert!(all.write);
+        assert_eq!(all.note.as_deref(), Some("shared"));
+        assert!(!all.scenarios.contains(&"compute-gpu"), "inside compute");
+        let some = args("decisions asha startup").unwrap();
+        assert_eq!(some.scenarios, ["decisions", "startup"]);
+        assert_eq!(some.decisions_filter.as_deref(), Some("asha"));
+        assert_eq!(args("compute-gpu").unwrap().scenarios, ["compute-gpu"]);
+        assert!(args("nonsense").is_err());
+        assert!(args("startup asha").is_err());
+        assert!(args("--note").is_err());
     }
-
-    let dir = scratch();
-    let env = trial_env(dir.path(), vec![("digits".into(), PathBuf::from(data))]);
-    // The guest's step with its math in wasm, then on the host's kernels.
-    let in_sandbox = |config: &Value| {
-        let mut instance = program.instantiate(&env, &Limits::default()).unwrap();
-        instance.setup(&config.to_string()).unwrap();
-        let mut times = Vec::new();
-        let mut fuel = Vec::new();
-        for _ in 0..STEPS {
-            let (_, stats) = instance.train().unwrap();
-            times.push(stats.elapsed);
-            fuel.push(stats.fuel);
-        }
-        times.sort();
-        fuel.sort();
-        (percentile(&times, 0.5), fuel[STEPS / 2])
-    };
-    let (w, wasm_fuel) = in_sandbox(&config);
-    let mut host_config = config.clone();
-    host_config["math"] = json!("host");
-    let (h, host_fuel) = in_sandbox(&host_config);
-    native_times.sort();
-    let n = percentile(&native_times, 0.5);
-    println!(
-        "\n### Digits example training step (one epoch + validation, hidden 64, batch 32; median of {STEPS})\n"
-    );
-    println!("| build | step (ms) | vs native |\n| --- | --- | --- |");
-    println!("| native (same Rust code, release) | {} | 1.00 |", ms(n));
-    println!(
-        "| wasm32-wasip2 in wtune, fuel on ({} fuel/step) | {} | {:.2} |",
-        wtune::sandbox::fuel_text(wasm_fuel),
-        ms(w),
-        w.as_secs_f64() / n.as_secs_f64()
-    );
-    println!(
-        "| wasm32-wasip2 in wtune, `math = \"host\"` on the {} backend ({} fuel/step) | {} | {:.2} |",
-        backend,
-        wtune::sandbox::fuel_text(host_fuel),
-        ms(h),
-        h.as_secs_f64() / n.as_secs_f64()
-    );
 }

@@ -9,27 +9,290 @@
 //! A trial that continues (after a pause, a recovered failure or `wtune
 //! resume`) appends to its files, as Ray Tune does: iterations redone after a
 //! restore appear again with their new results.
+//!
+//! Results are formatted on the runner's thread into the trial's buffers
+//! and written by a background thread (`wtune-results`) at most
+//! [`FLUSH_AFTER`] after the first of them arrived, whole lines at a time,
+//! so a reader of `result.jsonl` never sees a partial line and sees each
+//! result within that delay. Writing every result with its own two system
+//! calls on the runner's thread capped result throughput (BENCHMARKS.md).
+//! A trial's last result (`done`), a checkpoint, a recovery, a pause, the
+//! trial's end and the experiment's end write what is buffered at once, on
+//! the runner's thread, so those writes' errors are reported where they
+//! happen and every line up to a checkpoint is in the file before the state
+//! that names the checkpoint. A process killed outright loses at most the
+//! results of its last [`FLUSH_AFTER`] from the files, all of them after the
+//! trial's newest checkpoint, which `wtune resume` runs again.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
-use std::io::{BufWriter, Write};
-use std::path::Path;
+use std::io::Write;
+use std::mem;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
+use std::time::Duration;
 
 use serde_json::{Map, Value};
 
 use crate::persist;
-use crate::tune::{Callback, Trial};
+use crate::tune::{Callback, ExperimentSummary, Trial};
 
-struct Writers {
-    jsonl: BufWriter<File>,
-    csv: csv::Writer<File>,
+/// Longest a formatted result waits in memory before it is written.
+pub const FLUSH_AFTER: Duration = Duration::from_millis(100);
+/// Buffered bytes of one trial past which the runner writes them itself
+/// (the background thread is behind).
+const MAX_PENDING: usize = 1 << 20;
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding a lock leaves whole lines behind: the buffers
+    // only ever grow by complete records.
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Formatted results not yet written: whole lines only.
+#[derive(Default)]
+struct Pending {
+    jsonl: Vec<u8>,
+    csv: Vec<u8>,
+    /// The trial is in the background thread's queue.
+    queued: bool,
+}
+
+/// A trial's open files and the buffers they are written from.
+struct Slot {
+    dir: PathBuf,
+    pending: Mutex<Pending>,
+    /// Held while writing: whoever writes takes the buffered bytes and
+    /// writes them before anyone else takes more, so lines stay in order.
+    files: Mutex<Files>,
+    /// A background write failed; the message is in `files.error`.
+    failed: AtomicBool,
+}
+
+struct Files {
+    jsonl: File,
+    csv: File,
+    /// Emptied buffers, reused.
+    spare: (Vec<u8>, Vec<u8>),
+    error: Option<String>,
+}
+
+impl Slot {
+    /// Writes everything buffered so far. `from_queue`: the background
+    /// thread took the trial from its queue.
+    fn write_pending(&self, from_queue: bool) -> Result<(), String> {
+        let mut files = lock(&self.files);
+        let files = &mut *files;
+        let (jsonl, csv) = {
+            let mut pending = lock(&self.pending);
+            if from_queue {
+                pending.queued = false;
+            }
+            // Once lines are lost, later ones are not written after the gap,
+            // and the runner hears of the loss at every write it asks for.
+            if let Some(message) = &files.error {
+                pending.jsonl.clear();
+                pending.csv.clear();
+                return Err(message.clone());
+            }
+            if pending.jsonl.is_empty() && pending.csv.is_empty() {
+                return Ok(());
+            }
+            (
+                mem::replace(&mut pending.jsonl, mem::take(&mut files.spare.0)),
+                mem::replace(&mut pending.csv, mem::take(&mut files.spare.1)),
+            )
+        };
+        let written = files
+            .jsonl
+            .write_all(&jsonl)
+            .and_then(|()| files.csv.write_all(&csv))
+            .map_err(|e| format!("writing results in {}: {e}", self.dir.display()));
+        files.spare = (jsonl, csv);
+        files.spare.0.clear();
+        files.spare.1.clear();
+        if let Err(message) = &written {
+            files.error.get_or_insert_with(|| message.clone());
+        }
+        written
+    }
+
+    /// The first write error the background thread met, if any.
+    fn background_error(&self) -> Option<String> {
+        if !self.failed.load(Ordering::Relaxed) {
+            return None;
+        }
+        lock(&self.files).error.clone()
+    }
+}
+
+/// The background thread's queue: trials with buffered results.
+#[derive(Default)]
+struct Queue {
+    slots: Vec<Arc<Slot>>,
+    stop: bool,
+}
+
+#[derive(Default)]
+struct Shared {
+    queue: Mutex<Queue>,
+    wake: Condvar,
+}
+
+fn flush_loop(shared: &Shared) {
+    let mut queue = lock(&shared.queue);
+    loop {
+        while queue.slots.is_empty() && !queue.stop {
+            queue = shared
+                .wake
+                .wait(queue)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+        if queue.slots.is_empty() {
+            return;
+        }
+        // Let the trials' results gather: one write per trial and file for
+        // all of them.
+        let (waited, _) = shared
+            .wake
+            .wait_timeout_while(queue, FLUSH_AFTER, |q| !q.stop)
+            .unwrap_or_else(PoisonError::into_inner);
+        queue = waited;
+        let slots = mem::take(&mut queue.slots);
+        drop(queue);
+        for slot in slots {
+            if slot.write_pending(true).is_err() {
+                slot.failed.store(true, Ordering::Relaxed);
+            }
+        }
+        queue = lock(&shared.queue);
+    }
+}
+
+/// The background writer.
+struct Flusher {
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Flusher {
+    fn spawn() -> std::io::Result<Self> {
+        let shared = Arc::new(Shared::default());
+        let inner = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name("wtune-results".into())
+            .spawn(move || flush_loop(&inner))?;
+        Ok(Self {
+            shared,
+            thread: Some(thread),
+        })
+    }
+
+    fn enqueue(&self, slot: Arc<Slot>) {
+        let mut queue = lock(&self.shared.queue);
+        queue.slots.push(slot);
+        if queue.slots.len() == 1 {
+            self.shared.wake.notify_one();
+        }
+    }
+
+    fn stop(&mut self) {
+        lock(&self.shared.queue).stop = true;
+        self.shared.wake.notify_one();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for Flusher {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A trial's files, as the runner's thread sees them.
+struct Open {
+    slot: Arc<Slot>,
+    /// The CSV's columns, once known.
     columns: Option<Vec<String>>,
+    keys: Keys,
+}
+
+/// Object keys as JSON text (`"lr":`), in the order the trial's previous
+/// result had them: results mostly repeat the keys of the one before, so
+/// each key is escaped once per trial.
+#[derive(Default)]
+struct Keys {
+    cache: Vec<(String, Vec<u8>)>,
+    /// Keys written so far in the current result.
+    next: usize,
+}
+
+impl Keys {
+    fn write(&mut self, key: &str, json: &mut Vec<u8>) -> serde_json::Result<()> {
+        let i = self.next;
+        self.next += 1;
+        if let Some((cached, text)) = self.cache.get(i)
+            && cached == key
+        {
+            json.extend_from_slice(text);
+            return Ok(());
+        }
+        let mut text = Vec::with_capacity(key.len() + 3);
+        serde_json::to_writer(&mut text, key)?;
+        text.push(b':');
+        json.extend_from_slice(&text);
+        let entry = (key.to_string(), text);
+        match self.cache.get_mut(i) {
+            Some(slot) => *slot = entry,
+            None => self.cache.push(entry),
+        }
+        Ok(())
+    }
+}
+
+/// Flattened `(column, text)` pairs of one result, reusing their strings
+/// from one result to the next.
+#[derive(Default)]
+struct Flat {
+    entries: Vec<(String, Vec<u8>)>,
+    len: usize,
+}
+
+impl Flat {
+    fn clear(&mut self) {
+        self.len = 0;
+    }
+
+    fn push(&mut self) -> &mut (String, Vec<u8>) {
+        if self.len == self.entries.len() {
+            self.entries.push(Default::default());
+        }
+        let entry = &mut self.entries[self.len];
+        self.len += 1;
+        entry.0.clear();
+        entry.1.clear();
+        entry
+    }
+
+    fn as_slice(&self) -> &[(String, Vec<u8>)] {
+        &self.entries[..self.len]
+    }
 }
 
 /// The callback that writes every trial's result files.
 #[derive(Default)]
 pub struct TrialFiles {
-    open: HashMap<usize, Writers>,
+    open: BTreeMap<usize, Open>,
+    flusher: Option<Flusher>,
+    /// No background thread could be started: every result is written at
+    /// once.
+    write_through: bool,
+    flat: Flat,
+    path: String,
 }
 
 impl TrialFiles {
@@ -37,9 +300,45 @@ impl TrialFiles {
     pub fn new() -> Self {
         Self::default()
     }
+
+    /// Writes what `index` has buffered and closes its files.
+    fn close(&mut self, index: usize) -> Result<(), String> {
+        match self.open.remove(&index) {
+            Some(open) => open.slot.write_pending(false),
+            None => Ok(()),
+        }
+    }
+
+    /// Writes what `index` has buffered.
+    fn flush(&mut self, index: usize) -> Result<(), String> {
+        match self.open.get(&index) {
+            Some(open) => open.slot.write_pending(false),
+            None => Ok(()),
+        }
+    }
+
+    /// Writes everything buffered and stops the background thread.
+    fn finish(&mut self) -> Result<(), String> {
+        let mut first_error = None;
+        for open in mem::take(&mut self.open).into_values() {
+            if let Err(message) = open.slot.write_pending(false) {
+                first_error.get_or_insert(message);
+            }
+        }
+        if let Some(mut flusher) = self.flusher.take() {
+            flusher.stop();
+        }
+        first_error.map_or(Ok(()), Err)
+    }
 }
 
-fn open(dir: &Path, config: &Value) -> Result<Writers, String> {
+impl Drop for TrialFiles {
+    fn drop(&mut self) {
+        let _ = self.finish();
+    }
+}
+
+fn open(dir: &Path, config: &Value) -> Result<Open, String> {
     persist::create_dir(dir)?;
     let name = |file: &str| dir.join(file);
     // Written once into a fresh directory, so no fsync: two fsyncs per trial
@@ -59,63 +358,236 @@ fn open(dir: &Path, config: &Value) -> Result<Writers, String> {
         let header = reader.headers().ok()?;
         (!header.is_empty()).then(|| header.iter().map(str::to_string).collect())
     });
-    Ok(Writers {
-        jsonl: BufWriter::new(append("result.jsonl")?),
-        csv: csv::Writer::from_writer(append("progress.csv")?),
+    let files = Files {
+        jsonl: append("result.jsonl")?,
+        csv: append("progress.csv")?,
+        spare: Default::default(),
+        error: None,
+    };
+    Ok(Open {
+        slot: Arc::new(Slot {
+            dir: dir.to_path_buf(),
+            pending: Mutex::default(),
+            files: Mutex::new(files),
+            failed: AtomicBool::new(false),
+        }),
         columns,
+        keys: Keys::default(),
     })
 }
 
-impl Writers {
-    fn append(&mut self, result: &Map<String, Value>) -> std::io::Result<()> {
-        serde_json::to_writer(&mut self.jsonl, result)?;
-        self.jsonl.write_all(b"\n")?;
-        self.jsonl.flush()?;
-
-        let mut flat = Vec::new();
-        for (key, value) in result {
-            flatten(key, value, &mut flat);
-        }
-        if self.columns.is_none() {
+impl Open {
+    /// Formats `result` into the trial's buffers: its JSON line, and its
+    /// CSV row (after the header, for the trial's first row).
+    fn append(
+        &mut self,
+        result: &Map<String, Value>,
+        flat: &mut Flat,
+        path: &mut String,
+    ) -> serde_json::Result<Appended> {
+        let mut pending = lock(&self.slot.pending);
+        let pending = &mut *pending;
+        let before = pending.jsonl.len();
+        let last = match write_result(result, &mut pending.jsonl, flat, path, &mut self.keys) {
+            Ok(last) => last,
+            Err(e) => {
+                pending.jsonl.truncate(before);
+                return Err(e);
+            }
+        };
+        let flat = flat.as_slice();
+        let columns = self.columns.get_or_insert_with(|| {
             let columns: Vec<String> = flat.iter().map(|(k, _)| k.clone()).collect();
-            self.csv.write_record(&columns)?;
-            self.columns = Some(columns);
-        }
-        let row: HashMap<&str, &str> = flat.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-        let columns = self.columns.as_ref().expect("set above");
-        self.csv.write_record(
+            // The header goes with the first row, in the same write.
+            csv_row(&mut pending.csv, columns.iter().map(String::as_bytes));
             columns
+        });
+        let in_order = flat.len() == columns.len()
+            && flat.iter().zip(columns.iter()).all(|((k, _), c)| k == c);
+        if in_order {
+            csv_row(
+                &mut pending.csv,
+                flat.iter().map(|(_, text)| text.as_slice()),
+            );
+        } else {
+            let row: HashMap<&str, &[u8]> = flat
                 .iter()
-                .map(|c| row.get(c.as_str()).copied().unwrap_or("")),
-        )?;
-        self.csv.flush()
+                .map(|(k, v)| (k.as_str(), v.as_slice()))
+                .collect();
+            csv_row(
+                &mut pending.csv,
+                columns
+                    .iter()
+                    .map(|c| row.get(c.as_str()).copied().unwrap_or_default()),
+            );
+        }
+        let full = pending.jsonl.len() >= MAX_PENDING;
+        let queue = !pending.queued && !full;
+        if queue {
+            pending.queued = true;
+        }
+        Ok(Appended { queue, full, last })
     }
 }
 
-/// `{"config": {"lr": 0.1}}` -> `("config/lr", "0.1")`, as Ray's CSV logger does.
-fn flatten(prefix: &str, value: &Value, out: &mut Vec<(String, String)>) {
+/// What [`Open::append`] found.
+struct Appended {
+    /// The trial's buffers were empty: it must be queued for the
+    /// background thread.
+    queue: bool,
+    /// The buffers have grown past [`MAX_PENDING`].
+    full: bool,
+    /// The trial's last result (`done`).
+    last: bool,
+}
+
+/// Writes `result` as one line of compact JSON (as `serde_json::to_writer`
+/// does, then `\n`) into `json` and its flattened columns into `flat`;
+/// true when it is the trial's last (`done`).
+fn write_result(
+    result: &Map<String, Value>,
+    json: &mut Vec<u8>,
+    flat: &mut Flat,
+    path: &mut String,
+    keys: &mut Keys,
+) -> serde_json::Result<bool> {
+    flat.clear();
+    path.clear();
+    keys.next = 0;
+    let mut last = false;
+    json.push(b'{');
+    for (i, (key, value)) in result.iter().enumerate() {
+        if i > 0 {
+            json.push(b',');
+        }
+        keys.write(key, json)?;
+        path.push_str(key);
+        write_value(path, value, json, flat, keys)?;
+        path.clear();
+        last |= key == "done" && *value == Value::Bool(true);
+    }
+    json.extend_from_slice(b"}\n");
+    Ok(last)
+}
+
+/// Writes `value` as compact JSON (as `serde_json::to_writer` does) into
+/// `json`, and its flattened `(column, text)` pairs, under the column name
+/// `path`, into `out`: `{"config": {"lr": 0.1}}` -> `("config/lr", "0.1")`,
+/// as Ray's CSV logger does. A value's text is its JSON, except that
+/// strings are unquoted and null is empty.
+fn write_value(
+    path: &mut String,
+    value: &Value,
+    json: &mut Vec<u8>,
+    out: &mut Flat,
+    keys: &mut Keys,
+) -> serde_json::Result<()> {
     match value {
-        Value::Object(map) if prefix.is_empty() || !map.is_empty() => {
-            for (key, v) in map {
-                let name = if prefix.is_empty() {
-                    key.clone()
-                } else {
-                    format!("{prefix}/{key}")
-                };
-                flatten(&name, v, out);
+        Value::Object(map) if path.is_empty() || !map.is_empty() => {
+            json.push(b'{');
+            for (i, (key, v)) in map.iter().enumerate() {
+                if i > 0 {
+                    json.push(b',');
+                }
+                keys.write(key, json)?;
+                let len = path.len();
+                if !path.is_empty() {
+                    path.push('/');
+                }
+                path.push_str(key);
+                write_value(path, v, json, out, keys)?;
+                path.truncate(len);
+            }
+            json.push(b'}');
+        }
+        _ => {
+            let start = json.len();
+            serde_json::to_writer(&mut *json, value)?;
+            let (column, text) = out.push();
+            column.push_str(path);
+            match value {
+                Value::Null => {}
+                Value::String(s) => text.extend_from_slice(s.as_bytes()),
+                _ => text.extend_from_slice(&json[start..]),
             }
         }
-        Value::Null => out.push((prefix.to_string(), String::new())),
-        Value::String(s) => out.push((prefix.to_string(), s.clone())),
-        other => out.push((prefix.to_string(), other.to_string())),
     }
+    Ok(())
+}
+
+/// Appends one CSV record as the `csv` crate writes it by default: fields
+/// holding a comma, a quote or a line break quoted (quotes doubled), `\n`
+/// at the end, and a record of one empty field as `""`.
+fn csv_row<'a>(out: &mut Vec<u8>, fields: impl Iterator<Item = &'a [u8]>) {
+    let start = out.len();
+    for (i, field) in fields.enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        if field
+            .iter()
+            .any(|&b| matches!(b, b',' | b'"' | b'\n' | b'\r'))
+        {
+            out.push(b'"');
+            for &b in field {
+                if b == b'"' {
+                    out.push(b'"');
+                }
+                out.push(b);
+            }
+            out.push(b'"');
+        } else {
+            out.extend_from_slice(field);
+        }
+    }
+    if out.len() == start {
+        out.extend_from_slice(b"\"\"");
+    }
+    out.push(b'\n');
+}
+
+/// `{"config": {"lr": 0.1}}` -> `("config/lr", "0.1")`, as Ray's CSV logger does.
+#[cfg(test)]
+fn flatten(prefix: &str, value: &Value, out: &mut Vec<(String, String)>) {
+    let mut flat = Flat::default();
+    let mut keys = Keys::default();
+    write_value(
+        &mut prefix.to_string(),
+        value,
+        &mut Vec::new(),
+        &mut flat,
+        &mut keys,
+    )
+    .unwrap();
+    out.extend(
+        flat.as_slice()
+            .iter()
+            .map(|(k, v)| (k.clone(), String::from_utf8(v.clone()).unwrap())),
+    );
 }
 
 impl Callback for TrialFiles {
     fn on_trial_start(&mut self, trials: &[Trial], index: usize) -> Result<(), String> {
         let trial = &trials[index];
-        let writers = open(&trial.dir, &trial.config)?;
-        self.open.insert(index, writers);
+        // A trial started again (after a pause) writes what it still had
+        // before its files are opened again; that its earlier results could
+        // not all be written was reported then.
+        if let Err(message) = self.close(index) {
+            tracing::warn!(trial = %trial.trial_id, "{message}");
+        }
+        let opened = open(&trial.dir, &trial.config)?;
+        if self.flusher.is_none() && !self.write_through {
+            match Flusher::spawn() {
+                Ok(flusher) => self.flusher = Some(flusher),
+                Err(e) => {
+                    tracing::warn!(
+                        "starting the wtune-results writer: {e}; writing each result at once"
+                    );
+                    self.write_through = true;
+                }
+            }
+        }
+        self.open.insert(index, opened);
         Ok(())
     }
 
@@ -126,18 +598,50 @@ impl Callback for TrialFiles {
         result: &Map<String, Value>,
     ) -> Result<(), String> {
         let dir = &trials[index].dir;
-        let writers = self
+        let open = self
             .open
             .get_mut(&index)
             .ok_or_else(|| format!("result files for {} are not open", trials[index].trial_id))?;
-        writers
-            .append(result)
-            .map_err(|e| format!("writing results in {}: {e}", dir.display()))
+        if let Some(message) = open.slot.background_error() {
+            return Err(message);
+        }
+        let Appended { queue, full, last } = open
+            .append(result, &mut self.flat, &mut self.path)
+            .map_err(|e| format!("writing results in {}: {e}", dir.display()))?;
+        match &self.flusher {
+            Some(flusher) if !(full || last) => {
+                if queue {
+                    flusher.enqueue(open.slot.clone());
+                }
+                Ok(())
+            }
+            _ => open.slot.write_pending(false),
+        }
+    }
+
+    fn on_checkpoint(&mut self, _trials: &[Trial], index: usize) -> Result<(), String> {
+        self.flush(index)
+    }
+
+    fn on_trial_recover(
+        &mut self,
+        _trials: &[Trial],
+        index: usize,
+        _reason: &str,
+    ) -> Result<(), String> {
+        self.flush(index)
+    }
+
+    fn on_trial_pause(&mut self, _trials: &[Trial], index: usize) -> Result<(), String> {
+        self.flush(index)
     }
 
     fn on_trial_end(&mut self, _trials: &[Trial], index: usize) -> Result<(), String> {
-        self.open.remove(&index);
-        Ok(())
+        self.close(index)
+    }
+
+    fn on_experiment_end(&mut self, _summary: &ExperimentSummary) -> Result<(), String> {
+        self.finish()
     }
 }
 
@@ -158,6 +662,169 @@ mod tests {
         assert_eq!(keys, ["loss", "config/lr", "config/opt/name", "x"]);
         assert_eq!(out[2].1, "sgd");
         assert_eq!(out[3].1, "");
+    }
+
+    #[test]
+    fn lines_and_rows_are_what_serde_json_and_the_csv_crate_write() {
+        let results = [
+            json!({"loss": 0.5, "n": 3, "neg": -7, "big": u64::MAX, "tiny": 1e-300,
+                   "ok": true, "none": null, "list": [1, "a,b", {"x": []}],
+                   "empty": {}, "config": {"lr": 0.1, "opt": {"name": "sgd", "m": {}}}}),
+            json!({"text": "comma, \"quote\"\nnew line\r\t tab \u{1} ctl é ☃ \u{1F600}",
+                   "": {"": 1, "a": {}}, "weird key \"/\\": "x"}),
+            json!({"only": ""}),
+            json!({"only": null}),
+            json!({}),
+            json!({"loss": 1.0, "done": false, "config": {"done": true}}),
+        ];
+        // One key cache for all, as if one trial reported them in turn.
+        let mut keys = Keys::default();
+        for result in results.iter().chain(&results) {
+            let result = result.as_object().unwrap();
+            let (mut flat, mut path, mut json) = (Flat::default(), String::new(), Vec::new());
+            let last = write_result(result, &mut json, &mut flat, &mut path, &mut keys).unwrap();
+            assert!(!last, "only a top-level `done: true` ends the trial");
+            assert_eq!(
+                String::from_utf8(json).unwrap(),
+                serde_json::to_string(result).unwrap() + "\n"
+            );
+            let mut old = Vec::new();
+            flatten_reference("", &Value::Object(result.clone()), &mut old);
+            let flat = flat.as_slice();
+            let texts: Vec<(String, String)> = flat
+                .iter()
+                .map(|(k, v)| (k.clone(), String::from_utf8(v.clone()).unwrap()))
+                .collect();
+            assert_eq!(texts, old);
+            let mut ours = Vec::new();
+            csv_row(&mut ours, flat.iter().map(|(k, _)| k.as_bytes()));
+            csv_row(&mut ours, flat.iter().map(|(_, v)| v.as_slice()));
+            let mut theirs = csv::Writer::from_writer(Vec::new());
+            theirs.write_record(flat.iter().map(|(k, _)| k)).unwrap();
+            theirs.write_record(flat.iter().map(|(_, v)| v)).unwrap();
+            assert_eq!(
+                String::from_utf8(ours).unwrap(),
+                String::from_utf8(theirs.into_inner().unwrap()).unwrap()
+            );
+        }
+    }
+
+    #[test]
+    fn a_top_level_done_marks_the_last_result() {
+        let (mut flat, mut path, mut json) = (Flat::default(), String::new(), Vec::new());
+        let result = json!({"loss": 1.0, "done": true});
+        let last = write_result(
+            result.as_object().unwrap(),
+            &mut json,
+            &mut flat,
+            &mut path,
+            &mut Keys::default(),
+        )
+        .unwrap();
+        assert!(last);
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_failed_background_write_fails_the_trial_at_its_next_result() {
+        let dir = tempfile::tempdir().unwrap();
+        let tdir = dir.path().join("trial_0000");
+        std::fs::create_dir_all(&tdir).unwrap();
+        // Every write to the results file fails with "no space left".
+        std::os::unix::fs::symlink("/dev/full", tdir.join("result.jsonl")).unwrap();
+        let trials = vec![Trial::new("trial_0000".into(), json!({}), tdir)];
+        let mut files = TrialFiles::new();
+        files.on_trial_start(&trials, 0).unwrap();
+        let r = json!({"loss": 1.0, "training_iteration": 1});
+        // Buffered: the failure comes from the background thread.
+        files.on_result(&trials, 0, r.as_object().unwrap()).unwrap();
+        let started = std::time::Instant::now();
+        let message = loop {
+            assert!(started.elapsed() < Duration::from_secs(10), "never failed");
+            std::thread::sleep(FLUSH_AFTER);
+            if let Err(message) = files.on_result(&trials, 0, r.as_object().unwrap()) {
+                break message;
+            }
+        };
+        assert!(
+            message.contains("writing results in") && message.contains("trial_0000"),
+            "{message}"
+        );
+        // Its end still reports the lost lines rather than calling the
+        // files whole.
+        assert_eq!(files.on_trial_end(&trials, 0), Err(message));
+        // The last result is written at once, and fails at once.
+        let done = json!({"loss": 1.0, "done": true});
+        let mut files = TrialFiles::new();
+        files.on_trial_start(&trials, 0).unwrap();
+        assert!(
+            files
+                .on_result(&trials, 0, done.as_object().unwrap())
+                .is_err()
+        );
+    }
+
+    /// The flattening this module did before it formatted JSON and CSV in
+    /// one pass.
+    fn flatten_reference(prefix: &str, value: &Value, out: &mut Vec<(String, String)>) {
+        match value {
+            Value::Object(map) if prefix.is_empty() || !map.is_empty() => {
+                for (key, v) in map {
+                    let name = if prefix.is_empty() {
+                        key.clone()
+                    } else {
+                        format!("{prefix}/{key}")
+                    };
+                    flatten_reference(&name, v, out);
+                }
+            }
+            Value::Null => out.push((prefix.to_string(), String::new())),
+            Value::String(s) => out.push((prefix.to_string(), s.clone())),
+            other => out.push((prefix.to_string(), other.to_string())),
+        }
+    }
+
+    #[test]
+    fn lines_reach_the_file_while_the_trial_runs_and_all_at_its_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let trials = vec![Trial::new(
+            "trial_0000".into(),
+            json!({"lr": 0.1}),
+            dir.path().join("trial_0000"),
+        )];
+        let mut files = TrialFiles::new();
+        files.on_trial_start(&trials, 0).unwrap();
+        let r = |i: u64, done: bool| json!({"loss": 1.0 / i as f64, "training_iteration": i, "done": done});
+        for i in 1..=1000 {
+            files
+                .on_result(&trials, 0, r(i, false).as_object().unwrap())
+                .unwrap();
+        }
+        let jsonl = dir.path().join("trial_0000/result.jsonl");
+        let csv = dir.path().join("trial_0000/progress.csv");
+        let lines = |path: &Path| std::fs::read_to_string(path).unwrap().lines().count();
+        // Written by the background thread within FLUSH_AFTER, whole lines
+        // only, without another event.
+        let started = std::time::Instant::now();
+        while lines(&jsonl) < 1000 {
+            let text = std::fs::read_to_string(&jsonl).unwrap();
+            assert!(text.is_empty() || text.ends_with('\n'), "a partial line");
+            assert!(started.elapsed() < Duration::from_secs(10), "never written");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(lines(&csv), 1001);
+        // The last result is written at once.
+        files
+            .on_result(&trials, 0, r(1001, true).as_object().unwrap())
+            .unwrap();
+        assert_eq!(lines(&jsonl), 1001);
+        assert_eq!(lines(&csv), 1002);
+        files.on_trial_end(&trials, 0).unwrap();
+        let text = std::fs::read_to_string(&jsonl).unwrap();
+        for (i, line) in text.lines().enumerate() {
+            let value: Value = serde_json::from_str(line).unwrap();
+            assert_eq!(value["training_iteration"], json!(i + 1));
+        }
     }
 
     #[test]

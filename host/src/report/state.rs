@@ -212,6 +212,9 @@ pub struct StateStats {
     pub writes: AtomicU64,
     /// Size of the newest state, in bytes.
     pub last_bytes: AtomicU64,
+    /// Nanoseconds the writer thread spent writing mid-run states (keeping
+    /// the previous one, writing, fsync, rename).
+    pub write_ns: AtomicU64,
 }
 
 impl StateFile {
@@ -259,8 +262,14 @@ impl Callback for StateFile {
             write_file(&self.dir, &bytes)?;
             self.last_write = Instant::now();
             let target = self.dir.clone();
+            let stats = self.stats.clone();
             let writer = persist::LatestWriter::spawn("wtune-state", move |bytes| {
-                write_file(&target, bytes)
+                let started = Instant::now();
+                let written = write_file(&target, bytes);
+                stats
+                    .write_ns
+                    .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                written
             })
             .map_err(|e| format!("starting the wtune-state writer: {e}"))?;
             self.background = Some(writer);
