@@ -148,13 +148,14 @@ pub fn settle() {
 /// Runs each case `repeats` times, round robin, so that a machine whose
 /// speed drifts (this VM's file system does, by 2-5x within minutes) weighs
 /// on every case alike; each run gets a fresh scratch directory, after
-/// [`settle`]. Returns each case's results.
-fn interleaved<T>(repeats: usize, cases: &mut [Case<'_, T>]) -> Vec<Vec<T>> {
+/// [`settle`], under `base` (the default scratch place when `None`).
+/// Returns each case's results.
+fn interleaved<T>(repeats: usize, base: Option<&Path>, cases: &mut [Case<'_, T>]) -> Vec<Vec<T>> {
     let mut results: Vec<Vec<T>> = cases.iter().map(|_| Vec::new()).collect();
     for _ in 0..repeats {
         for (case, results) in cases.iter_mut().zip(&mut results) {
             settle();
-            let dir = scratch();
+            let dir = base.map_or_else(scratch, crate::scratch_in);
             results.push(case(&dir.path().join("out")));
         }
     }
@@ -163,7 +164,9 @@ fn interleaved<T>(repeats: usize, cases: &mut [Case<'_, T>]) -> Vec<Vec<T>> {
 
 /// Issue 2's bookkeeping overhead: many trials that report once and do no
 /// work. Their ideal wall time is zero, so the overhead per trial is the
-/// wall time over the number of trials.
+/// wall time over the number of trials. Run on the disk, then again on a
+/// memory file system when there is one: this VM's disk charges more per
+/// trial for the files alone than the target allows.
 pub fn overhead(program: &Program) {
     const TRIALS: usize = 1000;
     const REPEATS: usize = 5;
@@ -174,14 +177,36 @@ pub fn overhead(program: &Program) {
     out!(
         "Overhead per trial = (wall time - ideal) / trials, where the ideal is 0: the trials \
          do no work. Issue 2's target: under 1 ms per trial with result files on. The last \
-         row is what this machine's file system charges for the same directories and files \
-         without wtune; the last column subtracts it from each row, round by round (each \
-         round runs every row once, in a few seconds).\n"
+         row of each table is what the file system charges for the same directories and \
+         files without wtune; the last column subtracts it from each row, round by round \
+         (each round runs every row once, in a few seconds). The experiment directories are \
+         on the disk (`target/`), then on a memory file system (`/dev/shm`, tmpfs) where the \
+         machine has one.\n"
     );
+    overhead_table(program, TRIALS, REPEATS, "the disk (`target/`)", None);
+    match crate::memory_scratch() {
+        Some(base) => {
+            overhead_table(program, TRIALS, REPEATS, "tmpfs (`/dev/shm`)", Some(&base));
+            let _ = std::fs::remove_dir_all(&base);
+        }
+        None => out!("\nOn tmpfs: not measured (no `/dev/shm` on this machine).\n"),
+    }
+}
+
+/// One table of [`overhead`], with the experiment directories under `base`.
+fn overhead_table(
+    program: &Program,
+    trials: usize,
+    repeats: usize,
+    place: &str,
+    base: Option<&Path>,
+) {
+    let concurrent = cores();
+    out!("\nOn {place}:\n");
     out!(
         "| backend, callbacks | overhead per trial (ms) | vs 1 ms | above the floor, per round (ms) |\n| --- | --- | --- | --- |"
     );
-    let configs = || vec![json!({"attack": "none", "iterations": 1}); TRIALS];
+    let configs = || vec![json!({"attack": "none", "iterations": 1}); trials];
     let wasm = |callbacks| {
         move |out: &Path| {
             run_experiment(hostile(program), configs(), 1, concurrent, out, callbacks).wall
@@ -211,14 +236,14 @@ pub fn overhead(program: &Program) {
         ),
         (
             "file system floor: a trial's directories and files, without wtune",
-            Box::new(|out: &Path| file_floor(TRIALS, out)),
+            Box::new(|out: &Path| file_floor(trials, out)),
         ),
     ];
     let (names, mut cases): (Vec<&str>, Vec<_>) = rows.into_iter().unzip();
-    let walls = interleaved(REPEATS, &mut cases);
+    let walls = interleaved(repeats, base, &mut cases);
     let floor = walls.last().expect("the floor's row").clone();
     for (i, (name, walls)) in names.iter().zip(&walls).enumerate() {
-        let per_trial = Summary::ms(walls).map(|ms| ms / TRIALS as f64);
+        let per_trial = Summary::ms(walls).map(|ms| ms / trials as f64);
         // Each row against the floor of the same round, minutes apart at
         // most: what wtune adds to what the file system charges anyway.
         let above = if i + 1 == names.len() || name.contains("no callbacks") {
@@ -228,7 +253,7 @@ pub fn overhead(program: &Program) {
                 .iter()
                 .zip(&floor)
                 .map(|(wall, floor)| {
-                    (wall.as_secs_f64() - floor.as_secs_f64()) * 1e3 / TRIALS as f64
+                    (wall.as_secs_f64() - floor.as_secs_f64()) * 1e3 / trials as f64
                 })
                 .collect();
             Summary::of(&differences).cell(3)
@@ -346,7 +371,7 @@ pub fn throughput(program: &Program) {
         ),
     ];
     let (names, mut cases): (Vec<String>, Vec<_>) = rows.into_iter().unzip();
-    let runs = interleaved(REPEATS, &mut cases);
+    let runs = interleaved(REPEATS, None, &mut cases);
     for (name, runs) in names.iter().zip(runs) {
         let walls: Vec<f64> = runs.iter().map(|r| r.wall.as_secs_f64()).collect();
         let wall = Summary::of(&walls);

@@ -94,9 +94,21 @@ decisions [NAME] compute compute-gpu compile compare
 /// makes file creation ~15x slower than the work disk (3 ms vs 0.2 ms for a
 /// directory with three files), which would measure the disk, not wtune.
 fn scratch() -> tempfile::TempDir {
-    let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/wtune-bench-scratch");
-    std::fs::create_dir_all(&base).unwrap();
+    scratch_in(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/wtune-bench-scratch"))
+}
+
+/// A fresh scratch directory under `base`.
+fn scratch_in(base: &Path) -> tempfile::TempDir {
+    std::fs::create_dir_all(base).unwrap();
     tempfile::tempdir_in(base).unwrap()
+}
+
+/// Where the file-heavy scenarios run again to separate wtune's cost from
+/// the disk's: a memory file system, when the machine has one.
+fn memory_scratch() -> Option<PathBuf> {
+    let shm = Path::new("/dev/shm");
+    let base = shm.join(format!("wtune-bench-{}", std::process::id()));
+    (shm.is_dir() && std::fs::create_dir_all(&base).is_ok()).then_some(base)
 }
 
 /// A trial's filesystem under `dir`: `dir/work` for the guest (created),

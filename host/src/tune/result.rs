@@ -71,52 +71,93 @@ impl fmt::Display for Mode {
 
 /// Builds the record for `trial`'s next result (the trial's counters are
 /// those *after* the step) and checks the metric names.
+///
+/// `reuse` is an earlier record to overwrite: when it has the same fields
+/// in the same order (the usual case: a trainable reports the same metrics
+/// every step), its keys and unchanged values are kept, which spares the
+/// runner's thread most of a record's allocations at high result rates.
 pub(crate) fn record(
     trial: &Trial,
     step: &Step,
     time_this_iter: Duration,
     done: bool,
+    reuse: Option<Map<String, Value>>,
 ) -> Result<Map<String, Value>, String> {
-    let mut out = Map::with_capacity(step.metrics.len() + AUTO_FIELDS.len());
-    for (name, value) in &step.metrics {
+    for (name, _) in &step.metrics {
         if AUTO_FIELDS.contains(&name.as_str()) {
             return Err(format!(
                 "the trainable reported a metric named `{name}`, which wtune fills in itself; rename it"
             ));
         }
-        // JSON has no NaN or infinity; they become null (pandas reads NaN).
-        out.insert(
-            name.clone(),
-            Number::from_f64(*value).map_or(Value::Null, Value::Number),
-        );
     }
     let now = SystemTime::now();
-    out.insert("trial_id".into(), trial.trial_id.clone().into());
-    out.insert("training_iteration".into(), trial.iterations.into());
-    out.insert("time_this_iter_s".into(), seconds(time_this_iter));
-    out.insert("time_total_s".into(), float(trial.time_total_s));
-    out.insert("fuel_this_iter".into(), step.fuel.into());
-    out.insert("fuel_total".into(), trial.fuel_total.into());
-    out.insert(
-        "iterations_since_restore".into(),
-        trial.iterations_since_restore.into(),
-    );
-    out.insert("time_since_restore".into(), float(trial.time_since_restore));
-    out.insert("fuel_since_restore".into(), trial.fuel_since_restore.into());
-    out.insert(
-        "timestamp".into(),
-        now.duration_since(UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0)
-            .into(),
-    );
-    out.insert(
-        "date".into(),
-        humantime::format_rfc3339_seconds(now).to_string().into(),
-    );
-    out.insert("done".into(), done.into());
-    out.insert("config".into(), trial.config.clone());
+    let timestamp = now
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let date = || Value::from(humantime::format_rfc3339_seconds(now).to_string());
+    let auto = |field: &str| -> Value {
+        match field {
+            "trial_id" => trial.trial_id.clone().into(),
+            "training_iteration" => trial.iterations.into(),
+            "time_this_iter_s" => seconds(time_this_iter),
+            "time_total_s" => float(trial.time_total_s),
+            "fuel_this_iter" => step.fuel.into(),
+            "fuel_total" => trial.fuel_total.into(),
+            "iterations_since_restore" => trial.iterations_since_restore.into(),
+            "time_since_restore" => float(trial.time_since_restore),
+            "fuel_since_restore" => trial.fuel_since_restore.into(),
+            "timestamp" => timestamp.into(),
+            "date" => date(),
+            "done" => done.into(),
+            "config" => trial.config.clone(),
+            other => unreachable!("`{other}` is not an auto field"),
+        }
+    };
+    if let Some(mut out) = reuse
+        && same_fields(&out, step)
+    {
+        let mut values = out.values_mut();
+        for ((_, value), slot) in step.metrics.iter().zip(&mut values) {
+            *slot = float(*value);
+        }
+        let mut previous_timestamp = None;
+        for (field, slot) in AUTO_FIELDS.iter().zip(values) {
+            match *field {
+                // Kept when equal: they are strings and trees, rarely new.
+                "trial_id" if slot.as_str() == Some(&trial.trial_id) => {}
+                "config" if *slot == trial.config => {}
+                "timestamp" => {
+                    previous_timestamp = slot.as_u64();
+                    *slot = timestamp.into();
+                }
+                // The date has whole seconds: the same second, the same text.
+                "date" if previous_timestamp == Some(timestamp) && slot.is_string() => {}
+                _ => *slot = auto(field),
+            }
+        }
+        return Ok(out);
+    }
+    let mut out = Map::with_capacity(step.metrics.len() + AUTO_FIELDS.len());
+    for (name, value) in &step.metrics {
+        // JSON has no NaN or infinity; they become null (pandas reads NaN).
+        out.insert(name.clone(), float(*value));
+    }
+    for field in AUTO_FIELDS {
+        out.insert(field.to_string(), auto(field));
+    }
     Ok(out)
+}
+
+/// Whether `record` has `step`'s metrics and then the auto fields, in
+/// that order and no others.
+fn same_fields(record: &Map<String, Value>, step: &Step) -> bool {
+    record.len() == step.metrics.len() + AUTO_FIELDS.len()
+        && record.keys().map(String::as_str).eq(step
+            .metrics
+            .iter()
+            .map(|(name, _)| name.as_str())
+            .chain(AUTO_FIELDS))
 }
 
 fn seconds(d: Duration) -> Value {
@@ -146,7 +187,7 @@ mod tests {
             done: false,
             fuel: 10,
         };
-        let r = record(&trial(), &step, Duration::from_millis(1500), true).unwrap();
+        let r = record(&trial(), &step, Duration::from_millis(1500), true, None).unwrap();
         assert_eq!(r["loss"], json!(0.5));
         assert_eq!(r["weird"], Value::Null);
         assert_eq!(r["training_iteration"], json!(3));
@@ -162,13 +203,63 @@ mod tests {
     }
 
     #[test]
+    fn a_reused_record_equals_a_fresh_one() {
+        let step = |metrics: &[(&str, f64)], fuel| Step {
+            metrics: metrics.iter().map(|(n, v)| (n.to_string(), *v)).collect(),
+            done: false,
+            fuel,
+        };
+        let mut other = Trial::new("trial_0002".into(), json!({"lr": 0.5}), "/tmp/y".into());
+        other.iterations = 9;
+        other.time_total_s = 2.5;
+        let cases = [
+            (trial(), step(&[("loss", 0.5), ("acc", 0.9)], 10), false),
+            (
+                trial(),
+                step(&[("loss", 0.4), ("acc", f64::INFINITY)], 11),
+                true,
+            ),
+            // Another trial: its id and config replace the kept ones.
+            (
+                other.clone(),
+                step(&[("loss", 0.3), ("acc", 0.8)], 12),
+                false,
+            ),
+            // Other metrics, or the same in another order: built afresh.
+            (
+                other.clone(),
+                step(&[("acc", 0.8), ("loss", 0.3)], 13),
+                false,
+            ),
+            (other.clone(), step(&[("loss", 0.3)], 14), false),
+            (other, step(&[("loss", 0.3), ("loss", 0.2)], 15), false),
+        ];
+        let mut previous: Option<Map<String, Value>> = None;
+        for (trial, step, done) in &cases {
+            let elapsed = Duration::from_millis(step.fuel);
+            let mut fresh = record(trial, step, elapsed, *done, None).unwrap();
+            let mut reused = record(trial, step, elapsed, *done, previous.take()).unwrap();
+            // The clock moved between the two calls.
+            for field in ["timestamp", "date"] {
+                fresh.remove(field);
+                assert!(reused.remove(field).is_some(), "{field}");
+            }
+            assert_eq!(
+                serde_json::to_string(&reused).unwrap(),
+                serde_json::to_string(&fresh).unwrap()
+            );
+            previous = Some(record(trial, step, elapsed, *done, None).unwrap());
+        }
+    }
+
+    #[test]
     fn reserved_metric_names_are_refused() {
         let step = Step {
             metrics: vec![("training_iteration".into(), 1.0)],
             done: false,
             fuel: 0,
         };
-        let message = record(&trial(), &step, Duration::ZERO, false).unwrap_err();
+        let message = record(&trial(), &step, Duration::ZERO, false, None).unwrap_err();
         assert!(message.contains("`training_iteration`"), "{message}");
     }
 }

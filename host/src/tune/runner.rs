@@ -332,6 +332,9 @@ pub struct Runner<B: TrialBackend> {
     /// as ERROR until a request resumes them (`on_trial_retry`), so no
     /// scheduler needs to know about holds.
     held: BTreeSet<usize>,
+    /// A trial's previous result, overwritten by the next one built (see
+    /// `result::record`).
+    spare_record: Option<Map<String, Value>>,
     /// Trials the scheduler was told ended because a request holds them
     /// (or held them until their stop): told once, and not again when they
     /// end.
@@ -415,6 +418,7 @@ impl<B: TrialBackend> Runner<B> {
             control: None,
             requested: HashMap::new(),
             held: BTreeSet::new(),
+            spare_record: None,
             told: HashSet::new(),
         }
     }
@@ -1646,7 +1650,8 @@ impl<B: TrialBackend> Runner<B> {
         elapsed: Duration,
     ) -> Result<Decision, String> {
         let trial = &trials[index];
-        let mut record = result::record(trial, step, elapsed, false)?;
+        let reuse = self.spare_record.take();
+        let mut record = result::record(trial, step, elapsed, false, reuse)?;
         if let Some(metric) = &self.spec.metric
             && !record.contains_key(metric)
         {
@@ -1708,8 +1713,14 @@ impl<B: TrialBackend> Runner<B> {
             )),
             _ => None,
         };
-        trial.last_result = Some(record.clone());
-        self.each(|cb, t| cb.on_result(t, index, &record), trials)?;
+        self.spare_record = trial.last_result.replace(record);
+        self.each(
+            |cb, t| {
+                let record = t[index].last_result.as_ref().expect("stored above");
+                cb.on_result(t, index, record)
+            },
+            trials,
+        )?;
         Ok(decision)
     }
 
