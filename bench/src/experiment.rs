@@ -56,19 +56,18 @@ struct Ran {
     results: u64,
 }
 
-/// Runs `configs` (one trial each) to `iterations` iterations, `concurrent`
-/// at a time, with `callbacks`, into `out`.
-fn run_experiment<B: TrialBackend>(
-    backend: B,
+/// The experiment every runner scenario runs: `configs` (one trial each)
+/// to `iterations` iterations, `concurrent` at a time, FIFO, maximizing
+/// `score`, into `out`.
+pub fn bench_spec(
+    name: &str,
+    out: &Path,
     configs: Vec<Value>,
     iterations: u64,
     concurrent: usize,
-    out: &Path,
-    callbacks: Callbacks,
-) -> Ran {
-    let trials = configs.len();
-    let spec = RunSpec {
-        name: "bench".into(),
+) -> RunSpec {
+    RunSpec {
+        name: name.into(),
         output_dir: out.to_path_buf(),
         metric: Some("score".into()),
         mode: Mode::Max,
@@ -87,7 +86,21 @@ fn run_experiment<B: TrialBackend>(
         resources_per_trial: Resources::none(),
         resources: Default::default(),
         stop_experiment: Default::default(),
-    };
+    }
+}
+
+/// Runs `configs` (one trial each) to `iterations` iterations, `concurrent`
+/// at a time, with `callbacks`, into `out`.
+fn run_experiment<B: TrialBackend>(
+    backend: B,
+    configs: Vec<Value>,
+    iterations: u64,
+    concurrent: usize,
+    out: &Path,
+    callbacks: Callbacks,
+) -> Ran {
+    let trials = configs.len();
+    let spec = bench_spec("bench", out, configs, iterations, concurrent);
     let mut runner = Runner::new(backend, spec, Box::new(Fifo::default()));
     // In `wtune run`'s order.
     if matches!(callbacks, Callbacks::AllButProgress | Callbacks::All) {
@@ -423,28 +436,11 @@ pub fn state_writes() {
             })
         })
     };
-    let spec = |out: &Path| RunSpec {
-        name: "state".into(),
-        output_dir: out.to_path_buf(),
-        metric: Some("score".into()),
-        mode: Mode::Max,
-        stop: StopCriteria {
-            training_iteration: Some(ITERATIONS),
-            ..Default::default()
-        },
-        max_concurrent: CONCURRENT,
-        configs: (0..TRIALS)
+    let spec = |out: &Path| {
+        let configs = (0..TRIALS)
             .map(|i| json!({"x": i as f64 / TRIALS as f64, "name": format!("config-{i}")}))
-            .collect(),
-        checkpoint: Default::default(),
-        failure: Default::default(),
-        restore_from: None,
-        // Trials ask nothing of the resource pool (by default one CPU
-        // each, as many as there are cores): `max_concurrent` alone
-        // says how many run at once.
-        resources_per_trial: Resources::none(),
-        resources: Default::default(),
-        stop_experiment: Default::default(),
+            .collect();
+        bench_spec("state", out, configs, ITERATIONS, CONCURRENT)
     };
     struct WithState {
         wall: Duration,

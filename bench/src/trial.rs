@@ -9,7 +9,7 @@ use serde_json::{Map, Value, json};
 use wtune::exec::WasmBackend;
 use wtune::report::TrialFiles;
 use wtune::sandbox::{Limits, Program, fuel_text, human_bytes};
-use wtune::tune::{Callback, Fifo, Mode, Resources, RunSpec, Runner, StopCriteria, Trial};
+use wtune::tune::{Callback, Fifo, Runner, Trial};
 use wtune_guest::Trainable;
 
 use crate::report::{Summary, quantile};
@@ -84,27 +84,13 @@ pub fn startup(program: &Program) {
     // being recorded.
     crate::experiment::settle();
     let clock = StartClock::default();
-    let spec = RunSpec {
-        name: "startup".into(),
-        output_dir: dir.path().join("runner"),
-        metric: Some("score".into()),
-        mode: Mode::Max,
-        stop: StopCriteria {
-            training_iteration: Some(1),
-            ..Default::default()
-        },
-        max_concurrent: 1,
-        configs: vec![json!({"attack": "none", "iterations": 1}); TRIALS],
-        checkpoint: Default::default(),
-        failure: Default::default(),
-        restore_from: None,
-        // Trials ask nothing of the resource pool (by default one CPU
-        // each, as many as there are cores): `max_concurrent` alone
-        // says how many run at once.
-        resources_per_trial: Resources::none(),
-        resources: Default::default(),
-        stop_experiment: Default::default(),
-    };
+    let spec = crate::experiment::bench_spec(
+        "startup",
+        &dir.path().join("runner"),
+        vec![json!({"attack": "none", "iterations": 1}); TRIALS],
+        1,
+        1,
+    );
     let backend = WasmBackend::new(program.clone(), limits.clone(), vec![]);
     let runner = Runner::new(backend, spec, Box::new(Fifo::default()))
         .callback(clock.clone())
