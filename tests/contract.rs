@@ -144,6 +144,24 @@ fn the_sdk_guests_fit_the_contract() {
 }
 
 #[test]
+fn inspect_into_a_closed_pipe_exits_quietly() {
+    // `wtune inspect model.wasm | head -1`: the reader is gone before
+    // wtune writes. The pipe's read end is closed before wtune starts, so
+    // its first write meets the broken pipe every time.
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let out = common::wtune()
+        .arg("inspect")
+        .arg(common::guest("digits_mlp"))
+        .stdout(writer)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{:?}: {stderr}", out.status);
+    assert!(stderr.is_empty(), "{stderr}");
+}
+
+#[test]
 fn inspect_prints_the_contract_or_a_one_line_error() {
     let out = common::wtune()
         .arg("inspect")

@@ -614,7 +614,7 @@ fn execute(
         Err(err) => return Err(Failure::runtime(err)),
     };
 
-    print!("{}", summary_text(&summary));
+    print_out(&summary_text(&summary));
     if summary.halted.as_deref() == Some(STOPPED_BY_REQUEST) {
         eprintln!(
             "the experiment was stopped by a control request; continue it with `wtune resume {}`",
@@ -886,26 +886,44 @@ fn inspect(model: &Path) -> Result<(), Failure> {
     let description = sandbox
         .describe(&bytes)
         .map_err(|e| Failure::user(format!("{}: {e}", model.display())))?;
-    println!("component: {}", model.display());
-    println!("size: {}", human_bytes(bytes.len() as u64));
-    println!("blake3: {}", blake3::hash(&bytes).to_hex());
-    println!("imports:");
+    use std::fmt::Write as _;
+    let mut text = String::new();
+    // Writing into a String cannot fail.
+    let _ = writeln!(text, "component: {}", model.display());
+    let _ = writeln!(text, "size: {}", human_bytes(bytes.len() as u64));
+    let _ = writeln!(text, "blake3: {}", blake3::hash(&bytes).to_hex());
+    let _ = writeln!(text, "imports:");
     for (name, ty) in &description.imports {
-        println!("  {name}: {ty}");
+        let _ = writeln!(text, "  {name}: {ty}");
     }
-    println!("exports:");
+    let _ = writeln!(text, "exports:");
     for (name, ty) in &description.exports {
-        println!("  {name}: {ty}");
+        let _ = writeln!(text, "  {name}: {ty}");
     }
-    match description.fits {
-        Ok(()) => {
-            println!("contract: fits {}", crate::sandbox::WORLD);
-            match crate::snapshot::instrument(&bytes) {
-                Ok(_) => println!("host snapshots: supported"),
-                Err(refusal) => println!("host snapshots: no ({})", refusal.reason()),
+    let fits = description.fits.map(|()| {
+        let _ = writeln!(text, "contract: fits {}", crate::sandbox::WORLD);
+        match crate::snapshot::instrument(&bytes) {
+            Ok(_) => {
+                let _ = writeln!(text, "host snapshots: supported");
             }
-            Ok(())
+            Err(refusal) => {
+                let _ = writeln!(text, "host snapshots: no ({})", refusal.reason());
+            }
         }
-        Err(e) => Err(Failure::user(format!("{}: {e}", model.display()))),
+    });
+    print_out(&text);
+    fits.map_err(|e| Failure::user(format!("{}: {e}", model.display())))
+}
+
+/// Writes `text` to stdout. A reader that went away (`wtune inspect | head`)
+/// is not an error: what it wanted it read; `println!` would panic there.
+fn print_out(text: &str) {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            eprintln!("warning: writing to stdout: {e}");
+        }
+        _ => {}
     }
 }
