@@ -226,8 +226,10 @@ pub fn snapshot(program: &Program) {
     out!("\n### Host snapshots (`stateful.wasm`, {ROUNDS} rounds)\n");
     out!(
         "Random memory is the worst case: nothing is zero, nothing compresses. \"restore\" \
-         includes creating the fresh instance it lands in; the plain copy into freshly \
-         allocated memory is its floor on this machine.\n"
+         includes creating the fresh instance it lands in. The plain copy into freshly \
+         allocated memory (small pages, the kernel's faults and zeroing) is what a \
+         restore would cost at least without the huge pages it asks for over each \
+         2 MiB block it fills.\n"
     );
     out!(
         "| memory | size | snapshot (GB/s) | restore (GB/s) | plain copy into fresh memory (GB/s) | encode + write (ms) | file |\n| --- | --- | --- | --- | --- | --- | --- |"
@@ -283,9 +285,10 @@ pub fn snapshot(program: &Program) {
 }
 
 /// `rounds` copies of `size` bytes into freshly allocated memory: what a
-/// restore's writes cost at least on this machine, since a restored
-/// instance's memory is fresh and every page is touched first by the copy
-/// (the kernel's page faults and zeroing, not wtune's work).
+/// restore's writes would cost at least on this machine with small pages,
+/// since a restored instance's memory is fresh and every page is touched
+/// first by the copy (the kernel's page faults and zeroing, not wtune's
+/// work).
 fn fresh_copies(size: usize, rounds: usize) -> Vec<Duration> {
     let source = vec![0x5au8; size];
     (0..rounds)

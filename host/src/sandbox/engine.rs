@@ -74,6 +74,12 @@ pub(crate) fn engine_config(max_wasm_stack: usize) -> Config {
     config.consume_fuel(true);
     config.epoch_interruption(true);
     config.max_wasm_stack(max_wasm_stack);
+    // Guest memories are ours so that restores can ask for huge pages (see
+    // `memory`); wasmtime's copy-on-write data segments need its own
+    // mappings, so they go together. The flag is part of the artifact's
+    // compatibility hash, which the compile worker must match.
+    config.with_host_memory(Arc::new(super::memory::GuestMemories));
+    config.memory_init_cow(false);
     config
 }
 

@@ -21,6 +21,7 @@ mod fault;
 mod host;
 mod instance;
 mod limits;
+mod memory;
 mod program;
 mod snapshot;
 mod wit_text;

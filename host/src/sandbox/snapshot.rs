@@ -372,8 +372,16 @@ impl Access<'_> {
             )));
         }
         if memory.pages > current {
-            let (old,): (i32,) =
-                self.call(&memory_accessor("grow", k), (memory.pages - current,))?;
+            // Most of a dense block is about to be written: one huge-page
+            // fault beats 512 small ones.
+            let dense = memory
+                .dense_blocks(super::memory::HUGE_PAGE as u64)
+                .into_iter()
+                .map(|span| span.start as usize..span.end as usize)
+                .collect();
+            let (old,): (i32,) = super::memory::growing_with_huge_pages(dense, || {
+                self.call(&memory_accessor("grow", k), (memory.pages - current,))
+            })?;
             if old < 0 {
                 let limit = self.store.data().limiter.hit;
                 return Err(SnapshotError::Failed(match limit {
