@@ -201,6 +201,33 @@ fn every_hostile_guest_errors_with_its_reason_while_benign_trials_finish() {
 }
 
 #[test]
+fn printing_costs_fuel_for_every_byte() {
+    // The flood hands the host 64 KiB blocks for a few hundred fuel each:
+    // without a charge per byte, this call wrote 1.2 GB on 20 million
+    // fuel. With it, a call can write at most its fuel in bytes.
+    let out = tempfile::tempdir().unwrap();
+    let fuel = 20_000_000;
+    let limits = Limits {
+        fuel_per_call: Some(fuel),
+        log_bytes: 1 << 30,
+        ..tight_limits()
+    };
+    let summary = run(vec![attack("stdout_flood")], limits, out.path());
+    let trial = &summary.trials[0];
+    assert_error(
+        trial,
+        &["train() at iteration 2 exceeded the per-call fuel limit"],
+    );
+    let written: u64 = ["stdout.log", "stderr.log"]
+        .iter()
+        .map(|f| std::fs::metadata(trial.dir.join(f)).unwrap().len())
+        .sum();
+    // The first call printed nothing; the flood wrote a good share of its
+    // budget, but never more bytes than it had fuel.
+    assert!(written > fuel / 4 && written <= fuel, "{written} bytes");
+}
+
+#[test]
 fn a_runaway_call_is_ended_by_its_wall_clock_deadline() {
     let out = tempfile::tempdir().unwrap();
     let limits = Limits {

@@ -41,7 +41,7 @@
 //! | `loop_cleanup`     | `cleanup()` spins forever (ignores `at`)                        | cleanup ended by fuel or the deadline; the trial keeps the status it ended with (its results are complete) and the host logs a warning naming `cleanup()` |
 //! | `memory_bomb`      | allocates and touches 16 MiB blocks forever, keeping them all   | stopped by the memory cap (trap) |
 //! | `recursion`        | unbounded non-tail recursion                                    | trap when the wasm call stack hits the host's limit (wasmtime "call stack exhausted") |
-//! | `stdout_flood`     | prints 1 KiB lines to stdout forever (and stderr every 16th)    | capture capped; ended by fuel or the deadline |
+//! | `stdout_flood`     | writes 64 KiB of 1 KiB lines to stdout forever (and stderr every 16th) | capture capped; ended by fuel or the deadline |
 //! | `log_flood`        | sends 64 KiB `info!` lines to the host log forever              | log capped; ended by fuel or the deadline |
 //! | `big_report`       | returns a report with 100 000 metrics `m0`, `m1`, ... (no `score`) | host rejects the report: ERROR |
 //! | `reserved_metric`  | returns `score` and a metric named `training_iteration`         | host rejects the report: ERROR |
@@ -437,14 +437,21 @@ fn recurse(depth: u64) -> u64 {
     below.wrapping_add(black_box(depth))
 }
 
-/// `stdout_flood`: 1 KiB lines to stdout forever, every 16th also to stderr.
+/// `stdout_flood`: 64 KiB blocks of 1 KiB lines to stdout forever, every
+/// 16th block also to stderr. Whole blocks ending in a newline go straight
+/// through std's line buffering to the host, so the guest spends almost no
+/// fuel per byte: only the host's charge for output bounds what a call
+/// can print.
 fn stdout_flood() -> ! {
-    let line = "o".repeat(1023);
+    use std::io::Write;
+    let line = format!("{}\n", "o".repeat(1023));
+    let block = line.repeat(64);
     let mut count: u64 = 0;
     loop {
-        println!("{line}");
+        // Errors (a closed stream) are ignored: the attack is to keep going.
+        let _ = std::io::stdout().lock().write_all(block.as_bytes());
         if count.is_multiple_of(16) {
-            eprintln!("{line}");
+            let _ = std::io::stderr().lock().write_all(block.as_bytes());
         }
         count = black_box(count.wrapping_add(1));
     }

@@ -16,6 +16,7 @@ use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 
@@ -84,6 +85,10 @@ impl Inner {
 #[derive(Clone)]
 pub(crate) struct CappedSink {
     inner: Arc<Mutex<Inner>>,
+    /// Bytes the guest has handed over in all, kept or not: the host copied
+    /// each of them, so each is charged fuel. Outside the lock so the call
+    /// hook reads it for free.
+    offered: Arc<AtomicU64>,
 }
 
 impl CappedSink {
@@ -99,6 +104,7 @@ impl CappedSink {
                 truncated: false,
                 tail: VecDeque::with_capacity(TAIL_BYTES),
             })),
+            offered: Arc::new(AtomicU64::new(0)),
         }
     }
 
@@ -112,7 +118,15 @@ impl CappedSink {
 
     /// Appends to the stream, respecting the cap.
     pub(crate) fn write(&self, bytes: &[u8]) -> io::Result<()> {
+        self.offered
+            .fetch_add(bytes.len() as u64, Ordering::Relaxed);
         self.lock().write(bytes)
+    }
+
+    /// Bytes written to this stream so far, including those dropped past
+    /// the cap.
+    pub(crate) fn offered(&self) -> u64 {
+        self.offered.load(Ordering::Relaxed)
     }
 
     /// The last bytes written (up to 4 KiB), decoded lossily.
@@ -233,6 +247,17 @@ mod tests {
         let third = CappedSink::new(&path, 12);
         third.write(b"also dropped").unwrap();
         assert_eq!(std::fs::read_to_string(&path).unwrap(), text);
+    }
+
+    #[test]
+    fn offered_counts_every_byte_including_those_past_the_cap() {
+        let dir = tempfile::tempdir().unwrap();
+        let sink = CappedSink::new(&dir.path().join("out.log"), 10);
+        let clone = sink.clone();
+        sink.write(b"0123456789abc").unwrap();
+        clone.write(b"def").unwrap();
+        assert_eq!(sink.offered(), 16);
+        assert_eq!(clone.offered(), 16);
     }
 
     #[test]

@@ -242,8 +242,9 @@ impl wit::Host for TrialHost {
 
 /// The store's call hook: tells the trial's compute session how much fuel
 /// is left when the guest calls into the host, and takes what host compute
-/// cost off the store's fuel when the host returns. A call that could not
-/// pay, or ran past its deadline, traps as the guest would have.
+/// (and output the guest wrote) cost off the store's fuel when the host
+/// returns. A call that could not pay, or ran past its deadline, traps as
+/// the guest would have.
 pub(crate) fn settle(
     mut store: StoreContextMut<'_, TrialHost>,
     hook: CallHook,
@@ -254,22 +255,35 @@ pub(crate) fn settle(
             store.data_mut().compute.enter(fuel);
             Ok(())
         }
-        CallHook::ReturningFromHost => match store.data_mut().compute.settle() {
-            Ok(0) => Ok(()),
-            Ok(debt) => {
-                let left = store.get_fuel()?;
-                if debt > left {
-                    store.set_fuel(0)?;
-                    return Err(Trap::OutOfFuel.into());
-                }
-                store.set_fuel(left - debt)
-            }
-            Err(Stop::OutOfFuel) => {
-                store.set_fuel(0)?;
-                Err(Trap::OutOfFuel.into())
-            }
-            Err(Stop::Deadline) => Err(Trap::Interrupt.into()),
-        },
+        CallHook::ReturningFromHost => {
+            let host = store.data_mut();
+            host.charge_output();
+            let owed = host.compute.settle();
+            pay(store, owed)
+        }
         _ => Ok(()),
+    }
+}
+
+/// Takes what a returning host call owes off the store's fuel, or traps.
+fn pay(
+    mut store: StoreContextMut<'_, TrialHost>,
+    owed: std::result::Result<u64, Stop>,
+) -> wasmtime::Result<()> {
+    match owed {
+        Ok(0) => Ok(()),
+        Ok(debt) => {
+            let left = store.get_fuel()?;
+            if debt > left {
+                store.set_fuel(0)?;
+                return Err(Trap::OutOfFuel.into());
+            }
+            store.set_fuel(left - debt)
+        }
+        Err(Stop::OutOfFuel) => {
+            store.set_fuel(0)?;
+            Err(Trap::OutOfFuel.into())
+        }
+        Err(Stop::Deadline) => Err(Trap::Interrupt.into()),
     }
 }

@@ -26,6 +26,23 @@ pub(crate) struct TrialHost {
     pub(crate) sink: Option<super::snapshot::Sink>,
     /// The trial's host compute buffers and fuel meter.
     pub(crate) compute: crate::compute::ComputeSession,
+    /// Bytes of stdout and stderr already charged fuel.
+    pub(crate) output_charged: u64,
+}
+
+impl TrialHost {
+    /// Charges fuel for what the guest wrote to stdout and stderr since the
+    /// last charge: a byte each, as for `log` lines. The host copies every
+    /// byte (past the cap too), so printing must not be free, or a guest
+    /// could spend host time without spending its budget.
+    pub(crate) fn charge_output(&mut self) {
+        let offered = self.stdout.offered() + self.stderr.offered();
+        let new = offered.saturating_sub(self.output_charged);
+        if new > 0 {
+            self.output_charged = offered;
+            self.compute.charge_host_work(new);
+        }
+    }
 }
 
 impl WasiView for TrialHost {

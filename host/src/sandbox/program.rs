@@ -256,6 +256,7 @@ impl Program {
             stdout,
             sink: None,
             compute: self.compute.session(),
+            output_charged: 0,
         };
         let mut store = Store::new(self.pre.engine(), host);
         store.limiter(|host| &mut host.limiter);
