@@ -186,3 +186,37 @@ fn a_run_where_every_trial_fails_exits_non_zero_and_keeps_the_reasons() {
     let experiment = read_json(&results.join("experiment.json"));
     assert_eq!(experiment["counts"]["error"], 1);
 }
+
+#[test]
+fn a_pool_that_fits_fewer_trials_than_max_concurrent_is_named_in_a_warning() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("experiment.toml");
+    std::fs::write(
+        &config,
+        "num_samples = 2\nmax_concurrent_trials = 8\n\
+         resources_per_trial = { cpu = 1 }\n[resources]\ncpu = 2\n\
+         [param_space]\nattack = \"none\"\niterations = 1\n",
+    )
+    .unwrap();
+    let output = common::wtune()
+        .arg("run")
+        .arg(common::guest("hostile"))
+        .arg("--config")
+        .arg(&config)
+        .arg("--output-dir")
+        .arg(dir.path().join("results"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains(
+            "at most 2 trial(s) can run at once, not max_concurrent_trials = 8: each asks \
+             resources_per_trial.cpu = 1 of the experiment's 2; lower \
+             resources_per_trial.cpu or raise resources.cpu"
+        ),
+        "{stderr}"
+    );
+    // The header counts what can run, not what was asked.
+    assert!(stderr.contains("2 trials, up to 2 at a time"), "{stderr}");
+}

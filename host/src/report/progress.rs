@@ -220,7 +220,7 @@ impl Callback for Progress {
         let line = format!(
             "Experiment {}: {trials}, up to {} at a time, results in {}",
             spec.name,
-            spec.max_concurrent,
+            spec.concurrency(),
             spec.output_dir.display()
         );
         self.plain(&line);

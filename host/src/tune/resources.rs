@@ -148,6 +148,21 @@ impl PoolSpec {
     }
 }
 
+/// How many trials of one request a pool holds at once
+/// ([`ResourcePool::capacity`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Capacity {
+    /// Trials that fit together.
+    pub trials: usize,
+    /// The key of the dimension that bounds them: `cpu`, `gpu`, `memory`
+    /// or `custom.NAME`.
+    pub key: String,
+    /// What one trial asks of it, as a user would write it.
+    pub asked: String,
+    /// What the experiment has of it.
+    pub total: String,
+}
+
 /// Whether [`ResourcePool::acquire`] granted the request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Acquire {
@@ -295,6 +310,42 @@ impl ResourcePool {
             }
         }
         Ok(())
+    }
+
+    /// How many trials asking `request` the whole pool holds at once, and
+    /// which dimension bounds them; `None` for a request of nothing, which
+    /// never waits, or an invalid one.
+    pub fn capacity(&self, request: &Resources) -> Option<Capacity> {
+        let request = Units::request(request).ok()?;
+        let total = &self.total;
+        let dims = [
+            (
+                "cpu".to_string(),
+                request.cpu,
+                total.cpu,
+                amount as fn(u64) -> String,
+            ),
+            ("gpu".to_string(), request.gpu, total.gpu, amount),
+            ("memory".to_string(), request.memory, total.memory, bytes),
+        ]
+        .into_iter()
+        .chain(request.custom.iter().map(|(name, &asked)| {
+            let has = total.custom.get(name).copied().unwrap_or(0);
+            (
+                format!("custom.{name}"),
+                asked,
+                has,
+                amount as fn(u64) -> String,
+            )
+        }));
+        dims.filter(|(_, asked, _, _)| *asked > 0)
+            .map(|(key, asked, has, show)| Capacity {
+                trials: (has / asked).try_into().unwrap_or(usize::MAX),
+                asked: show(asked),
+                total: show(has),
+                key,
+            })
+            .min_by_key(|c| c.trials)
     }
 
     /// Whether `request` fits in what is free now; `false` for an invalid
@@ -757,6 +808,38 @@ mod tests {
         let mut p = pool(2.0, 0.0);
         assert_eq!(granted(&mut p, &Resources::default(), 3), 2);
         assert_eq!(p.available().cpu, 0.0);
+    }
+
+    #[test]
+    fn capacity_names_the_dimension_that_bounds_concurrency() {
+        let p = pool(4.0, 1.0);
+        let cap = |r: &Resources| p.capacity(r).map(|c| (c.trials, c.key, c.asked, c.total));
+        assert_eq!(
+            cap(&Resources::default()),
+            Some((4, "cpu".into(), "1".into(), "4".into()))
+        );
+        assert_eq!(
+            cap(&ask(0.5, 0.25)),
+            Some((4, "gpu".into(), "0.25".into(), "1".into()))
+        );
+        assert_eq!(
+            cap(&Resources {
+                memory: 3 << 30,
+                ..ask(0.5, 0.0)
+            }),
+            Some((2, "memory".into(), "3 GiB".into(), "8 GiB".into()))
+        );
+        let licence = Resources {
+            custom: BTreeMap::from([("licence".to_string(), 1.0)]),
+            ..ask(0.5, 0.0)
+        };
+        assert_eq!(
+            cap(&licence),
+            Some((0, "custom.licence".into(), "1".into(), "0".into()))
+        );
+        // Asking nothing never waits; an invalid request has no capacity.
+        assert_eq!(cap(&ask(0.0, 0.0)), None);
+        assert_eq!(cap(&ask(-1.0, 0.0)), None);
     }
 
     #[test]

@@ -126,6 +126,19 @@ pub struct RunSpec {
 }
 
 impl RunSpec {
+    /// Most trials that can run at once: `max_concurrent`, or fewer when
+    /// the experiment's resources hold fewer trials of
+    /// `resources_per_trial` (a scheduler may change a trial's request
+    /// later; this is for the requests the trials start with).
+    pub fn concurrency(&self) -> usize {
+        let asked = self.max_concurrent.max(1);
+        self.resources
+            .build()
+            .ok()
+            .and_then(|pool| pool.capacity(&self.resources_per_trial))
+            .map_or(asked, |cap| asked.min(cap.trials.max(1)))
+    }
+
     /// A spec with every option at its default: one trial at a time, no
     /// metric, no stopping criteria, no checkpoints, no retries, no configs
     /// (give a searcher, or `configs`), the machine's resources.
@@ -501,6 +514,7 @@ impl<B: TrialBackend> Runner<B> {
         self.pool
             .check(&self.spec.resources_per_trial)
             .map_err(RunError::Spec)?;
+        self.warn_if_resources_cap_concurrency();
         if !self.spec.stop_experiment.is_empty() {
             let mut stopper = ExperimentStopper::new(
                 &self.spec.stop_experiment,
@@ -1115,6 +1129,26 @@ impl<B: TrialBackend> Runner<B> {
                     ))),
                 }
             }
+        }
+    }
+
+    /// Says so when the pool, not `max_concurrent`, bounds how many trials
+    /// run at once (as Ray Tune, each trial asks one CPU by default), so a
+    /// user who asked for more parallelism learns which key to change.
+    fn warn_if_resources_cap_concurrency(&self) {
+        let asked = self.spec.max_concurrent.max(1);
+        if let Some(cap) = self.pool.capacity(&self.spec.resources_per_trial)
+            && cap.trials < asked
+        {
+            tracing::warn!(
+                "at most {} trial(s) can run at once, not max_concurrent_trials = {asked}: \
+                 each asks resources_per_trial.{key} = {} of the experiment's {}; lower \
+                 resources_per_trial.{key} or raise resources.{key}",
+                cap.trials,
+                cap.asked,
+                cap.total,
+                key = cap.key,
+            );
         }
     }
 
