@@ -206,12 +206,11 @@ unsafe impl LinearMemory for GuestMemory {
                 )
             };
             if status != 0 {
-                return Err(std::io::Error::last_os_error()).map_err(|e| {
-                    wasmtime::format_err!(
-                        "making {} bytes of a linear memory accessible: {e}",
-                        to - from
-                    )
-                });
+                let err = std::io::Error::last_os_error();
+                wasmtime::bail!(
+                    "making {} bytes of a linear memory accessible: {err}",
+                    to - from
+                );
             }
             self.advise_huge(from..to);
         }
