@@ -4,7 +4,7 @@
 
 use std::collections::HashSet;
 use std::path::Path;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use serde_json::{Map, Value, json};
@@ -284,6 +284,49 @@ fn fail_fast_stops_the_others_and_raise_ends_the_run_with_the_error() {
     // The state on disk says where the run stood.
     let saved = state::load(dir.path(), false).unwrap();
     assert_eq!(saved.trials[1].status, TrialStatus::Error);
+}
+
+/// A trial that would train for minutes is dropped at its next result once
+/// the run has ended with another trial's error: nobody would see its
+/// results, and the runtime could not shut down while it trained.
+#[test]
+fn trials_still_running_when_raise_ends_the_run_stop_training() {
+    let steps = Arc::new(AtomicUsize::new(0));
+    let counted = steps.clone();
+    let backend = FnBackend::new(move |config: &Value| {
+        let fail = config.get("fail").is_some();
+        let steps = counted.clone();
+        Ok(move |_: u64| {
+            if fail {
+                return Err(TrialFailure::new("boom"));
+            }
+            steps.fetch_add(1, Ordering::Relaxed);
+            Ok(Step {
+                metrics: vec![("score".into(), 1.0)],
+                done: false,
+                fuel: 1,
+            })
+        })
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let mut raise = spec(
+        dir.path(),
+        vec![json!({}), json!({"fail": true})],
+        100_000_000,
+    );
+    raise.failure.fail_fast = FailFast::Raise;
+    let runner = Runner::new(backend, raise, Box::new(Fifo::default()));
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let outcome = runtime.block_on(runner.run());
+    runtime.shutdown_background();
+    assert!(matches!(outcome, Err(RunError::TrialFailed { .. })));
+    let after_return = steps.load(Ordering::Relaxed);
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let later = steps.load(Ordering::Relaxed);
+    assert!(
+        later <= after_return + 1,
+        "trial_0000 trained on after the run ended: {after_return} steps, then {later}"
+    );
 }
 
 /// Pauses every trial once at iteration 3, and resumes paused trials before

@@ -255,11 +255,25 @@ fn pbt_beats_random_search_at_equal_budget() {
 
 /// Counts its steps; the count is the state a clone takes over. Trial
 /// `slow`'s checkpoint is written only after trial `fast` has reached its
-/// exploit (or after a second), so the exploit finds the save in flight.
+/// exploit, and `fast` reaches it only once that checkpoint has begun (or
+/// after a second each), so the exploit finds the save in flight: results
+/// that simply continue do not wait for the runner's loop, so `fast` could
+/// otherwise reach its exploit before `slow` has a first result.
 struct Counter {
     count: u64,
     slow: bool,
     fast_at_exploit: Arc<AtomicU64>,
+    slow_saving: Arc<AtomicU64>,
+    /// How long `slow`'s save takes once `fast` is at its exploit.
+    save_delay: Duration,
+}
+
+/// Waits for `flag` to be set, for a second at most.
+fn wait_for(flag: &AtomicU64) {
+    let since = std::time::Instant::now();
+    while flag.load(Ordering::SeqCst) == 0 && since.elapsed() < Duration::from_secs(1) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
 }
 
 impl StatefulStep for Counter {
@@ -267,6 +281,7 @@ impl StatefulStep for Counter {
         self.count += 1;
         if !self.slow && self.count == 3 {
             self.fast_at_exploit.store(1, Ordering::SeqCst);
+            wait_for(&self.slow_saving);
         }
         Ok(Step {
             metrics: vec![("count".into(), self.count as f64)],
@@ -277,14 +292,10 @@ impl StatefulStep for Counter {
 
     fn state(&self) -> Value {
         if self.slow {
-            let since = std::time::Instant::now();
-            while self.fast_at_exploit.load(Ordering::SeqCst) == 0
-                && since.elapsed() < Duration::from_secs(1)
-            {
-                std::thread::sleep(Duration::from_millis(1));
-            }
+            self.slow_saving.store(1, Ordering::SeqCst);
+            wait_for(&self.fast_at_exploit);
             // Time for the runner to handle the fast trial's result.
-            std::thread::sleep(Duration::from_millis(100));
+            std::thread::sleep(self.save_delay);
         }
         json!({"count": self.count})
     }
@@ -331,11 +342,14 @@ impl Scheduler for CloneWhileSaving {
 fn an_exploit_waits_for_the_source_checkpoint_in_flight() {
     let flag = Arc::new(AtomicU64::new(0));
     let shared = flag.clone();
+    let saving = Arc::new(AtomicU64::new(0));
     let backend = FnBackend::stateful(move |config: &Value, state: Option<&Value>| {
         Ok(Counter {
             count: state.and_then(|s| s["count"].as_u64()).unwrap_or(0),
             slow: config["slow"].as_bool().unwrap_or(false),
             fast_at_exploit: shared.clone(),
+            slow_saving: saving.clone(),
+            save_delay: Duration::from_millis(100),
         })
     });
     let out = tempfile::tempdir().unwrap();

@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use wtune::report::{ExperimentFile, TrialFiles};
 use wtune::tune::{
-    Bound, Decision, ExperimentSummary, Fifo, FnBackend, HyperBandConfig, Mode, PoolSpec,
+    Bound, Callback, Decision, ExperimentSummary, Fifo, FnBackend, HyperBandConfig, Mode, PoolSpec,
     Resources, RunSpec, Runner, Scheduler, SchedulerSpec, SearchSpace, SearchSpec, Searcher, Step,
     StopCriteria, Suggestion, Threshold, Trial, TrialFailure, TrialStatus,
 };
@@ -450,6 +450,80 @@ fn a_searcher_that_waits_while_nothing_runs_is_reported_not_hung() {
     );
 }
 
+/// A searcher that suggests `first`, then waits until it has heard a
+/// result before suggesting the rest, logging what it does.
+struct AfterFirstResult {
+    log: Arc<std::sync::Mutex<Vec<String>>>,
+    heard: bool,
+    left: usize,
+}
+
+impl Searcher for AfterFirstResult {
+    fn suggest(&mut self, trial_id: &str) -> Suggestion {
+        if self.left == 0 {
+            return Suggestion::Finished;
+        }
+        if !self.heard && self.left < 2 {
+            return Suggestion::Wait;
+        }
+        self.left -= 1;
+        self.log.lock().unwrap().push(format!("suggest {trial_id}"));
+        Suggestion::Config(json!({ "x": 1.0 }))
+    }
+
+    fn on_result(&mut self, _: &str, _: &serde_json::Map<String, Value>) {
+        self.heard = true;
+    }
+
+    fn on_trial_complete(
+        &mut self,
+        trial_id: &str,
+        _: Option<&serde_json::Map<String, Value>>,
+        _: bool,
+    ) {
+        self.log
+            .lock()
+            .unwrap()
+            .push(format!("complete {trial_id}"));
+    }
+
+    fn name(&self) -> &'static str {
+        "after-first-result"
+    }
+}
+
+/// Results that simply continue are settled on the trial's own thread
+/// without the loop; a result that lets the searcher suggest again must
+/// still reach the loop while a slot is free, or the second trial would
+/// start only when the first ends.
+#[test]
+fn a_result_that_frees_the_searcher_starts_a_trial_while_others_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let searcher = AfterFirstResult {
+        log: log.clone(),
+        heard: false,
+        left: 2,
+    };
+    let runner = Runner::new(
+        linear(),
+        spec(dir.path(), Vec::new(), iterations(500), 2),
+        Box::new(Fifo::default()),
+    )
+    .searcher(Box::new(searcher));
+    let summary = tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(runner.run())
+        .unwrap();
+    assert_eq!(summary.count(TrialStatus::Terminated), 2);
+    let log = log.lock().unwrap();
+    let at = |line: &str| log.iter().position(|l| l == line);
+    assert!(
+        at("suggest trial_0001").is_some() && at("suggest trial_0001") < at("complete trial_0000"),
+        "trial_0001 is suggested after trial_0000's first result, not after its last: {log:?}"
+    );
+}
+
 /// Steps that record how much of each resource runs at once: every step
 /// adds its trial's request (`cpu`, `gpu` in its config) for its duration.
 fn metered(
@@ -655,6 +729,71 @@ fn a_scheduler_can_give_a_trial_more_resources_between_steps() {
         "it was paused and resumed"
     );
     assert!(peak.lock().unwrap().0 <= 2.0);
+}
+
+/// Starts `trial_0000` with 2 CPUs and takes one back after its first
+/// result.
+struct ShrinkFirst;
+
+impl Scheduler for ShrinkFirst {
+    fn on_result(&mut self, _: &Trial, _: &serde_json::Map<String, Value>) -> Decision {
+        Decision::Continue
+    }
+
+    fn resources(&mut self, trial: &Trial) -> Option<Resources> {
+        (trial.trial_id == "trial_0000").then(|| Resources {
+            cpu: if trial.iterations == 0 { 2.0 } else { 1.0 },
+            ..Resources::default()
+        })
+    }
+
+    fn choose_next(&mut self, trials: &[Trial]) -> Option<usize> {
+        trials.iter().position(|t| t.status == TrialStatus::Pending)
+    }
+
+    fn name(&self) -> &'static str {
+        "shrink-first"
+    }
+}
+
+/// Logs when trials start and end.
+struct Events(Arc<std::sync::Mutex<Vec<String>>>);
+
+impl Callback for Events {
+    fn on_trial_start(&mut self, trials: &[Trial], index: usize) -> Result<(), String> {
+        let line = format!("start {}", trials[index].trial_id);
+        self.0.lock().unwrap().push(line);
+        Ok(())
+    }
+
+    fn on_trial_end(&mut self, trials: &[Trial], index: usize) -> Result<(), String> {
+        let line = format!("end {}", trials[index].trial_id);
+        self.0.lock().unwrap().push(line);
+        Ok(())
+    }
+}
+
+/// A resize that frees resources reaches the loop even though the trial
+/// itself simply continues: the trial waiting for them starts at once.
+#[test]
+fn resources_a_trial_gives_back_start_a_waiting_trial_while_it_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let configs = vec![json!({"x": 1}), json!({"x": 2})];
+    let mut spec = spec(dir.path(), configs, iterations(500), 2);
+    spec.resources = pool(2.0, 0.0);
+    let log = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let runner = Runner::new(linear(), spec, Box::new(ShrinkFirst)).callback(Events(log.clone()));
+    let summary = tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(runner.run())
+        .unwrap();
+    assert_eq!(summary.count(TrialStatus::Terminated), 2);
+    let log = log.lock().unwrap();
+    let at = |line: &str| log.iter().position(|l| l == line);
+    assert!(
+        at("start trial_0001").is_some() && at("start trial_0001") < at("end trial_0000"),
+        "trial_0001 starts once trial_0000 gives a CPU back, not when it ends: {log:?}"
+    );
 }
 
 #[test]

@@ -1,10 +1,15 @@
 //! The runner: an event loop that starts trials up to the concurrency limit,
 //! steps them, records results, applies stopping criteria and the
 //! scheduler's decisions, and reports to callbacks (files, progress).
+//!
+//! Trials run on tokio's blocking threads. A result that only continues its
+//! trial is settled on that trial's thread, under the lock the loop holds
+//! while it handles events (see `Shared`), so the steady state of a run
+//! costs no cross-thread handoff per result.
 
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -352,6 +357,9 @@ pub struct Runner<B: TrialBackend> {
     /// (or held them until their stop): told once, and not again when they
     /// end.
     told: HashSet<usize>,
+    /// A scheduler's resize changed what the pool holds since the loop last
+    /// started trials: a waiting trial may fit now.
+    pool_changed: bool,
 }
 
 /// What a control request asked of a RUNNING trial.
@@ -377,12 +385,18 @@ struct ParkedExploit<S> {
 enum Event<S> {
     /// A launch (fresh, or from a checkpoint) finished.
     Launched(Result<S, TrialFailure>),
-    /// One `train()` finished.
-    Stepped {
+    /// A `train()` failed.
+    Failed {
         session: S,
-        step: Result<Step, TrialFailure>,
-        elapsed: Duration,
+        failure: TrialFailure,
         fuel_total: u64,
+    },
+    /// A `train()` result was recorded and decided on, and the decision
+    /// needs the loop (see `Shared::continues_here`); `Err` is a reason to
+    /// fail the trial.
+    Settled {
+        session: S,
+        decision: Result<Decision, String>,
     },
     /// A checkpoint was written (or failed); `then` says what comes next.
     Saved {
@@ -433,6 +447,7 @@ impl<B: TrialBackend> Runner<B> {
             held: BTreeSet::new(),
             spare_record: None,
             told: HashSet::new(),
+            pool_changed: false,
         }
     }
 
@@ -497,7 +512,7 @@ impl<B: TrialBackend> Runner<B> {
     /// Runs every trial to completion. Must be called inside a tokio runtime.
     pub async fn run(mut self) -> Result<ExperimentSummary, RunError> {
         let started = Instant::now();
-        let mut trials = self.trials.take().unwrap_or_default();
+        let trials = self.trials.take().unwrap_or_default();
         if !self.custom_searcher {
             // The spec's configs, one trial each; saved trials given with
             // `with_trials` are the first of them.
@@ -543,137 +558,178 @@ impl<B: TrialBackend> Runner<B> {
         }
 
         let max_concurrent = self.spec.max_concurrent.max(1);
-        let mut tasks: JoinSet<(usize, Event<B::Session>)> = JoinSet::new();
-        let mut live = 0;
-        let mut halted: Option<String> = None;
-        let mut stopped: Option<String> = None;
+        // The request and interrupt channels are awaited, so they stay out
+        // of the lock (see `Shared`).
+        let mut control = self.control.take();
+        let mut interrupts = self.interrupts.take();
+        let shared = Arc::new(Mutex::new(Shared {
+            runner: self,
+            trials,
+            live: 0,
+            halted: None,
+            stopped: None,
+            started,
+            closed: false,
+        }));
+        let mut tasks = Tasks {
+            set: JoinSet::new(),
+            shared: shared.clone(),
+        };
         let mut interrupted = false;
         loop {
-            if stopped.is_none()
-                && let Some(reason) = self.check_stopper(&trials, started)
-            {
-                stopped = Some(reason);
-            }
-            while live < max_concurrent && halted.is_none() && stopped.is_none() {
-                let chosen = match self.waiting.front() {
-                    Some(&index) => Some(index),
-                    None => match self.choose_next(&mut trials) {
-                        Some(index) => Some(index),
-                        None => self.create_trial(&mut trials),
-                    },
-                };
-                let Some(index) = chosen else {
-                    break;
-                };
-                if self.held.contains(&index) {
-                    tracing::warn!(
-                        trial = %trials[index].trial_id,
-                        "the {} scheduler chose a trial a control request holds; starting nothing now",
-                        self.scheduler.name()
-                    );
-                    break;
-                }
-                if !matches!(
-                    trials[index].status,
-                    TrialStatus::Pending | TrialStatus::Paused
-                ) {
-                    return Err(RunError::Internal(format!(
-                        "the {} scheduler chose {}, which is {}",
-                        self.scheduler.name(),
-                        trials[index].trial_id,
-                        trials[index].status
-                    )));
-                }
-                if self.waiting.front() != Some(&index)
-                    && let Some(resources) = self.scheduler.resources(&trials[index])
+            let (deadline, hold_open, waits_for_time) = {
+                let mut guard = lock(&shared);
+                let Shared {
+                    runner,
+                    trials,
+                    live,
+                    halted,
+                    stopped,
+                    started,
+                    ..
+                } = &mut *guard;
+                if stopped.is_none()
+                    && let Some(reason) = runner.check_stopper(trials, *started)
                 {
-                    trials[index].resources = Some(resources);
+                    *stopped = Some(reason);
                 }
-                let request = self.request(&trials[index]).clone();
-                match self.pool.acquire(&trials[index].trial_id, &request) {
-                    Ok(Acquire::Granted) => {
-                        if self.waiting.front() == Some(&index) {
-                            self.waiting.pop_front();
-                        }
-                    }
-                    Ok(Acquire::Wait) => {
-                        if self.waiting.front() != Some(&index) {
-                            self.waiting.push_back(index);
-                        }
+                runner.pool_changed = false;
+                while *live < max_concurrent && halted.is_none() && stopped.is_none() {
+                    let chosen = match runner.waiting.front() {
+                        Some(&index) => Some(index),
+                        None => match runner.choose_next(trials) {
+                            Some(index) => Some(index),
+                            None => runner.create_trial(trials),
+                        },
+                    };
+                    let Some(index) = chosen else {
+                        break;
+                    };
+                    if runner.held.contains(&index) {
+                        tracing::warn!(
+                            trial = %trials[index].trial_id,
+                            "the {} scheduler chose a trial a control request holds; starting nothing now",
+                            runner.scheduler.name()
+                        );
                         break;
                     }
-                    Err(reason) => {
-                        if self.waiting.front() == Some(&index) {
-                            self.waiting.pop_front();
+                    if !matches!(
+                        trials[index].status,
+                        TrialStatus::Pending | TrialStatus::Paused
+                    ) {
+                        return Err(RunError::Internal(format!(
+                            "the {} scheduler chose {}, which is {}",
+                            runner.scheduler.name(),
+                            trials[index].trial_id,
+                            trials[index].status
+                        )));
+                    }
+                    if runner.waiting.front() != Some(&index)
+                        && let Some(resources) = runner.scheduler.resources(&trials[index])
+                    {
+                        trials[index].resources = Some(resources);
+                    }
+                    let request = runner.request(&trials[index]).clone();
+                    match runner.pool.acquire(&trials[index].trial_id, &request) {
+                        Ok(Acquire::Granted) => {
+                            if runner.waiting.front() == Some(&index) {
+                                runner.waiting.pop_front();
+                            }
                         }
-                        self.fail(&mut trials, index, reason);
+                        Ok(Acquire::Wait) => {
+                            if runner.waiting.front() != Some(&index) {
+                                runner.waiting.push_back(index);
+                            }
+                            break;
+                        }
+                        Err(reason) => {
+                            if runner.waiting.front() == Some(&index) {
+                                runner.waiting.pop_front();
+                            }
+                            runner.fail(trials, index, reason);
+                            continue;
+                        }
+                    }
+                    trials[index].status = TrialStatus::Running;
+                    if let Err(reason) = runner.each(|cb, t| cb.on_trial_start(t, index), trials) {
+                        runner.pool.release(&trials[index].trial_id);
+                        runner.fail(trials, index, reason);
                         continue;
                     }
+                    *live += 1;
+                    runner.spawn_launch(&mut tasks, &trials[index], index, None);
                 }
-                trials[index].status = TrialStatus::Running;
-                if let Err(reason) = self.each(|cb, t| cb.on_trial_start(t, index), &trials) {
-                    self.pool.release(&trials[index].trial_id);
-                    self.fail(&mut trials, index, reason);
-                    continue;
+                if halted.is_none() {
+                    // Stops the scheduler decided while no slot was free.
+                    runner.take_stops(trials);
                 }
-                live += 1;
-                self.spawn_launch(&mut tasks, &trials[index], index, None);
-            }
-
-            if halted.is_none() {
-                // Stops the scheduler decided while no slot was free.
-                self.take_stops(&mut trials);
-            }
-            self.persist(&trials);
-            let deadline = self.deadline(started);
-            // Held trials may be resumed: with nothing running, wait for
-            // the request rather than end the run.
-            let hold_open = tasks.is_empty()
-                && !self.held.is_empty()
-                && self.control.is_some()
-                && halted.is_none()
-                && stopped.is_none();
+                runner.persist(trials);
+                // Held trials may be resumed: with nothing running, wait for
+                // the request rather than end the run.
+                let hold_open = tasks.set.is_empty()
+                    && !runner.held.is_empty()
+                    && control.is_some()
+                    && halted.is_none()
+                    && stopped.is_none();
+                (
+                    runner.deadline(*started),
+                    hold_open,
+                    (*live > 0 || hold_open) && stopped.is_none(),
+                )
+            };
             let joined = tokio::select! {
-                joined = tasks.join_next(), if !hold_open => joined,
-                request = next_request(&mut self.control) => {
+                joined = tasks.set.join_next(), if !hold_open => joined,
+                request = next_request(&mut control) => {
                     if let Some(request) = request {
+                        let mut guard = lock(&shared);
+                        let Shared { runner, trials, halted, stopped, .. } = &mut *guard;
                         let command = request.command.clone();
-                        let outcome =
-                            self.handle(&mut trials, command, &mut halted, stopped.is_some());
+                        let outcome = runner.handle(trials, command, halted, stopped.is_some());
                         request.answer(outcome);
                     }
                     continue;
                 }
-                () = sleep_until(deadline), if (live > 0 || hold_open) && stopped.is_none() => continue,
-                () = next_interrupt(&mut self.interrupts) => {
+                () = sleep_until(deadline), if waits_for_time => continue,
+                () = next_interrupt(&mut interrupts) => {
+                    let mut guard = lock(&shared);
+                    let Shared { runner, trials, halted, .. } = &mut *guard;
                     if halted.is_some() && interrupted {
                         // A second interrupt: leave now. The state on disk
                         // lists every trial; running ones resume from their
                         // newest checkpoints.
-                        self.persist_now(&trials, "interrupted twice");
-                        tasks.detach_all();
+                        runner.persist_now(trials, "interrupted twice");
+                        tasks.set.detach_all();
                         return Err(RunError::Interrupted);
                     }
                     interrupted = true;
-                    halted = Some("interrupted".into());
+                    *halted = Some("interrupted".into());
                     continue;
                 }
             };
+            let mut guard = lock(&shared);
+            let Shared {
+                runner,
+                trials,
+                live,
+                halted,
+                stopped,
+                ..
+            } = &mut *guard;
             let Some(joined) = joined else {
                 if halted.is_some() || stopped.is_some() {
                     // Trials still waiting for resources stay PENDING or
                     // PAUSED, for `wtune resume`.
-                    self.waiting.clear();
+                    runner.waiting.clear();
                     break;
                 }
-                if let Some(&index) = self.waiting.front() {
-                    self.persist_now(&trials, "internal error");
+                if let Some(&index) = runner.waiting.front() {
+                    runner.persist_now(trials, "internal error");
                     return Err(RunError::Internal(format!(
                         "{} waits for resources while no trial holds any",
                         trials[index].trial_id
                     )));
                 }
-                let searcher_waits = !self.search_over
+                let searcher_waits = !runner.search_over
                     && trials
                         .last()
                         .is_none_or(|t| t.status != TrialStatus::Pending);
@@ -685,20 +741,20 @@ impl<B: TrialBackend> Runner<B> {
                     tracing::warn!(
                         "the {} searcher waits for trials the {} scheduler holds paused; \
                          no more trials are created",
-                        self.searcher.name(),
-                        self.scheduler.name()
+                        runner.searcher.name(),
+                        runner.scheduler.name()
                     );
-                    self.search_over = true;
-                    self.scheduler.on_no_more_trials();
+                    runner.search_over = true;
+                    runner.scheduler.on_no_more_trials();
                     continue;
                 }
                 if searcher_waits {
                     // Nothing runs, so nothing will ever change the
                     // searcher's mind.
-                    self.persist_now(&trials, "internal error");
+                    runner.persist_now(trials, "internal error");
                     return Err(RunError::Internal(format!(
                         "the {} searcher suggests nothing while no trial runs",
-                        self.searcher.name()
+                        runner.searcher.name()
                     )));
                 }
                 break;
@@ -708,18 +764,18 @@ impl<B: TrialBackend> Runner<B> {
                 Err(err) => {
                     // A panic in wtune's own code on a blocking thread: save
                     // what is known before giving up.
-                    self.persist_now(&trials, "internal error");
-                    tasks.detach_all();
+                    runner.persist_now(trials, "internal error");
+                    tasks.set.detach_all();
                     return Err(RunError::Internal(err.to_string()));
                 }
             };
             let was_save = matches!(event, Event::Saved { .. });
             if was_save {
-                self.saving.remove(&index);
+                runner.saving.remove(&index);
             }
             let failed = match event {
                 Event::Stopped { pausing, cleanup } => {
-                    live -= 1;
+                    *live -= 1;
                     // The trial keeps the status it ended with: its results
                     // are complete. A cleanup that failed (ran out of fuel,
                     // past its deadline) is still the trainable's fault, so
@@ -731,44 +787,39 @@ impl<B: TrialBackend> Runner<B> {
                             failure.reason
                         );
                     }
-                    self.pool.release(&trials[index].trial_id);
+                    runner.pool.release(&trials[index].trial_id);
                     // A request that came while a pause was already under
                     // way (no result came to carry it) is carried out here.
                     let request = if pausing {
-                        self.requested.remove(&index)
+                        runner.requested.remove(&index)
                     } else {
                         None
                     };
                     if request == Some(Requested::Stop) {
                         trials[index].stop_reason = Some(STOPPED_BY_REQUEST.into());
-                        self.tell_ended(&trials, index);
-                        self.end(&mut trials, index);
+                        runner.tell_ended(trials, index);
+                        runner.end(trials, index);
                     } else if pausing {
                         trials[index].status = TrialStatus::Paused;
                         let held = trials[index].held;
                         if held {
-                            self.tell_ended(&trials, index);
-                            self.held.insert(index);
+                            runner.tell_ended(trials, index);
+                            runner.held.insert(index);
                         }
-                        self.notify(&trials, index, |cb, t| cb.on_trial_pause(t, index));
-                        if self.resizing.remove(&index)
+                        runner.notify(trials, index, |cb, t| cb.on_trial_pause(t, index));
+                        if runner.resizing.remove(&index)
                             && !held
                             && halted.is_none()
                             && stopped.is_none()
                         {
-                            self.waiting.push_back(index);
+                            runner.waiting.push_back(index);
                         }
                     }
                     None
                 }
-                Event::Launched(Err(failure)) => self.failure(
-                    &mut tasks,
-                    &mut trials,
-                    index,
-                    None,
-                    failure,
-                    halted.as_deref(),
-                ),
+                Event::Launched(Err(failure)) => {
+                    runner.failure(&mut tasks, trials, index, None, failure, halted.as_deref())
+                }
                 Event::Launched(Ok(session)) => {
                     let trial = &mut trials[index];
                     trial.fuel_total = session.fuel_total();
@@ -779,84 +830,53 @@ impl<B: TrialBackend> Runner<B> {
                     trial.fuel_since_restore = 0;
                     match halted.as_ref().or(stopped.as_ref()) {
                         Some(reason) => {
-                            self.halt_trial(&mut trials, index, reason);
-                            tasks.spawn_blocking(move || (index, stop(session, false)));
+                            runner.halt_trial(trials, index, reason);
+                            tasks.stop(index, session, false);
                         }
                         None => {
-                            tasks.spawn_blocking(move || (index, step(session)));
+                            tasks.train(index, session);
                         }
                     }
                     None
                 }
-                Event::Stepped {
+                Event::Failed {
                     session,
-                    step: Err(failure),
+                    failure,
                     fuel_total,
-                    ..
                 } => {
-                    self.burn(&mut trials[index], fuel_total);
-                    self.failure(
+                    runner.burn(&mut trials[index], fuel_total);
+                    runner.failure(
                         &mut tasks,
-                        &mut trials,
+                        trials,
                         index,
                         Some(session),
                         failure,
                         halted.as_deref(),
                     )
                 }
-                Event::Stepped {
-                    session,
-                    step: Ok(step),
-                    elapsed,
-                    fuel_total,
-                } => {
-                    let trial = &mut trials[index];
-                    let secs = elapsed.as_secs_f64();
-                    trial.iterations += 1;
-                    trial.iterations_since_restore += 1;
-                    trial.time_total_s += secs;
-                    trial.time_since_restore += secs;
-                    trial.fuel_since_restore += fuel_total.saturating_sub(trial.fuel_total);
-                    self.burn(&mut trials[index], fuel_total);
-                    let recorded =
-                        self.record(&mut trials, index, &step, elapsed)
-                            .map(|decision| {
-                                self.after_result(
-                                    &mut trials,
-                                    index,
-                                    decision,
-                                    started,
-                                    &mut stopped,
-                                )
-                            });
-                    match recorded {
-                        Err(reason) => {
-                            self.fail(&mut trials, index, reason.clone());
-                            tasks.spawn_blocking(move || (index, stop(session, false)));
-                            Some(reason)
-                        }
-                        // Halting: checkpoint the trial so that `wtune
-                        // resume` loses none of its work, then release it.
-                        Ok(decision) if halted.is_some() && decision != Decision::Stop => {
-                            self.after_step(
-                                &mut tasks,
-                                &mut trials,
-                                index,
-                                session,
-                                Decision::Pause,
-                            );
-                            None
-                        }
-                        Ok(Decision::Exploit { source, config }) => {
-                            self.exploit(&mut tasks, &mut trials, index, session, source, config);
-                            None
-                        }
-                        Ok(decision) => {
-                            self.after_step(&mut tasks, &mut trials, index, session, decision);
-                            None
-                        }
+                // The result is recorded (see `Shared::settle`): carry out
+                // the decision.
+                Event::Settled { session, decision } => match decision {
+                    Err(reason) => {
+                        runner.fail(trials, index, reason.clone());
+                        tasks.stop(index, session, false);
+                        Some(reason)
                     }
-                }
+                    // Halting: checkpoint the trial so that `wtune
+                    // resume` loses none of its work, then release it.
+                    Ok(decision) if halted.is_some() && decision != Decision::Stop => {
+                        runner.after_step(&mut tasks, trials, index, session, Decision::Pause);
+                        None
+                    }
+                    Ok(Decision::Exploit { source, config }) => {
+                        runner.exploit(&mut tasks, trials, index, session, source, config);
+                        None
+                    }
+                    Ok(decision) => {
+                        runner.after_step(&mut tasks, trials, index, session, decision);
+                        None
+                    }
+                },
                 Event::Saved {
                     session,
                     saved: Err(failure),
@@ -868,12 +888,12 @@ impl<B: TrialBackend> Runner<B> {
                     // have.
                     tracing::warn!(trial = %trials[index].trial_id, "checkpoint while halting failed: {}", failure.reason);
                     if then == Then::Stop {
-                        self.end(&mut trials, index);
+                        runner.end(trials, index);
                     } else {
                         let reason = halted.clone().unwrap_or_default();
-                        self.halt_trial(&mut trials, index, &reason);
+                        runner.halt_trial(trials, index, &reason);
                     }
-                    tasks.spawn_blocking(move || (index, stop(session, false)));
+                    tasks.stop(index, session, false);
                     None
                 }
                 Event::Saved {
@@ -887,8 +907,8 @@ impl<B: TrialBackend> Runner<B> {
                         "checkpoint at iteration {} failed: {}",
                         trials[index].iterations, failure.reason
                     );
-                    self.fail(&mut trials, index, reason.clone());
-                    tasks.spawn_blocking(move || (index, stop(session, false)));
+                    runner.fail(trials, index, reason.clone());
+                    tasks.stop(index, session, false);
                     Some(reason)
                 }
                 Event::Saved {
@@ -896,23 +916,23 @@ impl<B: TrialBackend> Runner<B> {
                     saved: Ok(checkpoint),
                     then,
                 } => {
-                    self.keep(&mut trials[index], checkpoint);
-                    self.notify(&trials, index, |cb, t| cb.on_checkpoint(t, index));
+                    runner.keep(&mut trials[index], checkpoint);
+                    runner.notify(trials, index, |cb, t| cb.on_checkpoint(t, index));
                     match then {
                         _ if halted.is_some() && then != Then::Stop => {
                             let reason = halted.clone().unwrap_or_default();
-                            self.halt_trial(&mut trials, index, &reason);
-                            tasks.spawn_blocking(move || (index, stop(session, false)));
+                            runner.halt_trial(trials, index, &reason);
+                            tasks.stop(index, session, false);
                         }
                         Then::Train => {
-                            tasks.spawn_blocking(move || (index, step(session)));
+                            tasks.train(index, session);
                         }
                         Then::Stop => {
-                            self.end(&mut trials, index);
-                            tasks.spawn_blocking(move || (index, stop(session, false)));
+                            runner.end(trials, index);
+                            tasks.stop(index, session, false);
                         }
                         Then::Pause => {
-                            tasks.spawn_blocking(move || (index, stop(session, true)));
+                            tasks.stop(index, session, true);
                         }
                     }
                     None
@@ -920,52 +940,63 @@ impl<B: TrialBackend> Runner<B> {
             };
 
             if was_save {
-                self.release_parked(&mut tasks, &mut trials, index, halted.is_some());
+                runner.release_parked(&mut tasks, trials, index, halted.is_some());
             }
             if let Some(reason) = failed
                 && halted.is_none()
             {
                 let trial_id = trials[index].trial_id.clone();
-                match self.spec.failure.fail_fast {
+                match runner.spec.failure.fail_fast {
                     FailFast::Off => {}
                     FailFast::Stop => {
-                        halted = Some(format!(
+                        *halted = Some(format!(
                             "stopped because {trial_id} failed and fail_fast is set"
                         ));
                     }
                     FailFast::Raise => {
-                        self.persist_now(&trials, "a trial failed and fail_fast = \"raise\"");
+                        runner.persist_now(trials, "a trial failed and fail_fast = \"raise\"");
                         // Sessions still running finish their current call
                         // on their blocking threads and are dropped.
-                        tasks.detach_all();
+                        tasks.set.detach_all();
                         return Err(RunError::TrialFailed { trial_id, reason });
                     }
                 }
             }
         }
 
-        let best = self
+        drop(tasks);
+        let mut guard = lock(&shared);
+        let Shared {
+            runner,
+            trials,
+            halted,
+            stopped,
+            started,
+            ..
+        } = &mut *guard;
+        let trials = std::mem::take(trials);
+        let best = runner
             .spec
             .metric
             .as_deref()
-            .and_then(|m| best_trial(&trials, m, self.spec.mode));
+            .and_then(|m| best_trial(&trials, m, runner.spec.mode));
         let summary = ExperimentSummary {
-            name: self.spec.name.clone(),
-            output_dir: self.spec.output_dir.clone(),
-            metric: self.spec.metric.clone(),
-            mode: self.spec.mode,
+            name: runner.spec.name.clone(),
+            output_dir: runner.spec.output_dir.clone(),
+            metric: runner.spec.metric.clone(),
+            mode: runner.spec.mode,
             trials,
             best,
             wall_time: started.elapsed(),
-            halted,
-            stopped,
-            decisions: self.deciders().state(),
+            halted: halted.take(),
+            stopped: stopped.take(),
+            decisions: runner.deciders().state(),
         };
         // Every callback gets the end, so one that cannot write (say,
         // experiment.json on a full disk) does not keep the final state
         // from being saved; the first error is reported.
         let mut first_error = None;
-        for cb in &mut self.callbacks {
+        for cb in &mut runner.callbacks {
             if let Err(reason) = cb.on_experiment_end(&summary) {
                 first_error.get_or_insert(reason);
             }
@@ -1239,6 +1270,7 @@ impl<B: TrialBackend> Runner<B> {
         match self.pool.resize(&trial_id, &resources) {
             Ok(Acquire::Granted) => {
                 trials[index].resources = Some(resources);
+                self.pool_changed = true;
                 decision
             }
             Ok(Acquire::Wait) => {
@@ -1252,6 +1284,23 @@ impl<B: TrialBackend> Runner<B> {
                 decision
             }
         }
+    }
+
+    /// Whether `trial` is checkpointed before it goes on to `then`;
+    /// `forced` when the scheduler asked for one.
+    fn checkpoint_due(&self, trial: &Trial, then: Then, forced: bool) -> bool {
+        let policy = &self.spec.checkpoint;
+        let already = trial
+            .latest_checkpoint()
+            .is_some_and(|c| c.iteration == trial.iterations);
+        let periodic = policy.freq > 0 && trial.iterations.is_multiple_of(policy.freq);
+        let due = match then {
+            Then::Train => periodic || forced,
+            Then::Stop => periodic || policy.at_end,
+            // A pause must leave a checkpoint to continue from.
+            Then::Pause => true,
+        };
+        due && !already
     }
 
     /// Asks the searcher for a new trial when the scheduler has nothing to
@@ -1365,7 +1414,7 @@ impl<B: TrialBackend> Runner<B> {
     /// replaces.
     fn spawn_launch(
         &self,
-        tasks: &mut JoinSet<(usize, Event<B::Session>)>,
+        tasks: &mut Tasks<B>,
         trial: &Trial,
         index: usize,
         previous: Option<B::Session>,
@@ -1378,7 +1427,7 @@ impl<B: TrialBackend> Runner<B> {
             resources: self.request(trial).clone(),
         };
         let backend = self.backend.clone();
-        tasks.spawn_blocking(move || {
+        tasks.set.spawn_blocking(move || {
             if let Some(previous) = previous {
                 // Lets the failed trainable flush its logs; it may refuse
                 // (a trapped instance does).
@@ -1392,7 +1441,7 @@ impl<B: TrialBackend> Runner<B> {
     /// pause.
     fn after_step(
         &mut self,
-        tasks: &mut JoinSet<(usize, Event<B::Session>)>,
+        tasks: &mut Tasks<B>,
         trials: &mut [Trial],
         index: usize,
         session: B::Session,
@@ -1400,23 +1449,12 @@ impl<B: TrialBackend> Runner<B> {
     ) {
         let trial = &trials[index];
         let policy = &self.spec.checkpoint;
-        let forced = decision == Decision::Checkpoint;
         let then = match decision {
             Decision::Continue | Decision::Checkpoint | Decision::Exploit { .. } => Then::Train,
             Decision::Stop => Then::Stop,
             Decision::Pause => Then::Pause,
         };
-        let already = trial
-            .latest_checkpoint()
-            .is_some_and(|c| c.iteration == trial.iterations);
-        let periodic = policy.freq > 0 && trial.iterations.is_multiple_of(policy.freq);
-        let due = match then {
-            Then::Train => periodic || forced,
-            Then::Stop => periodic || policy.at_end,
-            // A pause must leave a checkpoint to continue from.
-            Then::Pause => true,
-        } && !already;
-        if due {
+        if self.checkpoint_due(trial, then, decision == Decision::Checkpoint) {
             self.saving.insert(index);
             let path = checkpoint_path::<B>(trial.iterations);
             let score = policy.score(trial.last_result.as_ref());
@@ -1425,7 +1463,7 @@ impl<B: TrialBackend> Runner<B> {
             let result = trial.last_result.clone();
             let dir = trial.dir.clone();
             let (iteration, time_total_s) = (trial.iterations, trial.time_total_s);
-            tasks.spawn_blocking(move || {
+            tasks.set.spawn_blocking(move || {
                 let mut session = session;
                 let info = CheckpointInfo {
                     trial_id: &trial_id,
@@ -1455,14 +1493,14 @@ impl<B: TrialBackend> Runner<B> {
         }
         match then {
             Then::Train => {
-                tasks.spawn_blocking(move || (index, step(session)));
+                tasks.train(index, session);
             }
             Then::Stop => {
                 self.end(trials, index);
-                tasks.spawn_blocking(move || (index, stop(session, false)));
+                tasks.stop(index, session, false);
             }
             Then::Pause => {
-                tasks.spawn_blocking(move || (index, stop(session, true)));
+                tasks.stop(index, session, true);
             }
         }
     }
@@ -1473,7 +1511,7 @@ impl<B: TrialBackend> Runner<B> {
     /// changed once written, and deleting one name keeps the other).
     fn exploit(
         &mut self,
-        tasks: &mut JoinSet<(usize, Event<B::Session>)>,
+        tasks: &mut Tasks<B>,
         trials: &mut [Trial],
         index: usize,
         session: B::Session,
@@ -1502,7 +1540,7 @@ impl<B: TrialBackend> Runner<B> {
             });
         let Some((source_id, source_dir, checkpoint)) = cloned else {
             tracing::warn!(trial = %trials[index].trial_id, "the {} scheduler asked to clone trial index {source}, which has no checkpoint; continuing", self.scheduler.name());
-            tasks.spawn_blocking(move || (index, step(session)));
+            tasks.train(index, session);
             return;
         };
         let trial = &mut trials[index];
@@ -1532,7 +1570,7 @@ impl<B: TrialBackend> Runner<B> {
             });
         if let Err(reason) = copied {
             tracing::warn!(trial = %trial.trial_id, "cannot clone {source_id}'s checkpoint, continuing: {reason}");
-            tasks.spawn_blocking(move || (index, step(session)));
+            tasks.train(index, session);
             return;
         }
         tracing::debug!(trial = %trial.trial_id, from = %source_id, iteration = checkpoint.iteration, "exploit");
@@ -1548,7 +1586,7 @@ impl<B: TrialBackend> Runner<B> {
     /// on their own trajectory.
     fn release_parked(
         &mut self,
-        tasks: &mut JoinSet<(usize, Event<B::Session>)>,
+        tasks: &mut Tasks<B>,
         trials: &mut [Trial],
         source: usize,
         halting: bool,
@@ -1578,7 +1616,7 @@ impl<B: TrialBackend> Runner<B> {
     /// the trial ended.
     fn failure(
         &mut self,
-        tasks: &mut JoinSet<(usize, Event<B::Session>)>,
+        tasks: &mut Tasks<B>,
         trials: &mut [Trial],
         index: usize,
         session: Option<B::Session>,
@@ -1592,13 +1630,13 @@ impl<B: TrialBackend> Runner<B> {
                 Some(max) => trial.num_failures < max,
             };
         let reason = failure.reason;
-        let release = |tasks: &mut JoinSet<(usize, Event<B::Session>)>, session| match session {
+        let release = |tasks: &mut Tasks<B>, session| match session {
             Some(session) => {
-                tasks.spawn_blocking(move || (index, stop(session, false)));
+                tasks.stop(index, session, false);
             }
             // Nothing to stop: free the slot through the same event.
             None => {
-                tasks.spawn(async move {
+                tasks.set.spawn(async move {
                     (
                         index,
                         Event::Stopped {
@@ -1948,16 +1986,199 @@ async fn next_interrupt(interrupts: &mut Option<mpsc::UnboundedReceiver<()>>) {
     }
 }
 
-fn step<S: TrialSession>(mut session: S) -> Event<S> {
-    let started = Instant::now();
-    let step = session.train();
-    let elapsed = started.elapsed();
-    let fuel_total = session.fuel_total();
-    Event::Stepped {
-        session,
-        step,
-        elapsed,
-        fuel_total,
+/// What the loop and the trial threads share, behind one lock: the runner,
+/// its trials and the run's state. Trial threads settle their own results
+/// under it (see [`train`]), so that a result which changes nothing but the
+/// files costs no handoff to the loop's thread and back: two cross-thread
+/// wakes per result were most of the host's cost per result.
+struct Shared<B: TrialBackend> {
+    runner: Runner<B>,
+    trials: Vec<Trial>,
+    /// Trials holding a slot: launching, training, saving or stopping.
+    live: usize,
+    /// Why the run is ending early (an interrupt, a request, `fail_fast`):
+    /// no new trials, and running ones are checkpointed and paused.
+    halted: Option<String>,
+    /// Why the experiment-level stopper ended the experiment.
+    stopped: Option<String>,
+    started: Instant,
+    /// `Runner::run` returned (an error, say, with trials still running):
+    /// their threads drop their sessions at the next result instead of
+    /// training on for nobody.
+    closed: bool,
+}
+
+impl<B: TrialBackend> Shared<B> {
+    /// Books a step on its trial, records its result and decides what
+    /// follows (stopping criteria, the scheduler, the experiment stopper, a
+    /// resize). `Err` is a reason to fail the trial.
+    fn settle(
+        &mut self,
+        index: usize,
+        step: &Step,
+        elapsed: Duration,
+        fuel_total: u64,
+    ) -> Result<Decision, String> {
+        let Shared {
+            runner,
+            trials,
+            stopped,
+            started,
+            ..
+        } = self;
+        let trial = &mut trials[index];
+        let secs = elapsed.as_secs_f64();
+        trial.iterations += 1;
+        trial.iterations_since_restore += 1;
+        trial.time_total_s += secs;
+        trial.time_since_restore += secs;
+        trial.fuel_since_restore += fuel_total.saturating_sub(trial.fuel_total);
+        runner.burn(trial, fuel_total);
+        let decision = runner.record(trials, index, step, elapsed)?;
+        Ok(runner.after_result(trials, index, decision, *started, stopped))
+    }
+
+    /// Whether the trial whose result was just settled trains on at once,
+    /// on its own thread: it continues, needs no checkpoint, and the loop
+    /// has nothing to do that this result could have started (a free slot
+    /// to fill, freed resources, a stopped experiment, a halt). Does the
+    /// chores the loop would have done before its next wait.
+    fn continues_here(&mut self, index: usize, decision: &Result<Decision, String>) -> bool {
+        let Shared {
+            runner,
+            trials,
+            live,
+            halted,
+            stopped,
+            started,
+            ..
+        } = self;
+        if !matches!(decision, Ok(Decision::Continue))
+            || halted.is_some()
+            || stopped.is_some()
+            || runner.pool_changed
+            || runner.checkpoint_due(&trials[index], Then::Train, false)
+        {
+            return false;
+        }
+        if let Some(reason) = runner.check_stopper(trials, *started) {
+            *stopped = Some(reason);
+            return false;
+        }
+        runner.take_stops(trials);
+        runner.persist(trials);
+        // With a slot free and nobody waiting for resources, the scheduler
+        // or the searcher may have a trial to start after this result.
+        *live >= runner.spec.max_concurrent.max(1) || !runner.waiting.is_empty()
+    }
+
+    /// Marks the checkpoint that the loop will write for a handed-off
+    /// decision as in flight now, under the lock the decision was made in.
+    /// Until the loop gets to it, a PBT exploit of this trial (decided on
+    /// another thread, by a scheduler that has seen this result) must wait
+    /// for that checkpoint, as it would have had the loop decided both (see
+    /// `Runner::exploit`), rather than clone an older one or none.
+    fn mark_saving(&mut self, index: usize, decision: &Result<Decision, String>) {
+        let Ok(decision) = decision else {
+            return;
+        };
+        // As the loop carries decisions out (`Event::Settled`).
+        let decision = match decision {
+            Decision::Stop => decision,
+            _ if self.halted.is_some() => &Decision::Pause,
+            Decision::Exploit { .. } => return,
+            _ => decision,
+        };
+        let then = match decision {
+            Decision::Stop => Then::Stop,
+            Decision::Pause => Then::Pause,
+            _ => Then::Train,
+        };
+        let trial = &self.trials[index];
+        if self
+            .runner
+            .checkpoint_due(trial, then, *decision == Decision::Checkpoint)
+        {
+            self.runner.saving.insert(index);
+        }
+    }
+}
+
+/// Locks the runner's state. A panic under the lock is a bug in wtune that
+/// the loop reports as such (the task's `JoinError`); the state is still
+/// the best record of the trials, so it is saved rather than lost to the
+/// poison.
+fn lock<B: TrialBackend>(shared: &Mutex<Shared<B>>) -> MutexGuard<'_, Shared<B>> {
+    shared.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The loop's blocking tasks, and the state their trial threads settle
+/// results in.
+struct Tasks<B: TrialBackend> {
+    set: JoinSet<(usize, Event<B::Session>)>,
+    shared: Arc<Mutex<Shared<B>>>,
+}
+
+/// However `Runner::run` returns, trial threads still training stop at
+/// their next result (see `Shared::closed`).
+impl<B: TrialBackend> Drop for Tasks<B> {
+    fn drop(&mut self) {
+        lock(&self.shared).closed = true;
+    }
+}
+
+impl<B: TrialBackend> Tasks<B> {
+    /// Trains `session` on a blocking thread until a result needs the loop
+    /// (see [`train`]).
+    fn train(&mut self, index: usize, session: B::Session) {
+        let shared = self.shared.clone();
+        self.set
+            .spawn_blocking(move || train(&shared, index, session));
+    }
+
+    /// Stops `session` on a blocking thread: for good, or `pausing`.
+    fn stop(&mut self, index: usize, session: B::Session, pausing: bool) {
+        self.set
+            .spawn_blocking(move || (index, stop(session, pausing)));
+    }
+}
+
+/// Calls `train()` and settles each result on this thread, under the lock,
+/// for as long as the trial simply continues
+/// ([`Shared::continues_here`]); a failure, or a result whose decision
+/// needs the loop, goes to the loop as an event.
+fn train<B: TrialBackend>(
+    shared: &Mutex<Shared<B>>,
+    index: usize,
+    mut session: B::Session,
+) -> (usize, Event<B::Session>) {
+    loop {
+        let begun = Instant::now();
+        let step = session.train();
+        let elapsed = begun.elapsed();
+        let fuel_total = session.fuel_total();
+        let step = match step {
+            Ok(step) => step,
+            Err(failure) => {
+                let failed = Event::Failed {
+                    session,
+                    failure,
+                    fuel_total,
+                };
+                return (index, failed);
+            }
+        };
+        let mut shared = lock(shared);
+        if shared.closed {
+            // Nobody reads this: the loop is gone.
+            let decision = Err("the run has ended".to_string());
+            return (index, Event::Settled { session, decision });
+        }
+        let decision = shared.settle(index, &step, elapsed, fuel_total);
+        if !shared.continues_here(index, &decision) {
+            shared.mark_saving(index, &decision);
+            return (index, Event::Settled { session, decision });
+        }
     }
 }
 
