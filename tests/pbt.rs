@@ -26,8 +26,8 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use wtune::tune::space::SearchSpace;
 use wtune::tune::{
-    ExperimentSummary, Fifo, FnBackend, Mode, PoolSpec, RunSpec, Runner, Scheduler, SchedulerSpec,
-    StatefulStep, Step, StopCriteria, TrialFailure,
+    ExperimentStop, ExperimentSummary, Fifo, FnBackend, Mode, PoolSpec, RunSpec, Runner, Scheduler,
+    SchedulerSpec, StatefulStep, Step, StopCriteria, TrialFailure, TrialStatus,
 };
 
 const POPULATION: usize = 8;
@@ -382,4 +382,77 @@ fn an_exploit_waits_for_the_source_checkpoint_in_flight() {
     assert_eq!(clone.metric("count"), Some(5.0));
     let cloned: Vec<u64> = clone.checkpoints.iter().map(|c| c.iteration).collect();
     assert_eq!(cloned, [1]);
+}
+
+/// An exploit still waiting for its source's checkpoint when the experiment
+/// stopper fires ends with the experiment, TERMINATED on its own
+/// trajectory, instead of being relaunched from the clone only to be
+/// stopped.
+#[test]
+fn an_exploit_waiting_when_the_experiment_stops_ends_without_relaunching() {
+    let at_exploit = Arc::new(AtomicU64::new(0));
+    let saving = Arc::new(AtomicU64::new(0));
+    let (flag, started) = (at_exploit.clone(), saving.clone());
+    let launches = Arc::new(AtomicU64::new(0));
+    let counted = launches.clone();
+    let backend = FnBackend::stateful(move |config: &Value, state: Option<&Value>| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        Ok(Counter {
+            count: state.and_then(|s| s["count"].as_u64()).unwrap_or(0),
+            slow: config["slow"].as_bool().unwrap_or(false),
+            fast_at_exploit: flag.clone(),
+            slow_saving: started.clone(),
+            // Well past `max_time`: the stopper fires while the exploit
+            // waits.
+            save_delay: Duration::from_millis(1500),
+        })
+    });
+    let out = tempfile::tempdir().unwrap();
+    let spec = RunSpec {
+        metric: Some("count".into()),
+        mode: Mode::Max,
+        stop: StopCriteria {
+            training_iteration: Some(5),
+            ..Default::default()
+        },
+        stop_experiment: ExperimentStop {
+            max_time: Some(0.5),
+            ..Default::default()
+        },
+        max_concurrent: 2,
+        configs: vec![json!({"slow": true}), json!({"slow": false})],
+        ..RunSpec::new("stop-while-parked", out.path().to_path_buf())
+    };
+    let runner = Runner::new(
+        backend,
+        spec,
+        Box::new(CloneWhileSaving { exploited: false }),
+    );
+    let summary = tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(runner.run())
+        .unwrap();
+    assert!(summary.stopped.is_some(), "the stopper fired");
+    assert_eq!(
+        at_exploit.load(Ordering::SeqCst),
+        1,
+        "fast reached its exploit"
+    );
+    let parked = &summary.trials[1];
+    assert_eq!(parked.status, TrialStatus::Terminated);
+    assert_eq!(parked.config, json!({"slow": false}), "not cloned");
+    assert_eq!(parked.iterations, 3);
+    assert!(
+        parked
+            .stop_reason
+            .as_deref()
+            .is_some_and(|r| r.starts_with("the experiment stopped")),
+        "{:?}",
+        parked.stop_reason
+    );
+    assert_eq!(
+        launches.load(Ordering::SeqCst),
+        2,
+        "no relaunch from the clone"
+    );
 }

@@ -940,7 +940,13 @@ impl<B: TrialBackend> Runner<B> {
             };
 
             if was_save {
-                runner.release_parked(&mut tasks, trials, index, halted.is_some());
+                runner.release_parked(
+                    &mut tasks,
+                    trials,
+                    index,
+                    halted.is_some(),
+                    stopped.as_deref(),
+                );
             }
             if let Some(reason) = failed
                 && halted.is_none()
@@ -1583,13 +1589,15 @@ impl<B: TrialBackend> Runner<B> {
     /// Carries out the exploits that waited for `source`'s checkpoint, now
     /// written (or failed: they clone the newest one it has). When the run
     /// is halting, the waiting trials are checkpointed and paused instead,
-    /// on their own trajectory.
+    /// on their own trajectory; when the experiment stopper fired, they end
+    /// TERMINATED there.
     fn release_parked(
         &mut self,
         tasks: &mut Tasks<B>,
         trials: &mut [Trial],
         source: usize,
         halting: bool,
+        stopped: Option<&str>,
     ) {
         let (ready, waiting) = std::mem::take(&mut self.parked)
             .into_iter()
@@ -1598,6 +1606,14 @@ impl<B: TrialBackend> Runner<B> {
         for parked in ready {
             if halting {
                 self.after_step(tasks, trials, parked.index, parked.session, Decision::Pause);
+            } else if let Some(reason) = stopped {
+                // The experiment stopped while the exploit waited: the trial
+                // ends where it is, as its next result would have ended it
+                // (`after_result`), rather than being relaunched from the
+                // clone only to be stopped.
+                trials[parked.index].stop_reason =
+                    Some(format!("the experiment stopped: {reason}"));
+                self.after_step(tasks, trials, parked.index, parked.session, Decision::Stop);
             } else {
                 self.exploit(
                     tasks,
