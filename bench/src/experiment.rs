@@ -315,7 +315,7 @@ pub fn throughput(program: &Program) {
         "\n### Result throughput ({TRIALS} trials x {ITERATIONS} results, {concurrent} at a time, no work per `train()`, {REPEATS} runs of each row, interleaved)\n"
     );
     out!(
-        "Issue 2's target: over 100,000 results/s with result files on. \"Host CPU\" is the \
+        "Issue 7's target: over 100,000 results/s with result files on. \"Host CPU\" is the \
          process's user + system time (all threads, 10 ms resolution) per result. Every \
          result is checked to be in `result.jsonl` and `progress.csv` after each run.\n"
     );
