@@ -335,21 +335,33 @@ impl Scheduler for CloneWhileSaving {
     }
 }
 
-/// An exploit whose source is still writing its checkpoint waits for it
-/// (as Ray Tune does) instead of cloning an older one, or, as here, finding
-/// none and not cloning at all.
-#[test]
-fn an_exploit_waits_for_the_source_checkpoint_in_flight() {
-    let flag = Arc::new(AtomicU64::new(0));
-    let shared = flag.clone();
+/// What [`clone_while_saving`] saw: whether `fast` reached its exploit,
+/// and how many sessions were launched.
+struct Counted {
+    at_exploit: u64,
+    launches: u64,
+}
+
+/// Runs `slow` and `fast` [`Counter`]s for 5 iterations under
+/// [`CloneWhileSaving`], `slow`'s save taking `save_delay` once `fast` is
+/// at its exploit.
+fn clone_while_saving(
+    name: &str,
+    save_delay: Duration,
+    stop_experiment: ExperimentStop,
+) -> (ExperimentSummary, Counted) {
+    let at_exploit = Arc::new(AtomicU64::new(0));
     let saving = Arc::new(AtomicU64::new(0));
+    let launches = Arc::new(AtomicU64::new(0));
+    let (flag, counted) = (at_exploit.clone(), launches.clone());
     let backend = FnBackend::stateful(move |config: &Value, state: Option<&Value>| {
+        counted.fetch_add(1, Ordering::SeqCst);
         Ok(Counter {
             count: state.and_then(|s| s["count"].as_u64()).unwrap_or(0),
             slow: config["slow"].as_bool().unwrap_or(false),
-            fast_at_exploit: shared.clone(),
+            fast_at_exploit: flag.clone(),
             slow_saving: saving.clone(),
-            save_delay: Duration::from_millis(100),
+            save_delay,
         })
     });
     let out = tempfile::tempdir().unwrap();
@@ -360,9 +372,10 @@ fn an_exploit_waits_for_the_source_checkpoint_in_flight() {
             training_iteration: Some(5),
             ..Default::default()
         },
+        stop_experiment,
         max_concurrent: 2,
         configs: vec![json!({"slow": true}), json!({"slow": false})],
-        ..RunSpec::new("clone-while-saving", out.path().to_path_buf())
+        ..RunSpec::new(name, out.path().to_path_buf())
     };
     let runner = Runner::new(
         backend,
@@ -373,7 +386,24 @@ fn an_exploit_waits_for_the_source_checkpoint_in_flight() {
         .unwrap()
         .block_on(runner.run())
         .unwrap();
-    assert_eq!(flag.load(Ordering::SeqCst), 1);
+    let counted = Counted {
+        at_exploit: at_exploit.load(Ordering::SeqCst),
+        launches: launches.load(Ordering::SeqCst),
+    };
+    (summary, counted)
+}
+
+/// An exploit whose source is still writing its checkpoint waits for it
+/// (as Ray Tune does) instead of cloning an older one, or, as here, finding
+/// none and not cloning at all.
+#[test]
+fn an_exploit_waits_for_the_source_checkpoint_in_flight() {
+    let (summary, counted) = clone_while_saving(
+        "clone-while-saving",
+        Duration::from_millis(100),
+        ExperimentStop::default(),
+    );
+    assert_eq!(counted.at_exploit, 1);
     let clone = &summary.trials[1];
     assert_eq!(clone.config, json!({"slow": false, "cloned": true}));
     // From trial_0000's checkpoint at iteration 1 (count 1), it steps to
@@ -390,54 +420,16 @@ fn an_exploit_waits_for_the_source_checkpoint_in_flight() {
 /// stopped.
 #[test]
 fn an_exploit_waiting_when_the_experiment_stops_ends_without_relaunching() {
-    let at_exploit = Arc::new(AtomicU64::new(0));
-    let saving = Arc::new(AtomicU64::new(0));
-    let (flag, started) = (at_exploit.clone(), saving.clone());
-    let launches = Arc::new(AtomicU64::new(0));
-    let counted = launches.clone();
-    let backend = FnBackend::stateful(move |config: &Value, state: Option<&Value>| {
-        counted.fetch_add(1, Ordering::SeqCst);
-        Ok(Counter {
-            count: state.and_then(|s| s["count"].as_u64()).unwrap_or(0),
-            slow: config["slow"].as_bool().unwrap_or(false),
-            fast_at_exploit: flag.clone(),
-            slow_saving: started.clone(),
-            // Well past `max_time`: the stopper fires while the exploit
-            // waits.
-            save_delay: Duration::from_millis(1500),
-        })
-    });
-    let out = tempfile::tempdir().unwrap();
-    let spec = RunSpec {
-        metric: Some("count".into()),
-        mode: Mode::Max,
-        stop: StopCriteria {
-            training_iteration: Some(5),
-            ..Default::default()
-        },
-        stop_experiment: ExperimentStop {
-            max_time: Some(0.5),
-            ..Default::default()
-        },
-        max_concurrent: 2,
-        configs: vec![json!({"slow": true}), json!({"slow": false})],
-        ..RunSpec::new("stop-while-parked", out.path().to_path_buf())
+    // The save takes well past `max_time`: the stopper fires while the
+    // exploit waits.
+    let stop = ExperimentStop {
+        max_time: Some(0.5),
+        ..Default::default()
     };
-    let runner = Runner::new(
-        backend,
-        spec,
-        Box::new(CloneWhileSaving { exploited: false }),
-    );
-    let summary = tokio::runtime::Runtime::new()
-        .unwrap()
-        .block_on(runner.run())
-        .unwrap();
+    let (summary, counted) =
+        clone_while_saving("stop-while-parked", Duration::from_millis(1500), stop);
     assert!(summary.stopped.is_some(), "the stopper fired");
-    assert_eq!(
-        at_exploit.load(Ordering::SeqCst),
-        1,
-        "fast reached its exploit"
-    );
+    assert_eq!(counted.at_exploit, 1, "fast reached its exploit");
     let parked = &summary.trials[1];
     assert_eq!(parked.status, TrialStatus::Terminated);
     assert_eq!(parked.config, json!({"slow": false}), "not cloned");
@@ -450,9 +442,5 @@ fn an_exploit_waiting_when_the_experiment_stops_ends_without_relaunching() {
         "{:?}",
         parked.stop_reason
     );
-    assert_eq!(
-        launches.load(Ordering::SeqCst),
-        2,
-        "no relaunch from the clone"
-    );
+    assert_eq!(counted.launches, 2, "no relaunch from the clone");
 }
