@@ -617,6 +617,10 @@ impl<B: TrialBackend> Runner<B> {
                         trials[index].status,
                         TrialStatus::Pending | TrialStatus::Paused
                     ) {
+                        // Trial threads still hold the state (and the
+                        // callbacks' buffers) until their next result: save
+                        // now, as the other internal errors do.
+                        runner.persist_now(trials, "internal error");
                         return Err(RunError::Internal(format!(
                             "the {} scheduler chose {}, which is {}",
                             runner.scheduler.name(),
