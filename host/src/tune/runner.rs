@@ -420,6 +420,18 @@ enum Then {
     Pause,
 }
 
+impl Then {
+    /// What follows a step the scheduler decided `decision` on (an exploit
+    /// trains on, from its clone).
+    fn after(decision: &Decision) -> Self {
+        match decision {
+            Decision::Continue | Decision::Checkpoint | Decision::Exploit { .. } => Then::Train,
+            Decision::Stop => Then::Stop,
+            Decision::Pause => Then::Pause,
+        }
+    }
+}
+
 impl<B: TrialBackend> Runner<B> {
     /// A runner for `spec` on `backend`, deciding with `scheduler`.
     pub fn new(backend: B, spec: RunSpec, scheduler: Box<dyn Scheduler>) -> Self {
@@ -1296,16 +1308,16 @@ impl<B: TrialBackend> Runner<B> {
         }
     }
 
-    /// Whether `trial` is checkpointed before it goes on to `then`;
-    /// `forced` when the scheduler asked for one.
-    fn checkpoint_due(&self, trial: &Trial, then: Then, forced: bool) -> bool {
+    /// Whether `trial` is checkpointed before it goes on as `decision`
+    /// says.
+    fn checkpoint_due(&self, trial: &Trial, decision: &Decision) -> bool {
         let policy = &self.spec.checkpoint;
         let already = trial
             .latest_checkpoint()
             .is_some_and(|c| c.iteration == trial.iterations);
         let periodic = policy.freq > 0 && trial.iterations.is_multiple_of(policy.freq);
-        let due = match then {
-            Then::Train => periodic || forced,
+        let due = match Then::after(decision) {
+            Then::Train => periodic || *decision == Decision::Checkpoint,
             Then::Stop => periodic || policy.at_end,
             // A pause must leave a checkpoint to continue from.
             Then::Pause => true,
@@ -1459,12 +1471,8 @@ impl<B: TrialBackend> Runner<B> {
     ) {
         let trial = &trials[index];
         let policy = &self.spec.checkpoint;
-        let then = match decision {
-            Decision::Continue | Decision::Checkpoint | Decision::Exploit { .. } => Then::Train,
-            Decision::Stop => Then::Stop,
-            Decision::Pause => Then::Pause,
-        };
-        if self.checkpoint_due(trial, then, decision == Decision::Checkpoint) {
+        let then = Then::after(&decision);
+        if self.checkpoint_due(trial, &decision) {
             self.saving.insert(index);
             let path = checkpoint_path::<B>(trial.iterations);
             let score = policy.score(trial.last_result.as_ref());
@@ -2077,7 +2085,7 @@ impl<B: TrialBackend> Shared<B> {
             || halted.is_some()
             || stopped.is_some()
             || runner.pool_changed
-            || runner.checkpoint_due(&trials[index], Then::Train, false)
+            || runner.checkpoint_due(&trials[index], &Decision::Continue)
         {
             return false;
         }
@@ -2109,16 +2117,7 @@ impl<B: TrialBackend> Shared<B> {
             Decision::Exploit { .. } => return,
             _ => decision,
         };
-        let then = match decision {
-            Decision::Stop => Then::Stop,
-            Decision::Pause => Then::Pause,
-            _ => Then::Train,
-        };
-        let trial = &self.trials[index];
-        if self
-            .runner
-            .checkpoint_due(trial, then, *decision == Decision::Checkpoint)
-        {
+        if self.runner.checkpoint_due(&self.trials[index], decision) {
             self.runner.saving.insert(index);
         }
     }
