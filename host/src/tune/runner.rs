@@ -2070,7 +2070,9 @@ impl<B: TrialBackend> Shared<B> {
     /// on its own thread: it continues, needs no checkpoint, and the loop
     /// has nothing to do that this result could have started (a free slot
     /// to fill, freed resources, a stopped experiment, a halt). Does the
-    /// chores the loop would have done before its next wait.
+    /// chores the loop would have done before its next wait, but for the
+    /// experiment stopper's time and fuel check: `settle` has just run it
+    /// on this result (`after_result`).
     fn continues_here(&mut self, index: usize, decision: &Result<Decision, String>) -> bool {
         let Shared {
             runner,
@@ -2078,7 +2080,6 @@ impl<B: TrialBackend> Shared<B> {
             live,
             halted,
             stopped,
-            started,
             ..
         } = self;
         if !matches!(decision, Ok(Decision::Continue))
@@ -2087,10 +2088,6 @@ impl<B: TrialBackend> Shared<B> {
             || runner.pool_changed
             || runner.checkpoint_due(&trials[index], &Decision::Continue)
         {
-            return false;
-        }
-        if let Some(reason) = runner.check_stopper(trials, *started) {
-            *stopped = Some(reason);
             return false;
         }
         runner.take_stops(trials);
