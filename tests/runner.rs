@@ -945,3 +945,54 @@ fn a_max_time_beyond_the_clock_is_no_deadline() {
     assert_eq!(summary.trials[0].iterations, 3);
     assert_eq!(summary.stopped, None);
 }
+
+/// A trial whose files cannot be made (its directory's path is taken by a
+/// file) fails with the path before its trainable is launched; the trials
+/// beside it run to the end.
+#[test]
+fn a_trial_whose_files_cannot_be_made_fails_alone_and_is_never_launched() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("trial_0001"), "taken").unwrap();
+    let launched = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = launched.clone();
+    let backend = FnBackend::new(move |config: &Value| {
+        seen.lock().unwrap().push(config["x"].clone());
+        let x = config["x"].as_f64().unwrap_or(0.0);
+        Ok(move |it: u64| {
+            Ok(Step {
+                metrics: vec![("score".into(), x * it as f64)],
+                done: false,
+                fuel: 1,
+            })
+        })
+    });
+    let configs = vec![json!({"x": 1}), json!({"x": 2}), json!({"x": 3})];
+    let summary = run(backend, spec(dir.path(), configs, iterations(3), 2));
+    let statuses: Vec<TrialStatus> = summary.trials.iter().map(|t| t.status).collect();
+    assert_eq!(
+        statuses,
+        [
+            TrialStatus::Terminated,
+            TrialStatus::Error,
+            TrialStatus::Terminated
+        ]
+    );
+    let error = summary.trials[1].error.clone().unwrap_or_default();
+    assert!(
+        error.contains("cannot create directory") && error.contains("trial_0001"),
+        "{error}"
+    );
+    assert_eq!(summary.trials[1].iterations, 0);
+    let mut launched = launched.lock().unwrap().clone();
+    launched.sort_by_key(|x| x.as_i64());
+    assert_eq!(launched, [json!(1), json!(3)]);
+    for id in ["trial_0000", "trial_0002"] {
+        let lines = std::fs::read_to_string(dir.path().join(id).join("result.jsonl")).unwrap();
+        assert_eq!(lines.lines().count(), 3, "{id}");
+    }
+    // The file in the way is left as it was.
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("trial_0001")).unwrap(),
+        "taken"
+    );
+}

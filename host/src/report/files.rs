@@ -10,6 +10,11 @@
 //! resume`) appends to its files, as Ray Tune does: iterations redone after a
 //! restore appear again with their new results.
 //!
+//! A trial's directory and files are made by its [`TrialSetup`], on the
+//! thread that launches it and outside the runner's lock, so that trials
+//! starting together make theirs in parallel: on a disk, those five
+//! creations are most of what a short trial costs.
+//!
 //! Results are formatted on the runner's thread into the trial's buffers
 //! and written by a background thread (`wtune-results`) at most
 //! [`FLUSH_AFTER`] after the first of them arrived, whole lines at a time,
@@ -37,7 +42,7 @@ use std::time::Duration;
 use serde_json::{Map, Value};
 
 use crate::persist;
-use crate::tune::{Callback, ExperimentSummary, Trial};
+use crate::tune::{Callback, ExperimentSummary, Trial, TrialSetup};
 
 /// Longest a formatted result waits in memory before it is written.
 pub const FLUSH_AFTER: Duration = Duration::from_millis(100);
@@ -66,7 +71,8 @@ struct Slot {
     pending: Mutex<Pending>,
     /// Held while writing: whoever writes takes the buffered bytes and
     /// writes them before anyone else takes more, so lines stay in order.
-    files: Mutex<Files>,
+    /// `None` until the trial's setup has opened them.
+    files: Mutex<Option<Files>>,
     /// A background write failed; the message is in `files.error`.
     failed: AtomicBool,
 }
@@ -77,6 +83,9 @@ struct Files {
     /// Emptied buffers, reused.
     spare: (Vec<u8>, Vec<u8>),
     error: Option<String>,
+    /// A continuing trial's CSV columns, read when the files were opened,
+    /// until its first result takes them.
+    header: Option<Vec<String>>,
 }
 
 impl Slot {
@@ -84,7 +93,14 @@ impl Slot {
     /// thread took the trial from its queue.
     fn write_pending(&self, from_queue: bool) -> Result<(), String> {
         let mut files = lock(&self.files);
-        let files = &mut *files;
+        let Some(files) = files.as_mut() else {
+            // Not open yet: the lines wait for the trial's setup. (A trial
+            // reports only once launched, after its setup, so none do.)
+            if from_queue {
+                lock(&self.pending).queued = false;
+            }
+            return Ok(());
+        };
         let (jsonl, csv) = {
             let mut pending = lock(&self.pending);
             if from_queue {
@@ -124,7 +140,49 @@ impl Slot {
         if !self.failed.load(Ordering::Relaxed) {
             return None;
         }
-        lock(&self.files).error.clone()
+        lock(&self.files).as_ref().and_then(|f| f.error.clone())
+    }
+
+    /// Makes the trial's directory, writes its `params.json` and opens its
+    /// result files to append to.
+    fn open(&self, config: &Value) -> Result<(), String> {
+        let dir = &self.dir;
+        persist::create_dir(dir)?;
+        let name = |file: &str| dir.join(file);
+        // Written once into a fresh directory, so no fsync: two fsyncs per
+        // trial would dominate the runner's bookkeeping (see BENCHMARKS.md).
+        std::fs::write(name("params.json"), persist::json_bytes(config))
+            .map_err(|e| format!("writing {}: {e}", name("params.json").display()))?;
+        let append = |file: &str| {
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(name(file))
+                .map_err(|e| format!("opening {}: {e}", name(file).display()))
+        };
+        let jsonl = append("result.jsonl")?;
+        let csv = append("progress.csv")?;
+        // A continuing trial keeps its CSV's columns. Read through the
+        // handle just opened: a new trial's empty file costs no second
+        // lookup.
+        let header = match csv.metadata() {
+            Ok(meta) if meta.len() > 0 => {
+                std::fs::read(name("progress.csv")).ok().and_then(|bytes| {
+                    let mut reader = csv::Reader::from_reader(bytes.as_slice());
+                    let header = reader.headers().ok()?;
+                    (!header.is_empty()).then(|| header.iter().map(str::to_string).collect())
+                })
+            }
+            _ => None,
+        };
+        *lock(&self.files) = Some(Files {
+            jsonl,
+            csv,
+            spare: Default::default(),
+            error: None,
+            header,
+        });
+        Ok(())
     }
 }
 
@@ -338,42 +396,20 @@ impl Drop for TrialFiles {
     }
 }
 
-fn open(dir: &Path, config: &Value) -> Result<Open, String> {
-    persist::create_dir(dir)?;
-    let name = |file: &str| dir.join(file);
-    // Written once into a fresh directory, so no fsync: two fsyncs per trial
-    // would dominate the runner's bookkeeping (see BENCHMARKS.md).
-    std::fs::write(name("params.json"), persist::json_bytes(config))
-        .map_err(|e| format!("writing {}: {e}", name("params.json").display()))?;
-    let append = |file: &str| {
-        std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(name(file))
-            .map_err(|e| format!("opening {}: {e}", name(file).display()))
-    };
-    // A continuing trial keeps its CSV's columns.
-    let columns = std::fs::read(name("progress.csv")).ok().and_then(|bytes| {
-        let mut reader = csv::Reader::from_reader(bytes.as_slice());
-        let header = reader.headers().ok()?;
-        (!header.is_empty()).then(|| header.iter().map(str::to_string).collect())
-    });
-    let files = Files {
-        jsonl: append("result.jsonl")?,
-        csv: append("progress.csv")?,
-        spare: Default::default(),
-        error: None,
-    };
-    Ok(Open {
-        slot: Arc::new(Slot {
-            dir: dir.to_path_buf(),
-            pending: Mutex::default(),
-            files: Mutex::new(files),
-            failed: AtomicBool::new(false),
-        }),
-        columns,
-        keys: Keys::default(),
-    })
+impl Open {
+    /// A trial's slot, its files not open yet ([`Slot::open`]).
+    fn new(dir: &Path) -> Self {
+        Open {
+            slot: Arc::new(Slot {
+                dir: dir.to_path_buf(),
+                pending: Mutex::default(),
+                files: Mutex::new(None),
+                failed: AtomicBool::new(false),
+            }),
+            columns: None,
+            keys: Keys::default(),
+        }
+    }
 }
 
 impl Open {
@@ -385,6 +421,11 @@ impl Open {
         flat: &mut Flat,
         path: &mut String,
     ) -> serde_json::Result<Appended> {
+        if self.columns.is_none() {
+            self.columns = lock(&self.slot.files)
+                .as_mut()
+                .and_then(|files| files.header.take());
+        }
         let mut pending = lock(&self.slot.pending);
         let pending = &mut *pending;
         let before = pending.jsonl.len();
@@ -575,7 +616,6 @@ impl Callback for TrialFiles {
         if let Err(message) = self.close(index) {
             tracing::warn!(trial = %trial.trial_id, "{message}");
         }
-        let opened = open(&trial.dir, &trial.config)?;
         if self.flusher.is_none() && !self.write_through {
             match Flusher::spawn() {
                 Ok(flusher) => self.flusher = Some(flusher),
@@ -587,8 +627,14 @@ impl Callback for TrialFiles {
                 }
             }
         }
-        self.open.insert(index, opened);
+        self.open.insert(index, Open::new(&trial.dir));
         Ok(())
+    }
+
+    fn trial_setup(&mut self, trials: &[Trial], index: usize) -> Option<TrialSetup> {
+        let slot = self.open.get(&index)?.slot.clone();
+        let config = trials[index].config.clone();
+        Some(Box::new(move || slot.open(&config)))
     }
 
     fn on_result(
@@ -649,6 +695,13 @@ impl Callback for TrialFiles {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// Starts a trial as the runner does: its start, then its setup.
+    fn start(files: &mut TrialFiles, trials: &[Trial], index: usize) -> Result<(), String> {
+        files.on_trial_start(trials, index)?;
+        let setup = files.trial_setup(trials, index).expect("a setup");
+        setup()
+    }
 
     #[test]
     fn flattening_matches_ray_csv_columns() {
@@ -734,7 +787,7 @@ mod tests {
         std::os::unix::fs::symlink("/dev/full", tdir.join("result.jsonl")).unwrap();
         let trials = vec![Trial::new("trial_0000".into(), json!({}), tdir)];
         let mut files = TrialFiles::new();
-        files.on_trial_start(&trials, 0).unwrap();
+        start(&mut files, &trials, 0).unwrap();
         let r = json!({"loss": 1.0, "training_iteration": 1});
         // Buffered: the failure comes from the background thread.
         files.on_result(&trials, 0, r.as_object().unwrap()).unwrap();
@@ -756,7 +809,7 @@ mod tests {
         // The last result is written at once, and fails at once.
         let done = json!({"loss": 1.0, "done": true});
         let mut files = TrialFiles::new();
-        files.on_trial_start(&trials, 0).unwrap();
+        start(&mut files, &trials, 0).unwrap();
         assert!(
             files
                 .on_result(&trials, 0, done.as_object().unwrap())
@@ -793,7 +846,7 @@ mod tests {
             dir.path().join("trial_0000"),
         )];
         let mut files = TrialFiles::new();
-        files.on_trial_start(&trials, 0).unwrap();
+        start(&mut files, &trials, 0).unwrap();
         let r = |i: u64, done: bool| json!({"loss": 1.0 / i as f64, "training_iteration": i, "done": done});
         for i in 1..=1000 {
             files
@@ -837,7 +890,7 @@ mod tests {
         );
         let trials = vec![trial];
         let mut files = TrialFiles::new();
-        files.on_trial_start(&trials, 0).unwrap();
+        start(&mut files, &trials, 0).unwrap();
         let r1 = json!({"loss": 1.0, "training_iteration": 1, "config": {"lr": 0.1}});
         let r2 = json!({"loss": 0.5, "late": 3.0, "training_iteration": 2, "config": {"lr": 0.1}});
         files
@@ -876,7 +929,7 @@ mod tests {
         let r = |i: u64| json!({"loss": 1.0 / i as f64, "training_iteration": i});
         for i in 1..=2 {
             let mut files = TrialFiles::new();
-            files.on_trial_start(&trials, 0).unwrap();
+            start(&mut files, &trials, 0).unwrap();
             files
                 .on_result(&trials, 0, r(i).as_object().unwrap())
                 .unwrap();
@@ -899,7 +952,7 @@ mod tests {
             json!({}),
             blocker.join("trial_0000"),
         )];
-        let message = TrialFiles::new().on_trial_start(&trials, 0).unwrap_err();
+        let message = start(&mut TrialFiles::new(), &trials, 0).unwrap_err();
         assert!(
             message.contains("cannot create directory") && message.contains("trial_0000"),
             "{message}"

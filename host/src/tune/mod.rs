@@ -39,7 +39,7 @@ pub use result::{AUTO_FIELDS, Mode};
 pub(crate) use runner::best_trial;
 pub use runner::{
     CHECKPOINT_DIR, Callback, CheckpointPolicy, ExperimentSummary, FailFast, FailurePolicy,
-    RunError, RunSpec, Runner, STOPPED_BY_REQUEST,
+    RunError, RunSpec, Runner, STOPPED_BY_REQUEST, TrialSetup,
 };
 pub use scheduler::{Decision, Fifo, Scheduler, SchedulerSpec};
 pub use search::{

@@ -180,6 +180,16 @@ pub trait Callback: Send {
     fn on_trial_start(&mut self, trials: &[Trial], index: usize) -> Result<(), String> {
         Ok(())
     }
+    /// Work for the start of the trial [`Callback::on_trial_start`] was just
+    /// told of that can run without the runner: creating its files, say.
+    /// The runner runs it on the thread that launches the trial, before the
+    /// launch and outside the lock every other hook runs under, so trials
+    /// starting together do it in parallel rather than one after another
+    /// (on a disk, creating a short trial's files is most of its cost). Its
+    /// `Err` fails the trial, as `on_trial_start`'s does.
+    fn trial_setup(&mut self, trials: &[Trial], index: usize) -> Option<TrialSetup> {
+        None
+    }
     /// A trial reported a result (already stored as its `last_result`).
     fn on_result(
         &mut self,
@@ -223,6 +233,10 @@ pub trait Callback: Send {
         Ok(())
     }
 }
+
+/// A callback's work for a trial's start, run off the runner's lock
+/// ([`Callback::trial_setup`]).
+pub type TrialSetup = Box<dyn FnOnce() -> Result<(), String> + Send>;
 
 /// The outcome of a whole experiment.
 #[derive(Debug, Clone)]
@@ -385,6 +399,8 @@ struct ParkedExploit<S> {
 enum Event<S> {
     /// A launch (fresh, or from a checkpoint) finished.
     Launched(Result<S, TrialFailure>),
+    /// A callback's [`TrialSetup`] failed, so the trial was not launched.
+    SetupFailed(String),
     /// A `train()` failed.
     Failed {
         session: S,
@@ -672,8 +688,13 @@ impl<B: TrialBackend> Runner<B> {
                         runner.fail(trials, index, reason);
                         continue;
                     }
+                    let setups = runner
+                        .callbacks
+                        .iter_mut()
+                        .filter_map(|cb| cb.trial_setup(trials, index))
+                        .collect();
                     *live += 1;
-                    runner.spawn_launch(&mut tasks, &trials[index], index, None);
+                    runner.spawn_launch(&mut tasks, &trials[index], index, None, setups);
                 }
                 if halted.is_none() {
                     // Stops the scheduler decided while no slot was free.
@@ -833,17 +854,19 @@ impl<B: TrialBackend> Runner<B> {
                     }
                     None
                 }
+                // As when `on_trial_start` fails: the trial never ran, so
+                // this is no failure of its trainable for `fail_fast`.
+                Event::SetupFailed(reason) => {
+                    *live -= 1;
+                    runner.pool.release(&trials[index].trial_id);
+                    runner.fail(trials, index, reason);
+                    None
+                }
                 Event::Launched(Err(failure)) => {
                     runner.failure(&mut tasks, trials, index, None, failure, halted.as_deref())
                 }
                 Event::Launched(Ok(session)) => {
-                    let trial = &mut trials[index];
-                    trial.fuel_total = session.fuel_total();
-                    trial.iterations = session.iteration();
-                    trial.time_total_s = session.time_restored_s();
-                    trial.iterations_since_restore = 0;
-                    trial.time_since_restore = 0.0;
-                    trial.fuel_since_restore = 0;
+                    book_launch(&mut trials[index], &session);
                     match halted.as_ref().or(stopped.as_ref()) {
                         Some(reason) => {
                             runner.halt_trial(trials, index, reason);
@@ -1433,13 +1456,14 @@ impl<B: TrialBackend> Runner<B> {
 
     /// Starts `trial` on a blocking thread (from its newest checkpoint when
     /// it has one), first stopping `previous`, the failed session it
-    /// replaces.
+    /// replaces, and running the callbacks' `setups` for a trial starting.
     fn spawn_launch(
         &self,
         tasks: &mut Tasks<B>,
         trial: &Trial,
         index: usize,
         previous: Option<B::Session>,
+        setups: Vec<TrialSetup>,
     ) {
         let launch = TrialLaunch {
             trial_id: trial.trial_id.clone(),
@@ -1449,13 +1473,26 @@ impl<B: TrialBackend> Runner<B> {
             resources: self.request(trial).clone(),
         };
         let backend = self.backend.clone();
+        let shared = tasks.shared.clone();
         tasks.set.spawn_blocking(move || {
             if let Some(previous) = previous {
                 // Lets the failed trainable flush its logs; it may refuse
                 // (a trapped instance does).
                 let _ = previous.stop();
             }
-            (index, Event::Launched(backend.launch(&launch)))
+            for setup in setups {
+                if let Err(reason) = setup() {
+                    return (index, Event::SetupFailed(reason));
+                }
+            }
+            let session = match backend.launch(&launch) {
+                Ok(session) => session,
+                Err(failure) => return (index, Event::Launched(Err(failure))),
+            };
+            if !lock(&shared).trains_here(index, &session) {
+                return (index, Event::Launched(Ok(session)));
+            }
+            train(&shared, index, session)
         });
     }
 
@@ -1595,7 +1632,7 @@ impl<B: TrialBackend> Runner<B> {
         trial.config = config;
         self.keep(trial, Checkpoint { path, ..checkpoint });
         self.notify(trials, index, |cb, t| cb.on_checkpoint(t, index));
-        self.spawn_launch(tasks, &trials[index], index, Some(session));
+        self.spawn_launch(tasks, &trials[index], index, Some(session), Vec::new());
     }
 
     /// Carries out the exploits that waited for `source`'s checkpoint, now
@@ -1690,7 +1727,7 @@ impl<B: TrialBackend> Runner<B> {
             self.notify(trials, index, |cb, t| {
                 cb.on_trial_recover(t, index, &reason)
             });
-            self.spawn_launch(tasks, &trials[index], index, session);
+            self.spawn_launch(tasks, &trials[index], index, session, Vec::new());
             return None;
         }
         self.fail(trials, index, reason.clone());
@@ -2066,6 +2103,32 @@ impl<B: TrialBackend> Shared<B> {
         Ok(runner.after_result(trials, index, decision, *started, stopped))
     }
 
+    /// Whether a trial just launched starts training on its launching
+    /// thread, as the loop would have had it (`Event::Launched`): unless the
+    /// run is halting, stopped or over, when the loop releases it.
+    fn trains_here(&mut self, index: usize, session: &B::Session) -> bool {
+        if self.closed || self.halted.is_some() || self.stopped.is_some() {
+            return false;
+        }
+        book_launch(&mut self.trials[index], session);
+        true
+    }
+
+    /// Whether the trial whose result was just settled ends here, on its
+    /// own thread, as the loop would have ended it (`Runner::after_step`):
+    /// it stops with no checkpoint due. Ends it if so; the caller then
+    /// stops its session and hands the loop only the freed slot.
+    fn ends_here(&mut self, index: usize, decision: &Result<Decision, String>) -> bool {
+        let Shared { runner, trials, .. } = self;
+        if !matches!(decision, Ok(Decision::Stop))
+            || runner.checkpoint_due(&trials[index], &Decision::Stop)
+        {
+            return false;
+        }
+        runner.end(trials, index);
+        true
+    }
+
     /// Whether the trial whose result was just settled trains on at once,
     /// on its own thread: it continues, needs no checkpoint, and the loop
     /// has nothing to do that this result could have started (a free slot
@@ -2161,8 +2224,10 @@ impl<B: TrialBackend> Tasks<B> {
 
 /// Calls `train()` and settles each result on this thread, under the lock,
 /// for as long as the trial simply continues
-/// ([`Shared::continues_here`]); a failure, or a result whose decision
-/// needs the loop, goes to the loop as an event.
+/// ([`Shared::continues_here`]). A trial that stops with no checkpoint due
+/// is ended and its session stopped here too ([`Shared::ends_here`]), so
+/// the loop only frees its slot; a failure, or any other result whose
+/// decision needs the loop, goes to the loop as an event.
 fn train<B: TrialBackend>(
     shared: &Mutex<Shared<B>>,
     index: usize,
@@ -2191,11 +2256,27 @@ fn train<B: TrialBackend>(
             return (index, Event::Settled { session, decision });
         }
         let decision = shared.settle(index, &step, elapsed, fuel_total);
-        if !shared.continues_here(index, &decision) {
-            shared.mark_saving(index, &decision);
-            return (index, Event::Settled { session, decision });
+        if shared.continues_here(index, &decision) {
+            continue;
         }
+        if shared.ends_here(index, &decision) {
+            drop(shared);
+            return (index, stop(session, false));
+        }
+        shared.mark_saving(index, &decision);
+        return (index, Event::Settled { session, decision });
     }
+}
+
+/// Books a launched session on its trial: where it starts (a restored
+/// checkpoint's iteration, time and fuel), with nothing yet since.
+fn book_launch<S: TrialSession>(trial: &mut Trial, session: &S) {
+    trial.fuel_total = session.fuel_total();
+    trial.iterations = session.iteration();
+    trial.time_total_s = session.time_restored_s();
+    trial.iterations_since_restore = 0;
+    trial.time_since_restore = 0.0;
+    trial.fuel_since_restore = 0;
 }
 
 fn stop<S: TrialSession>(session: S, pausing: bool) -> Event<S> {
