@@ -250,7 +250,8 @@ impl ExperimentStopper {
         if totals.elapsed_s.is_finite() {
             self.elapsed_now = self.elapsed_now.max(totals.elapsed_s);
         }
-        let after = match totals.trials_created {
+        // Formatted only when a limit is reached: this runs on every result.
+        let after = || match totals.trials_created {
             1 => " after 1 trial".to_string(),
             n => format!(" after {n} trials"),
         };
@@ -258,9 +259,10 @@ impl ExperimentStopper {
             let elapsed = self.elapsed_s();
             if elapsed >= max {
                 return Some(format!(
-                    "total time reached {} (max_time = {}){after}",
+                    "total time reached {} (max_time = {}){}",
                     seconds(elapsed),
-                    seconds(max)
+                    seconds(max),
+                    after()
                 ));
             }
         }
@@ -268,9 +270,10 @@ impl ExperimentStopper {
             && totals.fuel_total >= max
         {
             return Some(format!(
-                "total fuel reached {} (max_fuel = {}){after}",
+                "total fuel reached {} (max_fuel = {}){}",
                 fuel(totals.fuel_total),
-                fuel(max)
+                fuel(max),
+                after()
             ));
         }
         None
