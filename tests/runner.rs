@@ -450,7 +450,7 @@ fn a_searcher_that_waits_while_nothing_runs_is_reported_not_hung() {
     );
 }
 
-/// A searcher that suggests `first`, then waits until it has heard a
+/// A searcher that suggests one trial, then waits until it has heard a
 /// result before suggesting the rest, logging what it does.
 struct AfterFirstResult {
     log: Arc<std::sync::Mutex<Vec<String>>>,

@@ -162,9 +162,9 @@ impl Slot {
         };
         let jsonl = append("result.jsonl")?;
         let csv = append("progress.csv")?;
-        // A continuing trial keeps its CSV's columns. Read through the
-        // handle just opened: a new trial's empty file costs no second
-        // lookup.
+        // A continuing trial keeps its CSV's columns. Only a file that
+        // already has rows (its size from the handle just opened) is read
+        // for them: a new trial's empty file costs no second open.
         let header = match csv.metadata() {
             Ok(meta) if meta.len() > 0 => {
                 std::fs::read(name("progress.csv")).ok().and_then(|bytes| {
@@ -410,9 +410,7 @@ impl Open {
             keys: Keys::default(),
         }
     }
-}
 
-impl Open {
     /// Formats `result` into the trial's buffers: its JSON line, and its
     /// CSV row (after the header, for the trial's first row).
     fn append(
