@@ -116,6 +116,7 @@ fn every_hostile_guest_errors_with_its_reason_while_benign_trials_finish() {
         "log_flood",
         "big_report",
         "reserved_metric",
+        "exit",
         "none",
     ];
     let summary = run(
@@ -126,7 +127,7 @@ fn every_hostile_guest_errors_with_its_reason_while_benign_trials_finish() {
     let trials = &summary.trials;
 
     assert_benign_finished(&trials[0]);
-    assert_benign_finished(&trials[12]);
+    assert_benign_finished(&trials[13]);
     assert_error(
         &trials[1],
         &["train() at iteration 2 failed: deliberate failure at iteration 2"],
@@ -172,6 +173,13 @@ fn every_hostile_guest_errors_with_its_reason_while_benign_trials_finish() {
     assert_error(
         &trials[11],
         &["metric named `training_iteration`, which wtune fills in itself"],
+    );
+    // WASI 0.2's `exit` carries success or failure only: 3 arrives as 1.
+    assert_error(
+        &trials[12],
+        &[
+            "train() at iteration 2 called exit with status 1; a trainable must return from every call",
+        ],
     );
 
     // Floods are capped on disk: the cap plus one truncation marker.
@@ -789,14 +797,23 @@ fn sockets_are_denied_and_nothing_reaches_the_host() {
     );
 }
 
-/// A trainable in WAT text, since Rust cannot emit `table.grow`: each
-/// `train()` grows a function table by 40 000 elements and reports nothing.
-/// Every other export succeeds with an empty result. All results are read
-/// from address 16, which stays zero (`ok` with zero payload).
-const TABLE_GROWER: &str = r#"(component
+/// A trainable in WAT text, for what Rust cannot emit (`table.grow`,
+/// malformed or aliased return values). `items` are extra fields of the core
+/// module, whose memory has `pages` pages; `train` and `save` are the bodies
+/// of those core functions, each leaving the address of its result. Every
+/// other export succeeds with an empty result. Results are read from
+/// address 16: zero unless a body writes there, `ok` with zero payload.
+///
+/// The canonical ABI puts a `result<report, string>` there as a tag byte,
+/// then (from offset 4) the report's metric list pointer and length and its
+/// `done` flag; a `result<list<u8>, string>` as the tag, then pointer and
+/// length. A metric is 16 bytes: name pointer, name length, value (f64).
+fn wat_trainable(pages: u32, items: &str, train: &str, save: &str) -> String {
+    format!(
+        r#"(component
   (core module $m
-    (memory (export "memory") 1)
-    (table $t 1 funcref)
+    (memory (export "memory") {pages})
+    {items}
     (global $heap (mut i32) (i32.const 1024))
     (func (export "realloc") (param i32 i32 i32 i32) (result i32)
       (local $p i32)
@@ -804,11 +821,8 @@ const TABLE_GROWER: &str = r#"(component
       (global.set $heap (i32.add (local.get $p) (local.get 3)))
       (local.get $p))
     (func (export "setup") (param i32 i32) (result i32) (i32.const 16))
-    (func (export "train") (result i32)
-      (if (i32.eq (table.grow $t (ref.null func) (i32.const 40000)) (i32.const -1))
-        (then unreachable))
-      (i32.const 16))
-    (func (export "save") (result i32) (i32.const 16))
+    (func (export "train") (result i32) {train})
+    (func (export "save") (result i32) {save})
     (func (export "restore") (param i32 i32) (result i32) (i32.const 16))
     (func (export "reset") (param i32 i32) (result i32) (i32.const 16))
     (func (export "cleanup")))
@@ -828,27 +842,40 @@ const TABLE_GROWER: &str = r#"(component
   (func (export "reset") (param "config" string) (result (result bool (error string)))
     (canon lift (core func $i "reset") (memory (core memory $i "memory")) (realloc (core func $i "realloc"))))
   (func (export "cleanup") (canon lift (core func $i "cleanup")))
-)"#;
+)"#
+    )
+}
+
+/// A WAT body that returns the `ok` result at address 16 as it stands.
+const OK: &str = "(i32.const 16)";
+
+/// Loads a [`wat_trainable`].
+fn wat_program(wat: &str) -> Program {
+    let bytes = wat::parse_str(wat).unwrap();
+    common::sandbox()
+        .load_bytes(&bytes)
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Runs one trial of `program` for at most `iterations`.
+fn run_one(program: Program, limits: Limits, iterations: u64, out: &Path) -> Trial {
+    let stop = StopCriteria {
+        training_iteration: Some(iterations),
+        ..Default::default()
+    };
+    let mut summary = common::run_trials(program, vec![json!({})], limits, stop, vec![], out);
+    summary.trials.remove(0)
+}
 
 #[test]
 fn table_growth_past_the_cap_is_stopped_with_the_limit_named() {
-    let bytes = wat::parse_str(TABLE_GROWER).unwrap();
-    let program: Program = common::sandbox()
-        .load_bytes(&bytes)
-        .unwrap_or_else(|e| panic!("{e}"));
+    // Each `train()` grows a function table by 40 000 elements.
+    let grow = "(if (i32.eq (table.grow $t (ref.null func) (i32.const 40000)) (i32.const -1))
+        (then unreachable))
+      (i32.const 16)";
+    let program = wat_program(&wat_trainable(1, "(table $t 1 funcref)", grow, OK));
     let out = tempfile::tempdir().unwrap();
-    let summary = common::run_trials(
-        program,
-        vec![json!({})],
-        tight_limits(),
-        StopCriteria {
-            training_iteration: Some(10),
-            ..Default::default()
-        },
-        vec![],
-        out.path(),
-    );
-    let trial = &summary.trials[0];
+    let trial = &run_one(program, tight_limits(), 10, out.path());
     // 40 001 and 80 001 elements fit under the cap of 100 000; 120 001 not.
     assert_error(
         trial,
@@ -858,6 +885,103 @@ fn table_growth_past_the_cap_is_stopped_with_the_limit_named() {
         ],
     );
     assert_eq!(trial.iterations, 2);
+}
+
+/// `train()`'s body for a report of `count` metrics at address 4096, each
+/// named by the same `len` bytes at address 65536: `first`, then zeros.
+fn aliased_report(count: u32, len: u32, first: u8) -> String {
+    format!(
+        "(local $i i32)
+      (i32.store8 (i32.const 65536) (i32.const {first}))
+      (loop $each
+        (i32.store (i32.add (i32.const 4096) (i32.mul (local.get $i) (i32.const 16))) (i32.const 65536))
+        (i32.store (i32.add (i32.const 4100) (i32.mul (local.get $i) (i32.const 16))) (i32.const {len}))
+        (local.set $i (i32.add (local.get $i) (i32.const 1)))
+        (br_if $each (i32.lt_u (local.get $i) (i32.const {count}))))
+      (i32.store (i32.const 20) (i32.const 4096))
+      (i32.store (i32.const 24) (i32.const {count}))
+      (i32.const 16)"
+    )
+}
+
+#[test]
+fn a_value_that_points_at_the_same_bytes_many_times_is_cut_off_at_the_memory_cap() {
+    // Three metrics share one 30 MB name: 90 MB to copy out of a guest that
+    // may hold 64 MiB. The host stops reading at the cap rather than
+    // allocating every reference (wasmtime's own default would let 128 MiB
+    // through; a million references would be terabytes).
+    let program = wat_program(&wat_trainable(
+        460,
+        "",
+        &aliased_report(3, 30_000_000, 0),
+        OK,
+    ));
+    let out = tempfile::tempdir().unwrap();
+    let trial = run_one(program, tight_limits(), 1, out.path());
+    assert_error(
+        &trial,
+        &[
+            "train() at iteration 1 passed the host a value it refuses: more than 64 MiB in one \
+             value, the guest's memory limit (limits.memory); strings and lists count once for \
+             every reference to them",
+        ],
+    );
+}
+
+#[test]
+fn a_malformed_return_value_is_the_guests_fault_named_as_such() {
+    // A metric list that points past the end of memory, and a metric name
+    // that is not UTF-8.
+    let out_of_bounds = "(i32.store (i32.const 20) (i32.const 0x7fff0000))
+      (i32.store (i32.const 24) (i32.const 10))
+      (i32.const 16)";
+    let not_utf8 = aliased_report(1, 1, 0xff);
+    for (body, reason) in [
+        (out_of_bounds, "list pointer/length out of bounds of memory"),
+        (not_utf8.as_str(), "invalid utf-8"),
+    ] {
+        let program = wat_program(&wat_trainable(2, "", body, OK));
+        let out = tempfile::tempdir().unwrap();
+        let trial = run_one(program, tight_limits(), 1, out.path());
+        assert_error(
+            &trial,
+            &[
+                "train() at iteration 1 passed the host a value it refuses: ",
+                reason,
+            ],
+        );
+    }
+}
+
+#[test]
+fn a_guest_checkpoint_over_128_mib_is_taken_when_the_limits_allow_it() {
+    // 140 MB: over wasmtime's default cap on one value (128 MiB), under the
+    // 256 MiB this experiment allows for memory and checkpoints.
+    const STATE: u32 = 140_000_000;
+    let save = format!(
+        "(i32.store (i32.const 20) (i32.const 65536))
+      (i32.store (i32.const 24) (i32.const {STATE}))
+      (i32.const 16)"
+    );
+    let program = wat_program(&wat_trainable(STATE / 65536 + 2, "", OK, &save));
+    let limits = Limits {
+        memory_bytes: 256 << 20,
+        checkpoint_bytes: 256 << 20,
+        ..tight_limits()
+    };
+    let backend = WasmBackend::new(program, limits, vec![])
+        .checkpoint_mode(CheckpointMode::Guest)
+        .unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let mut spec = spec(out.path(), vec![json!({})], 1);
+    spec.checkpoint = CheckpointPolicy {
+        freq: 1,
+        ..Default::default()
+    };
+    let summary = run_backend(backend, spec);
+    let trial = &summary.trials[0];
+    assert_eq!(trial.status, TrialStatus::Terminated, "{:?}", trial.error);
+    assert_eq!(checkpoint_files(trial), ["checkpoint_000001.wtsnap"]);
 }
 
 /// The host's own memory stays bounded while guests misbehave: a memory

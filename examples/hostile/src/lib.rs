@@ -43,6 +43,7 @@
 //! | `recursion`        | unbounded non-tail recursion                                    | trap when the wasm call stack hits the host's limit (wasmtime "call stack exhausted") |
 //! | `stdout_flood`     | writes 64 KiB of 1 KiB lines to stdout forever (and stderr every 16th) | capture capped; ended by fuel or the deadline |
 //! | `log_flood`        | sends 64 KiB `info!` lines to the host log forever              | log capped; ended by fuel or the deadline |
+//! | `exit`             | calls `std::process::exit(3)` (WASI's `exit`, status 1 in WASI 0.2) | ERROR naming the exit and its status |
 //! | `big_report`       | returns a report with 100 000 metrics `m0`, `m1`, ... (no `score`) | host rejects the report: ERROR |
 //! | `reserved_metric`  | returns `score` and a metric named `training_iteration`         | host rejects the report: ERROR |
 //! | `huge_error`       | returns an error message of 100 000 000 bytes                   | ERROR quoting only the message's first 4 KiB and naming its size |
@@ -114,6 +115,8 @@ pub enum Attack {
     StdoutFlood,
     /// Floods the host log forever.
     LogFlood,
+    /// Calls `std::process::exit` instead of returning.
+    Exit,
     /// Returns a report with 100 000 metrics.
     BigReport,
     /// Returns a report with the reserved metric `training_iteration`.
@@ -136,7 +139,7 @@ pub enum Attack {
 
 impl Attack {
     /// Every attack, with its config name.
-    pub const ALL: [(&'static str, Attack); 23] = [
+    pub const ALL: [(&'static str, Attack); 24] = [
         ("none", Attack::None),
         ("error", Attack::Error),
         ("panic", Attack::Panic),
@@ -151,6 +154,7 @@ impl Attack {
         ("recursion", Attack::Recursion),
         ("stdout_flood", Attack::StdoutFlood),
         ("log_flood", Attack::LogFlood),
+        ("exit", Attack::Exit),
         ("big_report", Attack::BigReport),
         ("reserved_metric", Attack::ReservedMetric),
         ("huge_error", Attack::HugeError),
@@ -304,6 +308,7 @@ impl Trainable for Hostile {
             Attack::Recursion => stack_overflow(),
             Attack::StdoutFlood => stdout_flood(),
             Attack::LogFlood => log_flood(),
+            Attack::Exit => std::process::exit(3),
             Attack::BigReport => Ok(big_report()),
             Attack::ReservedMetric => Ok(reserved_metric(n)),
             Attack::HugeError => Err(Error::msg("e".repeat(HUGE))),

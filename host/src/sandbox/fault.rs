@@ -88,6 +88,13 @@ pub enum TrialFault {
     /// The guest returned something the host refuses (too large, reserved
     /// names, malformed values).
     BadOutput { at: At, reason: String },
+    /// The guest handed the host a value it refuses to read: one it
+    /// returned or passed to a host call was malformed (out of bounds,
+    /// invalid UTF-8, a bad discriminant or handle) or larger than
+    /// [`super::Limits::transfer_bytes`].
+    BadValue { at: At, reason: String },
+    /// The guest called WASI's `exit` instead of returning from the call.
+    Exit { at: At, code: i32 },
     /// The host could not prepare the trial's environment (log files,
     /// directories) or a host-side error surfaced during a call.
     Host { at: At, message: String },
@@ -145,6 +152,13 @@ impl fmt::Display for TrialFault {
             TrialFault::BadOutput { at, reason } => {
                 write!(f, "{at} returned a bad result: {reason}")
             }
+            TrialFault::BadValue { at, reason } => {
+                write!(f, "{at} passed the host a value it refuses: {reason}")
+            }
+            TrialFault::Exit { at, code } => write!(
+                f,
+                "{at} called exit with status {code}; a trainable must return from every call"
+            ),
             TrialFault::Host { at, message } => write!(f, "host error during {at}: {message}"),
             TrialFault::Poisoned => {
                 f.write_str("the instance trapped earlier and can no longer be called")

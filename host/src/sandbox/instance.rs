@@ -358,11 +358,40 @@ fn classify(
                 trap: trap.to_string(),
             },
         },
-        None => TrialFault::Host {
-            at,
-            message: cut(format!("{err:#}")),
-        },
+        None => not_a_trap(at, limits, err),
     }
+}
+
+/// The end of wasmtime's message when a value exceeds the store's hostcall
+/// fuel ([`Limits::transfer_bytes`]). Its error type is private, so the
+/// message is matched; `tests/hostile.rs` pins it.
+const TRANSFER_CAP_HIT: &str = "fuel allocated for hostcalls has been exhausted";
+
+/// Names a failure that is not a trap. Instantiating, or a host snapshot,
+/// can fail on the host's side (memory it could not map). Within a call the
+/// host's own imports only ever trap, so what is left is the guest's doing:
+/// an `exit`, or a value wasmtime could not lift out of it.
+fn not_a_trap(at: At, limits: &Limits, err: wasmtime::Error) -> TrialFault {
+    if let Some(exit) = err.downcast_ref::<wasmtime_wasi::I32Exit>() {
+        return TrialFault::Exit { at, code: exit.0 };
+    }
+    let text = format!("{err:#}");
+    if matches!(at.call, Call::Instantiate | Call::Snapshot) {
+        return TrialFault::Host {
+            at,
+            message: cut(text),
+        };
+    }
+    let reason = if text.contains(TRANSFER_CAP_HIT) {
+        format!(
+            "more than {} in one value, the guest's memory limit (limits.memory); \
+             strings and lists count once for every reference to them",
+            super::limits::human_bytes(limits.transfer_bytes())
+        )
+    } else {
+        cut(text)
+    };
+    TrialFault::BadValue { at, reason }
 }
 
 /// Extracts Rust's panic message from the end of the guest's stderr:

@@ -23,7 +23,8 @@ pub struct Limits {
     /// Cap on each captured stream (stdout, stderr, guest log), in bytes.
     pub log_bytes: u64,
     /// Cap on the state one `save()` may return for a guest checkpoint, in
-    /// bytes. The guest memory cap already bounds what the host copies out;
+    /// bytes. The guest memory cap already bounds what the host copies out
+    /// (see [`Limits::transfer_bytes`]);
     /// this bounds what lands on disk per checkpoint, so a guest cannot turn
     /// every checkpoint into a disk-filling write. Host snapshots are not
     /// affected (their size follows the guest's memory).
@@ -49,6 +50,20 @@ impl Default for Limits {
             log_bytes: 10 << 20,
             checkpoint_bytes: default_checkpoint_bytes(),
         }
+    }
+}
+
+impl Limits {
+    /// Most bytes the host takes out of the guest for one value it reads:
+    /// a returned report, checkpoint or message, or the arguments of one
+    /// host call. It is the memory cap, since nothing the guest holds once
+    /// is larger, so every honest value passes, while a value whose strings
+    /// or lists point at the same bytes many times (each reference is a
+    /// copy) cannot make the host allocate more than the guest could hold.
+    /// Wasmtime's own default, 128 MiB, would refuse a checkpoint that
+    /// `checkpoint_bytes` allows, or a compute buffer upload of 200 MiB.
+    pub fn transfer_bytes(&self) -> u64 {
+        self.memory_bytes
     }
 }
 

@@ -260,6 +260,7 @@ impl Program {
         };
         let mut store = Store::new(self.pre.engine(), host);
         store.limiter(|host| &mut host.limiter);
+        store.set_hostcall_fuel(usize::try_from(limits.transfer_bytes()).unwrap_or(usize::MAX));
         store.call_hook(super::compute::settle);
         TrialInstance::start(store, &self.pre, self.access.clone(), limits.clone())
     }
