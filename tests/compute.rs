@@ -88,13 +88,15 @@ fn misuse_is_an_error_the_guest_receives_and_the_host_survives() {
             "out (buffer 5) has 1 elements; m * n = 16 are needed",
         ),
     ];
+    // Fuel enough for every case, but not for the 2^24 workgroups of
+    // `dispatch` (about 1.7e10 at 64 invocations each): a refused dispatch
+    // must be refused before it is charged.
+    let limits = Limits {
+        fuel_per_call: Some(5_000_000_000),
+        ..Limits::default()
+    };
     for (misuse, expected) in cases {
-        let mut trial = started(
-            &program,
-            dir.path(),
-            &Limits::default(),
-            json!({"misuse": misuse}),
-        );
+        let mut trial = started(&program, dir.path(), &limits, json!({"misuse": misuse}));
         match trial.train() {
             Err(TrialFault::GuestError { message, .. }) => {
                 assert!(
@@ -313,13 +315,15 @@ fn gpu_misuse_is_an_error_the_guest_receives() {
         ),
         ("override", "sets its @workgroup_size with an override"),
     ];
+    // Fuel enough for every case, but not for the 2^24 workgroups of
+    // `dispatch` (about 1.7e10 at 64 invocations each): a refused dispatch
+    // must be refused before it is charged.
+    let limits = Limits {
+        fuel_per_call: Some(5_000_000_000),
+        ..Limits::default()
+    };
     for (misuse, expected) in cases {
-        let mut trial = started(
-            &program,
-            dir.path(),
-            &Limits::default(),
-            json!({"misuse": misuse}),
-        );
+        let mut trial = started(&program, dir.path(), &limits, json!({"misuse": misuse}));
         match trial.train() {
             Err(TrialFault::GuestError { message, .. }) => {
                 assert!(message.contains(expected), "{misuse}: {message}");
@@ -347,10 +351,16 @@ fn a_runaway_shader_is_killed_at_its_deadline_and_only_its_trial_fails() {
     };
     let mut runaway = started(&program, dir.path(), &limits, json!({"misuse": "runaway"}));
     let began = std::time::Instant::now();
+    // The trial ends at once, named after the job, even though the guest
+    // would have received the error and could have carried on.
     match runaway.train() {
-        Err(fault @ TrialFault::Timeout { .. }) => {
-            assert!(fault.to_string().contains("deadline"), "{fault}")
-        }
+        Err(fault @ TrialFault::DeviceLost { .. }) => assert_eq!(
+            fault.to_string(),
+            "train() at iteration 1 lost its compute device: a dispatch of pipeline 1 over \
+             65535x65535x1 workgroups ran past the guest call's deadline \
+             (limits.call_timeout); its GPU worker process was killed, taking this trial's \
+             device buffers with it"
+        ),
         other => panic!("{other:?}"),
     }
     assert!(
@@ -366,6 +376,24 @@ fn a_runaway_shader_is_killed_at_its_deadline_and_only_its_trial_fails() {
     fresh.train().unwrap();
     let expected: Vec<GuestReport> = (0..3).map(|_| fresh.train().unwrap().0).collect();
     assert_eq!(continued, expected);
+}
+
+#[test]
+fn pipeline_numbers_freed_before_a_snapshot_stay_unused_after_its_restore() {
+    let compute = wtune::compute::Compute::new(ComputeOptions {
+        mode: ComputeMode::Gpu,
+        ..ComputeOptions::default()
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    let wgsl = "@compute @workgroup_size(1) fn main() {}";
+    let mut before = compute.session();
+    let freed = before.create_pipeline(wgsl, "main").unwrap();
+    before.free_pipeline(freed).unwrap();
+    let image = before.image().unwrap();
+    let mut after = compute.session();
+    after.restore(&image).unwrap();
+    // A stale handle the guest kept must not come to name a new pipeline.
+    assert!(after.create_pipeline(wgsl, "main").unwrap() > freed);
 }
 
 #[test]

@@ -41,6 +41,9 @@ pub enum Stop {
     OutOfFuel,
     /// The guest call's deadline had passed.
     Deadline,
+    /// The device lost the trial's state for good (its GPU worker was
+    /// killed at a job's deadline, or died): the trial cannot go on.
+    DeviceLost,
 }
 
 /// Settles host compute against the guest's fuel. The sandbox tells it how
@@ -102,6 +105,12 @@ impl Meter {
         }
         self.debt = debt;
         Ok(())
+    }
+
+    /// Stops the current host call (unless it was stopped already): it
+    /// settles with `stop`, and nothing more runs in it.
+    pub fn stop(&mut self, stop: Stop) {
+        self.stop.get_or_insert(stop);
     }
 
     /// The fuel owed by the call that is returning, or why it was stopped.
@@ -166,6 +175,18 @@ mod tests {
         meter.enter(Some(10));
         assert_eq!(meter.settle(), Ok(0));
         assert_eq!(meter.settle(), Err(Stop::OutOfFuel));
+    }
+
+    #[test]
+    fn a_stop_outlasts_nested_calls_and_keeps_the_first_reason() {
+        let mut meter = Meter::default();
+        meter.enter(Some(1000));
+        meter.enter(Some(1000));
+        meter.stop(Stop::DeviceLost);
+        meter.stop(Stop::OutOfFuel);
+        assert_eq!(meter.charge(1), Err(Stop::DeviceLost));
+        assert_eq!(meter.settle(), Ok(0));
+        assert_eq!(meter.settle(), Err(Stop::DeviceLost));
     }
 
     #[test]

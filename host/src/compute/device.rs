@@ -92,6 +92,21 @@ pub enum Kernel {
 }
 
 impl Kernel {
+    /// The kernel's name, as the WIT function that asks for it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Kernel::Matmul { .. } => "matmul",
+            Kernel::Unary { .. } => "unary",
+            Kernel::Binary { .. } => "binary",
+            Kernel::BinaryRows { .. } => "binary-rows",
+            Kernel::Affine { .. } => "affine",
+            Kernel::Axpy { .. } => "axpy",
+            Kernel::Reduce { .. } => "reduce",
+            Kernel::Softmax { .. } => "softmax",
+            Kernel::Copy { .. } => "copy",
+        }
+    }
+
     /// The buffer the kernel writes.
     pub fn output(&self) -> u32 {
         match *self {
@@ -129,6 +144,12 @@ pub trait Device: Send {
     /// The guest call now beginning must end by `deadline`.
     fn begin_call(&mut self, deadline: Option<Instant>) {
         let _ = deadline;
+    }
+    /// Why this device has lost the trial's buffers for good, once it has
+    /// (a GPU worker killed at a job's deadline, or dead). Every later call
+    /// fails, so the trial must end rather than carry on without its state.
+    fn lost(&self) -> Option<&str> {
+        None
     }
     /// Makes buffer `id` (a number not in use).
     fn create(&mut self, id: u32, fill: Fill) -> Result<(), ComputeError>;

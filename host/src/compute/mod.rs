@@ -225,6 +225,15 @@ impl Compute {
         self.shared.info.clone()
     }
 
+    /// Most workgroups a custom dispatch may ask for along one dimension
+    /// (`None` where there are no custom shaders).
+    pub fn max_workgroups(&self) -> Option<u32> {
+        self.shared
+            .gpu
+            .as_ref()
+            .map(|pool| pool.adapter().max_workgroups)
+    }
+
     /// Bytes all trials hold now.
     pub fn used_bytes(&self) -> u64 {
         self.shared.used.load(Ordering::Acquire)

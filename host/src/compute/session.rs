@@ -18,6 +18,10 @@ use crate::sandbox::human_bytes;
 pub struct ComputeImage {
     /// The number the next new buffer gets (numbers are never reused).
     pub next_buffer: u32,
+    /// The number the next new pipeline gets. Pipelines themselves are not
+    /// carried (a trial holding one cannot be snapshotted), but the numbers
+    /// of those it freed must stay unused after a restore too.
+    pub next_pipeline: u32,
     /// `(number, contents)` of each live buffer, in ascending order.
     pub buffers: Vec<(u32, Vec<f32>)>,
 }
@@ -27,6 +31,7 @@ pub struct ComputeImage {
 impl PartialEq for ComputeImage {
     fn eq(&self, other: &Self) -> bool {
         self.next_buffer == other.next_buffer
+            && self.next_pipeline == other.next_pipeline
             && self.buffers.len() == other.buffers.len()
             && self
                 .buffers
@@ -49,7 +54,7 @@ impl ComputeImage {
 
     /// Whether there is nothing to carry: no buffers, and none ever made.
     pub fn is_empty(&self) -> bool {
-        self.buffers.is_empty() && self.next_buffer <= 1
+        self.buffers.is_empty() && self.next_buffer <= 1 && self.next_pipeline <= 1
     }
 }
 
@@ -130,9 +135,20 @@ impl ComputeSession {
         self.device.begin_call(deadline);
     }
 
-    /// Fuel the returning host call owes, or why it was stopped.
+    /// Fuel the returning host call owes, or why it was stopped. Once the
+    /// device has lost the trial's buffers every host call stops with
+    /// [`Stop::DeviceLost`], so the trial ends with [`Self::lost`] as its
+    /// reason instead of running on with handles to nothing.
     pub fn settle(&mut self) -> Result<u64, Stop> {
+        if self.device.lost().is_some() {
+            self.meter.stop(Stop::DeviceLost);
+        }
         self.meter.settle()
+    }
+
+    /// Why the device lost this trial's buffers, once it has.
+    pub fn lost(&self) -> Option<&str> {
+        self.device.lost()
     }
 
     /// Charges `fuel` for work the host did for the guest outside this
@@ -150,6 +166,7 @@ impl ComputeSession {
             ComputeError::Quota(match stop {
                 Stop::OutOfFuel => "out of fuel".into(),
                 Stop::Deadline => "the call's deadline has passed".into(),
+                Stop::DeviceLost => "the device lost this trial's buffers".into(),
             })
         })
     }
@@ -452,6 +469,15 @@ impl ComputeSession {
         for &buffer in bindings {
             bound += self.elements(buffer)? * 4;
         }
+        // Checked here, not only by the device, so that a refused dispatch
+        // is not charged.
+        let limit = self.compute.max_workgroups().unwrap_or(u32::MAX);
+        if let Some(too_many) = groups.iter().find(|&&g| g > limit) {
+            return Err(invalid!(
+                "a dispatch of {too_many} workgroups along one dimension is more than this GPU \
+                 allows ({limit})"
+            ));
+        }
         let invocations = groups
             .iter()
             .chain(&info.workgroup_size)
@@ -491,6 +517,7 @@ impl ComputeSession {
         }
         Ok(ComputeImage {
             next_buffer: self.next_buffer,
+            next_pipeline: self.next_pipeline,
             buffers,
         })
     }
@@ -511,6 +538,7 @@ impl ComputeSession {
             }
         }
         self.next_buffer = image.next_buffer.max(1);
+        self.next_pipeline = image.next_pipeline.max(1);
         Ok(())
     }
 

@@ -265,6 +265,19 @@ pub(crate) fn settle(
     }
 }
 
+/// The error a host call returns when the trial's compute device lost its
+/// buffers: the sandbox names the trial's failure after it.
+#[derive(Debug)]
+pub(crate) struct DeviceLost(pub(crate) String);
+
+impl std::fmt::Display for DeviceLost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for DeviceLost {}
+
 /// Takes what a returning host call owes off the store's fuel, or traps.
 fn pay(
     mut store: StoreContextMut<'_, TrialHost>,
@@ -285,5 +298,9 @@ fn pay(
             Err(Trap::OutOfFuel.into())
         }
         Err(Stop::Deadline) => Err(Trap::Interrupt.into()),
+        Err(Stop::DeviceLost) => {
+            let why = store.data().compute.lost().unwrap_or("the device failed");
+            Err(wasmtime::Error::new(DeviceLost(why.to_owned())))
+        }
     }
 }

@@ -93,6 +93,9 @@ pub enum TrialFault {
     /// invalid UTF-8, a bad discriminant or handle) or larger than
     /// [`super::Limits::transfer_bytes`].
     BadValue { at: At, reason: String },
+    /// The trial's compute device lost its buffers (a GPU job ran past its
+    /// deadline and its worker was killed, or the worker died).
+    DeviceLost { at: At, reason: String },
     /// The guest called WASI's `exit` instead of returning from the call.
     Exit { at: At, code: i32 },
     /// The host could not prepare the trial's environment (log files,
@@ -154,6 +157,9 @@ impl fmt::Display for TrialFault {
             }
             TrialFault::BadValue { at, reason } => {
                 write!(f, "{at} passed the host a value it refuses: {reason}")
+            }
+            TrialFault::DeviceLost { at, reason } => {
+                write!(f, "{at} lost its compute device: {reason}")
             }
             TrialFault::Exit { at, code } => write!(
                 f,

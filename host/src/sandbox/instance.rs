@@ -369,9 +369,16 @@ const TRANSFER_CAP_HIT: &str = "fuel allocated for hostcalls has been exhausted"
 
 /// Names a failure that is not a trap. Instantiating, or a host snapshot,
 /// can fail on the host's side (memory it could not map). Within a call the
-/// host's own imports only ever trap, so what is left is the guest's doing:
-/// an `exit`, or a value wasmtime could not lift out of it.
+/// host's own imports only ever trap or report a lost compute device, so
+/// what is left is the guest's doing: an `exit`, or a value wasmtime could
+/// not lift out of it.
 fn not_a_trap(at: At, limits: &Limits, err: wasmtime::Error) -> TrialFault {
+    if let Some(lost) = err.downcast_ref::<super::compute::DeviceLost>() {
+        return TrialFault::DeviceLost {
+            at,
+            reason: lost.0.clone(),
+        };
+    }
     if let Some(exit) = err.downcast_ref::<wasmtime_wasi::I32Exit>() {
         return TrialFault::Exit { at, code: exit.0 };
     }

@@ -192,6 +192,9 @@ struct Header {
 #[derive(Serialize, Deserialize)]
 struct ComputeHeader {
     next_buffer: u32,
+    /// Absent from snapshots taken before pipeline numbers were carried.
+    #[serde(default)]
+    next_pipeline: u32,
     /// `(number, elements)` of each buffer, in the payload's order.
     buffers: Vec<(u32, u64)>,
 }
@@ -241,6 +244,7 @@ pub fn encode(meta: &SnapshotMeta, payload: &Payload, key: Option<&SnapshotKey>)
         data_len: guest.map_or(image.stored_bytes(), |bytes| bytes.len() as u64),
         compute: (!image.compute.is_empty()).then(|| ComputeHeader {
             next_buffer: image.compute.next_buffer,
+            next_pipeline: image.compute.next_pipeline,
             buffers: image
                 .compute
                 .buffers
@@ -488,6 +492,7 @@ fn decode_compute(
     }
     Ok(ComputeImage {
         next_buffer: header.next_buffer,
+        next_pipeline: header.next_pipeline,
         buffers,
     })
 }
@@ -620,6 +625,7 @@ mod tests {
         };
         image.compute = ComputeImage {
             next_buffer: 9,
+            next_pipeline: 4,
             buffers: vec![(2, vec![1.5; 1000]), (7, vec![f32::NAN, -0.0])],
         };
         let payload = Payload::Memory(image);

@@ -54,8 +54,20 @@ pub struct Worker {
 }
 
 impl Worker {
-    /// Starts a worker and waits for its greeting.
-    pub fn start(executable: &PathBuf) -> Result<(Worker, Hello), String> {
+    /// Starts a worker and waits for its greeting until `deadline` (and at
+    /// most [`START_TIMEOUT`]); past it the worker is killed.
+    pub fn start(
+        executable: &PathBuf,
+        deadline: Option<Instant>,
+    ) -> Result<(Worker, Hello), String> {
+        let limit = Instant::now() + START_TIMEOUT;
+        let (deadline, why) = match deadline {
+            Some(call) if call < limit => (call, "before the guest call's deadline".to_owned()),
+            _ => (
+                limit,
+                format!("within {}", humantime::format_duration(START_TIMEOUT)),
+            ),
+        };
         let mut child = Command::new(executable)
             .arg("gpu-worker")
             .stdin(Stdio::piped())
@@ -97,15 +109,13 @@ impl Worker {
             stderr,
             status: None,
         };
-        let hello = match hello_rx.recv_timeout(START_TIMEOUT) {
+        let wait = deadline.saturating_duration_since(Instant::now());
+        let hello = match hello_rx.recv_timeout(wait) {
             Ok(Ok(Some((hello, _)))) => hello,
             Ok(Ok(None)) => return Err(worker.died("it exited before greeting")),
             Ok(Err(e)) => return Err(worker.died(&format!("its greeting was unreadable: {e}"))),
             Err(_) => {
-                return Err(format!(
-                    "the GPU worker did not open a device within {}",
-                    humantime::format_duration(START_TIMEOUT)
-                ));
+                return Err(format!("the GPU worker did not open a device {why}"));
             }
         };
         Ok((worker, hello))
@@ -203,7 +213,7 @@ impl WorkerPool {
     /// worker runs but finds no adapter.
     pub fn open() -> Result<Result<Arc<WorkerPool>, String>, String> {
         let executable = crate::process::worker_executable()?;
-        let (worker, hello) = Worker::start(&executable)?;
+        let (worker, hello) = Worker::start(&executable, None)?;
         Ok(match hello {
             Hello::Ready(adapter) => Ok(Arc::new(WorkerPool {
                 executable,
@@ -219,7 +229,8 @@ impl WorkerPool {
         &self.adapter
     }
 
-    fn take(&self) -> Result<Worker, String> {
+    /// An idle worker, or a new one started by `deadline`.
+    fn take(&self, deadline: Option<Instant>) -> Result<Worker, String> {
         loop {
             let idle = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
             match idle {
@@ -232,7 +243,7 @@ impl WorkerPool {
                 None => break,
             }
         }
-        match Worker::start(&self.executable)? {
+        match Worker::start(&self.executable, deadline)? {
             (worker, Hello::Ready(_)) => Ok(worker),
             (_, Hello::NoAdapter(reason)) => Err(format!(
                 "a new GPU worker found no adapter this time: {reason}"
@@ -284,14 +295,26 @@ impl GpuDevice {
         let worker = match &mut self.worker {
             Some(worker) => worker,
             None => {
-                let worker = self.pool.take().map_err(ComputeError::Device)?;
+                let worker = self
+                    .pool
+                    .take(self.deadline)
+                    .map_err(ComputeError::Device)?;
                 self.worker.insert(worker)
             }
         };
         let fallback = Instant::now() + JOB_TIMEOUT;
         let (deadline, why) = match self.deadline {
-            Some(call) if call < fallback => (call, "the guest call's deadline"),
-            _ => (fallback, "the GPU job limit"),
+            Some(call) if call < fallback => (
+                call,
+                "the guest call's deadline (limits.call_timeout)".into(),
+            ),
+            _ => (
+                fallback,
+                format!(
+                    "the {} limit on one GPU job",
+                    humantime::format_duration(JOB_TIMEOUT)
+                ),
+            ),
         };
         let result = worker.call(request, payload, deadline);
         match result {
@@ -301,8 +324,9 @@ impl GpuDevice {
                 self.worker = None;
                 let lost = match failure {
                     Failure::Deadline => format!(
-                        "a GPU job ran past {why} and its worker process was killed, taking \
-                         this trial's device buffers with it"
+                        "{} ran past {why}; its GPU worker process was killed, taking this \
+                         trial's device buffers with it",
+                        request.describe()
                     ),
                     Failure::Died(why) => {
                         format!("{why}; this trial's device buffers are gone")
@@ -330,6 +354,10 @@ impl Drop for GpuDevice {
 impl Device for GpuDevice {
     fn begin_call(&mut self, deadline: Option<Instant>) {
         self.deadline = deadline;
+    }
+
+    fn lost(&self) -> Option<&str> {
+        self.lost.as_deref()
     }
 
     fn create(&mut self, id: u32, fill: Fill) -> Result<(), ComputeError> {
@@ -422,7 +450,7 @@ mod tests {
 
     #[test]
     fn a_worker_that_cannot_start_or_greet_is_named() {
-        let missing = Worker::start(&PathBuf::from("/nonexistent/wtune"))
+        let missing = Worker::start(&PathBuf::from("/nonexistent/wtune"), None)
             .err()
             .unwrap();
         assert!(
@@ -430,7 +458,28 @@ mod tests {
             "{missing}"
         );
         // `true` ignores its argument and exits without a word.
-        let silent = Worker::start(&PathBuf::from("/bin/true")).err().unwrap();
+        let silent = Worker::start(&PathBuf::from("/bin/true"), None)
+            .err()
+            .unwrap();
         assert!(silent.contains("it exited before greeting"), "{silent}");
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_worker_slow_to_greet_is_given_up_at_the_calls_deadline() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let mute = dir.path().join("mute");
+        std::fs::write(&mute, "#!/bin/sh\nexec sleep 30\n").unwrap();
+        std::fs::set_permissions(&mute, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let began = Instant::now();
+        let deadline = began + Duration::from_millis(200);
+        let err = Worker::start(&mute, Some(deadline)).err().unwrap();
+        assert_eq!(
+            err,
+            "the GPU worker did not open a device before the guest call's deadline"
+        );
+        // Given up at the deadline, not after the 60 s start limit.
+        assert!(began.elapsed() < START_TIMEOUT / 2, "{:?}", began.elapsed());
     }
 }

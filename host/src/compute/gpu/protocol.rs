@@ -83,6 +83,26 @@ pub enum Request {
     Reset,
 }
 
+impl Request {
+    /// The job in words, for the reason a trial fails when it overruns.
+    pub fn describe(&self) -> String {
+        match self {
+            Request::Create { id, .. } => format!("creating buffer {id}"),
+            Request::Write { id, .. } => format!("a write to buffer {id}"),
+            Request::Read { id, .. } => format!("a read of buffer {id}"),
+            Request::Free { id } => format!("freeing buffer {id}"),
+            Request::Run(kernel) => format!("a {} kernel", kernel.name()),
+            Request::CreatePipeline { id, .. } => format!("compiling pipeline {id}"),
+            Request::Dispatch { id, groups, .. } => format!(
+                "a dispatch of pipeline {id} over {}x{}x{} workgroups",
+                groups[0], groups[1], groups[2]
+            ),
+            Request::FreePipeline { id } => format!("freeing pipeline {id}"),
+            Request::Reset => "clearing the worker".into(),
+        }
+    }
+}
+
 /// The worker's answer to one request.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Reply {

@@ -3,7 +3,7 @@
 //!
 //! It runs in its own process because a shader cannot be stopped from
 //! inside one: a timed-out wait leaves the work running, and dropping the
-//! device blocks until it ends (../shared/FINDINGS.md). The parent kills
+//! device blocks until it ends. The parent kills
 //! this process instead. Every job waits for its submission to finish, so
 //! the job that overruns its deadline is the one that caused it.
 
