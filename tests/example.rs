@@ -220,3 +220,56 @@ fn a_pool_that_fits_fewer_trials_than_max_concurrent_is_named_in_a_warning() {
     // The header counts what can run, not what was asked.
     assert!(stderr.contains("2 trials, up to 2 at a time"), "{stderr}");
 }
+
+/// A trial's GPU share is counted against the adapter host compute runs on
+/// (software Vulkan here), and dropped with a note where compute runs on
+/// the CPU, so one experiment file serves both machines.
+#[test]
+fn a_gpu_share_is_counted_on_the_gpu_and_dropped_on_the_cpu() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("experiment.toml");
+    std::fs::write(
+        &config,
+        "num_samples = 4\nmax_concurrent_trials = 4\n\
+         resources_per_trial = { cpu = 0.25, gpu = 0.5 }\n\
+         [param_space]\nwidth = 16\niterations = 1\n",
+    )
+    .unwrap();
+    let run = |compute: &str| {
+        let output = common::wtune()
+            .arg("run")
+            .arg(common::guest("kernels"))
+            .arg("--config")
+            .arg(&config)
+            .args(["--compute", compute])
+            .arg("--output-dir")
+            .arg(dir.path().join(compute))
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+        assert_eq!(output.status.code(), Some(0), "{stderr}");
+        let experiment = read_json(&dir.path().join(compute).join("experiment.json"));
+        assert_eq!(experiment["counts"]["terminated"], 4, "{stderr}");
+        stderr
+    };
+
+    let gpu = run("gpu");
+    assert!(
+        gpu.contains(
+            "at most 2 trial(s) can run at once, not max_concurrent_trials = 4: each asks \
+             resources_per_trial.gpu = 0.5 of the experiment's 1"
+        ),
+        "{gpu}"
+    );
+    assert!(gpu.contains("4 trials, up to 2 at a time"), "{gpu}");
+
+    let cpu = run("cpu");
+    assert!(
+        cpu.contains(
+            "note: host compute does not run on a GPU here, so resources_per_trial.gpu = 0.5 \
+             is not counted"
+        ),
+        "{cpu}"
+    );
+    assert!(cpu.contains("4 trials, up to 4 at a time"), "{cpu}");
+}

@@ -20,7 +20,7 @@ use crate::snapshot::{Payload, SnapshotKey};
 use crate::tune::resume::{self, ErroredTrials};
 use crate::tune::{
     DecisionState, Listed, RunError, RunSpec, Runner, STOPPED_BY_REQUEST, Scheduler, SchedulerSpec,
-    SearchSpec, Searcher, Trial, TrialStatus, control,
+    SearchSpec, Searcher, Trial, TrialStatus, control, fit_gpu,
 };
 
 /// Tune hyperparameters of WebAssembly trainables, each trial in its own sandbox.
@@ -523,6 +523,17 @@ fn execute(
     serve: Option<serve::ServeOptions>,
 ) -> Result<(), Failure> {
     let _lock = lock;
+    let mut spec = spec;
+    if let Some(note) = fit_gpu(
+        &mut spec.resources,
+        &mut spec.resources_per_trial,
+        backend.program().computes_on_gpu(),
+    ) {
+        eprintln!("note: {note}");
+    }
+    let pool = spec.resources.build().map_err(Failure::user)?;
+    pool.check(&spec.resources_per_trial)
+        .map_err(|e| Failure::user(format!("resources_per_trial: {e}")))?;
     let (trials, resumed) = match resumed {
         Some(Resumed { trials, decisions }) => (trials, Some(decisions)),
         None => (Vec::new(), None),

@@ -367,7 +367,13 @@ pub fn plan(
     resources_per_trial.validate().map_err(bad)?;
     let resources: PoolSpec = table_as("resources", &file.resources)?;
     let pool = resources.build().map_err(bad)?;
-    pool.check(&resources_per_trial).map_err(bad)?;
+    // Undeclared GPUs depend on where host compute runs, known once the
+    // sandbox exists: `fit_gpu` settles them, and the run checks again.
+    let mut known = resources_per_trial.clone();
+    if resources.gpu.is_none() {
+        known.gpu = 0.0;
+    }
+    pool.check(&known).map_err(bad)?;
     let stop_experiment: ExperimentStop = table_as("stop_experiment", &file.stop_experiment)?;
     ExperimentStopper::new(&stop_experiment, metric.as_deref(), mode).map_err(bad)?;
     if matches!(scheduler, SchedulerSpec::Pbt(_)) {

@@ -77,6 +77,11 @@ impl WasmBackend {
         }
     }
 
+    /// The program every trial instantiates.
+    pub fn program(&self) -> &Program {
+        &self.program
+    }
+
     /// Picks how checkpoints are taken. Host snapshots must be supported by
     /// the component; the error says why they are not.
     pub fn checkpoint_mode(mut self, mode: CheckpointMode) -> Result<Self, String> {

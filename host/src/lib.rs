@@ -19,14 +19,17 @@
 //!
 //! Embedding, in short:
 //! ```no_run
-//! use wtune::{config, exec::WasmBackend, report, sandbox::{Sandbox, SandboxOptions}, tune::{Fifo, Runner}};
+//! use wtune::{config, exec::WasmBackend, report, sandbox::{Sandbox, SandboxOptions}, tune::{self, Fifo, Runner}};
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! let model = std::path::Path::new("model.wasm");
 //! let plan = config::plan(model, Some("experiment.toml".as_ref()), &Default::default())?;
 //! let sandbox = Sandbox::new(SandboxOptions::default())?;
 //! let program = sandbox.load(model)?;
+//! // GPU shares count against the adapter host compute runs on, if any.
+//! let mut spec = plan.spec;
+//! tune::fit_gpu(&mut spec.resources, &mut spec.resources_per_trial, program.computes_on_gpu());
 //! let backend = WasmBackend::new(program, plan.limits, plan.data);
-//! let summary = Runner::new(backend, plan.spec, Box::new(Fifo::default()))
+//! let summary = Runner::new(backend, spec, Box::new(Fifo::default()))
 //!     .callback(report::TrialFiles::new())
 //!     .run()
 //!     .await?;

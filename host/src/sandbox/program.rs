@@ -70,6 +70,12 @@ impl Program {
         self.uses_compute
     }
 
+    /// Whether the program's host compute runs on a GPU: it imports the
+    /// `compute` interface and the sandbox's backend is a GPU adapter.
+    pub fn computes_on_gpu(&self) -> bool {
+        self.uses_compute && self.compute.info().kind == "gpu"
+    }
+
     /// Whether the host can snapshot this program's instances, and if not,
     /// why.
     pub fn snapshots(&self) -> Result<(), SnapshotRefusal> {

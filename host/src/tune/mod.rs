@@ -34,7 +34,9 @@ pub use median::{MedianStopping, MedianStoppingConfig};
 pub use native::{FnBackend, StatefulStep};
 pub use pbt::{PbtConfig, PopulationBasedTraining};
 pub use replay::{CurveSet, replay_backend};
-pub use resources::{Acquire, PoolSpec, ResourcePool, Resources, detect_gpus, machine_gpus};
+pub use resources::{
+    Acquire, PoolSpec, ResourcePool, Resources, detect_gpus, fit_gpu, machine_gpus,
+};
 pub use result::{AUTO_FIELDS, Mode};
 pub(crate) use runner::best_trial;
 pub use runner::{

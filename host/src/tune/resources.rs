@@ -8,8 +8,8 @@
 //! # What each trial asks for. Left out: 1 CPU and nothing else.
 //! resources_per_trial = { cpu = 0.5, gpu = 0.5, memory = "2GiB", custom = { licence = 1 } }
 //!
-//! # What exists. Anything left out is detected: this machine's cores,
-//! # memory and the NVIDIA or AMD GPUs it can reach (see `detect_gpus`).
+//! # What exists. CPU and memory left out are this machine's; GPUs left
+//! # out are the adapter host compute runs on, if any (see `fit_gpu`).
 //! [resources]
 //! gpu = 1
 //! custom = { licence = 4 }
@@ -121,7 +121,8 @@ pub struct PoolSpec {
     /// CPUs; default: this machine's cores.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cpu: Option<f64>,
-    /// GPUs; default: those detected (see [`detect_gpus`]).
+    /// GPUs; default: the one adapter host compute runs on, when it runs
+    /// on a GPU, else none (see [`fit_gpu`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gpu: Option<f64>,
     /// Bytes of memory; default: this machine's.
@@ -146,6 +147,44 @@ impl PoolSpec {
         };
         ResourcePool::new(&total)
     }
+}
+
+/// Fits the experiment's GPU accounting to where its host compute runs.
+/// Trials reach a GPU only through host compute, so unless `[resources]`
+/// declares GPUs (which is then taken as it stands):
+/// - when compute runs on a GPU, the pool holds that one adapter and each
+///   trial's `gpu` share counts against it: with `gpu = 0.25` four trials
+///   compute on it at once while others wait;
+/// - when it does not (no adapter, `compute = "cpu"`, or a trainable that
+///   does not import `compute`), a trial's `gpu` share has nothing to count
+///   against and is dropped, so one experiment file runs on machines with
+///   and without a GPU.
+///
+/// Returns a note for the user when a share was dropped, or when trials
+/// compute on the GPU without asking for a share of it.
+pub fn fit_gpu(pool: &mut PoolSpec, request: &mut Resources, on_gpu: bool) -> Option<String> {
+    if pool.gpu.is_some() {
+        return None;
+    }
+    if on_gpu {
+        pool.gpu = Some(1.0);
+        return (request.gpu == 0.0).then(|| {
+            "host compute runs on the GPU and resources_per_trial.gpu is 0, so every \
+             running trial computes on it at once; set resources_per_trial.gpu (e.g. 0.25) \
+             to bound how many share it"
+                .to_owned()
+        });
+    }
+    if request.gpu > 0.0 {
+        let asked = request.gpu;
+        request.gpu = 0.0;
+        return Some(format!(
+            "host compute does not run on a GPU here, so resources_per_trial.gpu = {} is not \
+             counted",
+            decimal(asked)
+        ));
+    }
+    None
 }
 
 /// How many trials of one request a pool holds at once
@@ -784,6 +823,40 @@ mod tests {
             .map(|i| pool.acquire(&format!("trial_{i}"), request).unwrap())
             .take_while(|a| *a == Acquire::Granted)
             .count()
+    }
+
+    #[test]
+    fn gpu_shares_follow_where_host_compute_runs_unless_gpus_are_declared() {
+        let half = Resources {
+            gpu: 0.5,
+            ..Resources::default()
+        };
+        // On a GPU: the adapter is the pool's one GPU; shares count.
+        let (mut pool, mut request) = (PoolSpec::default(), half.clone());
+        assert_eq!(fit_gpu(&mut pool, &mut request, true), None);
+        assert_eq!((pool.gpu, request.gpu), (Some(1.0), 0.5));
+        // Trials without a share still compute there, uncounted: said once.
+        let (mut pool, mut request) = (PoolSpec::default(), Resources::default());
+        let note = fit_gpu(&mut pool, &mut request, true).unwrap();
+        assert!(note.contains("set resources_per_trial.gpu"), "{note}");
+        // Not on a GPU: the share is dropped, and said so.
+        let (mut pool, mut request) = (PoolSpec::default(), half.clone());
+        let note = fit_gpu(&mut pool, &mut request, false).unwrap();
+        assert!(
+            note.contains("resources_per_trial.gpu = 0.5 is not counted"),
+            "{note}"
+        );
+        assert_eq!((pool.gpu, request.gpu), (None, 0.0));
+        // Declared GPUs are the user's word either way.
+        for on_gpu in [true, false] {
+            let mut pool = PoolSpec {
+                gpu: Some(4.0),
+                ..PoolSpec::default()
+            };
+            let mut request = half.clone();
+            assert_eq!(fit_gpu(&mut pool, &mut request, on_gpu), None);
+            assert_eq!((pool.gpu, request.gpu), (Some(4.0), 0.5));
+        }
     }
 
     #[test]
