@@ -43,6 +43,14 @@ pub type Result<T, E = ComputeError> = std::result::Result<T, E>;
 // a `wtune_guest::Error` whose message names the case and the host's reason.
 
 /// Where the host computes and how much this trial may hold.
+///
+/// ```no_run
+/// let backend = wtune_guest::compute::info();
+/// // "gpu" or "cpu"; custom shaders only where `shaders` is true.
+/// if backend.shaders {
+///     println!("computing on {} ({} bytes allowed)", backend.name, backend.quota_bytes);
+/// }
+/// ```
 pub fn info() -> BackendInfo {
     raw::info()
 }
@@ -52,6 +60,17 @@ fn invalid(message: String) -> ComputeError {
 }
 
 /// A row-major `rows x cols` matrix of `f32` on the host's device.
+///
+/// ```no_run
+/// use wtune_guest::compute::{Axis, Reduce, Tensor};
+///
+/// # fn main() -> wtune_guest::compute::Result<()> {
+/// let batch = Tensor::from_rows(2, 2, &[1.0, 2.0, 3.0, 4.0])?;
+/// // Column sums over the batch: a 1 x 2 matrix.
+/// let sums = batch.reduce(Reduce::Sum, Axis::Cols)?;
+/// assert_eq!(sums.to_vec()?, [4.0, 6.0]);
+/// # Ok(()) }
+/// ```
 #[derive(Debug)]
 pub struct Tensor {
     id: u32,
@@ -60,9 +79,20 @@ pub struct Tensor {
 }
 
 impl Tensor {
-    /// A zero-filled matrix.
+    /// A zero-filled matrix. One larger than the backend's largest buffer
+    /// ([`BackendInfo::max_buffer_bytes`]) or the trial's quota is refused.
+    ///
+    /// ```no_run
+    /// # fn main() -> wtune_guest::compute::Result<()> {
+    /// let grad = wtune_guest::compute::Tensor::zeros(784, 128)?;
+    /// assert_eq!(grad.len(), 784 * 128);
+    /// # Ok(()) }
+    /// ```
     pub fn zeros(rows: u32, cols: u32) -> Result<Self> {
-        let bytes = rows as u64 * cols as u64 * 4;
+        let bytes = (rows as u64)
+            .checked_mul(cols as u64)
+            .and_then(|n| n.checked_mul(4))
+            .ok_or_else(|| invalid(format!("zeros: a {rows}x{cols} matrix is too large")))?;
         let id = raw::create_buffer(bytes)?;
         Ok(Self { id, rows, cols })
     }
@@ -144,6 +174,18 @@ impl Tensor {
     }
 
     /// `self * other`.
+    ///
+    /// ```no_run
+    /// use wtune_guest::compute::Tensor;
+    ///
+    /// # fn main() -> wtune_guest::compute::Result<()> {
+    /// let a = Tensor::from_rows(1, 2, &[1.0, 2.0])?;
+    /// let b = Tensor::from_rows(2, 1, &[3.0, 4.0])?;
+    /// assert_eq!(a.matmul(&b)?.to_vec()?, [11.0]);
+    /// // Shapes are checked before the host is asked.
+    /// assert!(a.matmul(&a).is_err());
+    /// # Ok(()) }
+    /// ```
     pub fn matmul(&self, other: &Tensor) -> Result<Tensor> {
         let mut out = Tensor::zeros(self.rows, other.cols)?;
         gemm(&mut out, self, false, other, false, 1.0, 0.0)?;
@@ -199,6 +241,17 @@ impl Tensor {
     }
 
     /// `self += alpha * x` (an SGD step: `w.axpy(-lr, &grad)`).
+    ///
+    /// ```no_run
+    /// use wtune_guest::compute::Tensor;
+    ///
+    /// # fn main() -> wtune_guest::compute::Result<()> {
+    /// let mut w = Tensor::from_rows(1, 2, &[1.0, 1.0])?;
+    /// let grad = Tensor::from_rows(1, 2, &[0.5, -0.5])?;
+    /// w.axpy(-0.1, &grad)?;
+    /// assert_eq!(w.to_vec()?, [0.95, 1.05]);
+    /// # Ok(()) }
+    /// ```
     pub fn axpy(&mut self, alpha: f32, x: &Tensor) -> Result<()> {
         self.same_shape("axpy", x)?;
         raw::axpy(alpha, x.id, self.id, self.len())
@@ -216,7 +269,18 @@ impl Tensor {
         Ok(out)
     }
 
-    /// Softmax of each row, in place.
+    /// Softmax of each row, in place (stable: each row's maximum is
+    /// subtracted first).
+    ///
+    /// ```no_run
+    /// use wtune_guest::compute::Tensor;
+    ///
+    /// # fn main() -> wtune_guest::compute::Result<()> {
+    /// let mut logits = Tensor::from_rows(1, 2, &[0.0, 0.0])?;
+    /// logits.softmax_rows()?;
+    /// assert_eq!(logits.to_vec()?, [0.5, 0.5]);
+    /// # Ok(()) }
+    /// ```
     pub fn softmax_rows(&mut self) -> Result<()> {
         raw::softmax(self.id, self.id, self.rows, self.cols)
     }
@@ -243,6 +307,20 @@ impl Drop for Tensor {
 /// `out = alpha * op(a) * op(b) + beta * out`, where `op` transposes when
 /// asked: the workhorse of backpropagation (`grad_w = x^T * grad_y` is
 /// `gemm(&mut gw, &x, true, &gy, false, 1.0, 0.0)`).
+///
+/// ```no_run
+/// use wtune_guest::compute::{Tensor, gemm};
+///
+/// # fn main() -> wtune_guest::compute::Result<()> {
+/// // A batch of 2 inputs with 3 features, and the gradient at a 3 -> 1 layer.
+/// let x = Tensor::from_rows(2, 3, &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0])?;
+/// let grad_y = Tensor::from_rows(2, 1, &[1.0, -1.0])?;
+/// let mut grad_w = Tensor::zeros(3, 1)?;
+/// // grad_w = x^T * grad_y, without materialising x^T.
+/// gemm(&mut grad_w, &x, true, &grad_y, false, 1.0, 0.0)?;
+/// assert_eq!(grad_w.to_vec()?, [-3.0, -3.0, -3.0]);
+/// # Ok(()) }
+/// ```
 pub fn gemm(
     out: &mut Tensor,
     a: &Tensor,
@@ -290,6 +368,25 @@ pub fn gemm(
 
 /// A compiled WGSL compute shader (GPU backends; see
 /// [`BackendInfo::shaders`]).
+///
+/// ```no_run
+/// use wtune_guest::compute::{Pipeline, Tensor};
+///
+/// const DOUBLE: &str = "
+/// @group(0) @binding(0) var<storage, read_write> x: array<f32>;
+/// @compute @workgroup_size(64)
+/// fn main(@builtin(global_invocation_id) id: vec3<u32>) {
+///     if (id.x < arrayLength(&x)) { x[id.x] = x[id.x] * 2.0; }
+/// }";
+///
+/// # fn main() -> wtune_guest::compute::Result<()> {
+/// let x = Tensor::from_rows(1, 100, &[1.0; 100])?;
+/// let double = Pipeline::new(DOUBLE, "main")?;
+/// // 2 workgroups of 64 invocations cover the 100 elements.
+/// double.dispatch(&[&x], [2, 1, 1])?;
+/// assert_eq!(x.to_vec()?, [2.0; 100]);
+/// # Ok(()) }
+/// ```
 #[derive(Debug)]
 pub struct Pipeline {
     id: u32,

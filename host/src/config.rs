@@ -133,7 +133,7 @@ pub struct Overrides {
     pub scheduler: Option<String>,
     /// `--search NAME`
     pub search: Option<String>,
-    /// `--compute auto|cpu`
+    /// `--compute auto|cpu|gpu`
     pub compute: Option<String>,
     /// `--allow-component HASH`, repeatable: replaces the file's
     /// `security.allowed_components`.
