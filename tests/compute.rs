@@ -396,6 +396,59 @@ fn pipeline_numbers_freed_before_a_snapshot_stay_unused_after_its_restore() {
     assert!(after.create_pipeline(wgsl, "main").unwrap() > freed);
 }
 
+/// Software Vulkan ends loops after 65,535 iterations without a word:
+/// kernels that would loop near that long are refused there, not answered
+/// wrongly, and those within the budget are answered right.
+#[test]
+fn kernels_software_vulkan_would_cut_short_are_refused_there() {
+    use wtune::compute::ComputeError;
+    use wtune::compute::ops::{Axis, Matmul, Reduce};
+    let compute = wtune::compute::Compute::new(ComputeOptions {
+        mode: ComputeMode::Gpu,
+        ..ComputeOptions::default()
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    if compute.loop_cap().is_none() {
+        return; // a hardware GPU: no such cap
+    }
+    let mut s = compute.session();
+    let refused = |result: Result<(), ComputeError>| match result {
+        Err(ComputeError::Unsupported(m)) => {
+            assert!(m.contains("more than the 60000 software Vulkan"), "{m}")
+        }
+        other => panic!("{other:?}"),
+    };
+    // A sum over 2^24 values: 65,536 + 8 iterations (lavapipe: 131,070).
+    let long = s.create(4 << 24).unwrap();
+    let one = s.create(4).unwrap();
+    refused(s.reduce(Reduce::Sum, Axis::Rows, long, one, 1, 1 << 24));
+    refused(s.reduce(Reduce::Max, Axis::Cols, long, one, 1 << 24, 1));
+    // A softmax row of 20,000 x 256: 3 loops of 20,000 + 2 folds of 8.
+    let row = 20_000 * 256;
+    let out = s.create(4 * row as u64).unwrap();
+    refused(s.softmax(long, out, 1, row));
+    // A dot product over 960,016 values: 60,001 tiles of 16.
+    let k = 960_016;
+    let spec = Matmul {
+        m: 1,
+        n: 1,
+        k,
+        transpose_a: false,
+        transpose_b: false,
+        alpha: 1.0,
+        beta: 0.0,
+    };
+    let other = s.create(4 << 24).unwrap();
+    refused(s.matmul(long, other, one, spec));
+
+    // A row of 19,994 x 256 (59,998) fits, and comes out right to its end.
+    let row = 19_994 * 256;
+    let ones = s.upload_f32(vec![1.0; row as usize]).unwrap();
+    s.softmax(ones, out, 1, row).unwrap();
+    let last = s.read_f32(out, row as u64 - 1, 1).unwrap()[0];
+    assert!((last * row as f32 - 1.0).abs() < 1e-3, "{last}");
+}
+
 #[test]
 fn gpu_tensors_survive_a_host_snapshot_and_restore() {
     let dir = tempfile::tempdir().unwrap();

@@ -225,6 +225,13 @@ impl Compute {
         self.shared.info.clone()
     }
 
+    /// Most loop iterations a built-in kernel may run per invocation, where
+    /// the adapter is software Vulkan ([`gpu::SOFTWARE_LOOP_CAP`]).
+    pub fn loop_cap(&self) -> Option<u64> {
+        let pool = self.shared.gpu.as_ref()?;
+        pool.adapter().software.then_some(gpu::SOFTWARE_LOOP_CAP)
+    }
+
     /// Most workgroups a custom dispatch may ask for along one dimension
     /// (`None` where there are no custom shaders).
     pub fn max_workgroups(&self) -> Option<u32> {

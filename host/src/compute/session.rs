@@ -8,6 +8,7 @@ use std::time::Instant;
 use super::cost::{self, Meter, Stop};
 use super::device::{Device, Fill, Kernel, PipelineInfo};
 use super::error::{ComputeError, invalid};
+use super::gpu;
 use super::ops::{Axis, Binary, Matmul, Reduce, Unary};
 use super::{BackendInfo, Compute};
 use crate::sandbox::human_bytes;
@@ -277,8 +278,10 @@ impl ComputeSession {
                 "matmul's out must be a buffer other than a and b (buffer {out} is also {which})"
             ));
         }
+        let kernel = Kernel::Matmul { a, b, out, spec };
+        self.fits_loops(&kernel)?;
         self.charge(spec.flops(), 4 * (m * k + k * n + 2 * m * n))?;
-        self.device.run(&Kernel::Matmul { a, b, out, spec })
+        self.device.run(&kernel)
     }
 
     /// `out[i] = op(x[i])` for `len` elements.
@@ -395,15 +398,17 @@ impl ComputeSession {
         if out == x {
             return Err(invalid!("reduce's out must be a buffer other than x ({x})"));
         }
-        self.charge(cells, 4 * (cells + results))?;
-        self.device.run(&Kernel::Reduce {
+        let kernel = Kernel::Reduce {
             op,
             along,
             x,
             out,
             rows,
             cols,
-        })
+        };
+        self.fits_loops(&kernel)?;
+        self.charge(cells, 4 * (cells + results))?;
+        self.device.run(&kernel)
     }
 
     /// Row-wise softmax of a `rows x cols` matrix.
@@ -411,8 +416,10 @@ impl ComputeSession {
         let cells = rows as u64 * cols as u64;
         self.need(x, "x", cells, "rows * cols")?;
         self.need(out, "out", cells, "rows * cols")?;
+        let kernel = Kernel::Softmax { x, out, rows, cols };
+        self.fits_loops(&kernel)?;
         self.charge(Unary::Exp.flops() * cells + 3 * cells, 8 * cells)?;
-        self.device.run(&Kernel::Softmax { x, out, rows, cols })
+        self.device.run(&kernel)
     }
 
     // ----- shaders -------------------------------------------------------
@@ -579,6 +586,27 @@ impl ComputeSession {
 
     /// `id` must hold at least `elements` (`formula` says where the number
     /// comes from, for the message).
+    /// Refuses a built-in kernel whose loops software Vulkan would cut
+    /// short (see [`gpu::SOFTWARE_LOOP_CAP`]), rather than return its wrong
+    /// numbers.
+    fn fits_loops(&self, kernel: &Kernel) -> Result<(), ComputeError> {
+        let Some(cap) = self.compute.loop_cap() else {
+            return Ok(());
+        };
+        let needed = gpu::loop_iterations(kernel);
+        if needed <= cap {
+            return Ok(());
+        }
+        Err(ComputeError::Unsupported(format!(
+            "this {} needs {needed} loop iterations per shader invocation, more than the \
+             {cap} software Vulkan ({}) runs right (it stops loops after 65,535 without a \
+             word, giving wrong results); use compute = \"cpu\" (faster than software \
+             Vulkan) or a hardware GPU, or split the work",
+            kernel.name(),
+            self.compute.info().name
+        )))
+    }
+
     fn need(&self, id: u32, name: &str, elements: u64, formula: &str) -> Result<(), ComputeError> {
         let have = self.elements(id)?;
         if have < elements {
