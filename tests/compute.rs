@@ -233,13 +233,16 @@ fn a_call_spending_its_time_in_host_compute_ends_at_its_deadline() {
     // kernel is not interrupted; fuel bounds its size.
     let dir = tempfile::tempdir().unwrap();
     let program = common::load("kernels");
+    // Fuel is lifted so that the deadline is what ends the call.
     let limits = Limits {
         call_timeout: Some(Duration::from_millis(100)),
+        fuel_per_call: None,
         ..Limits::default()
     };
-    // Setup is quick; the 50 products of 512 x 512 matrices in the next
-    // call take far longer than the deadline.
-    let config = json!({"width": 8, "matmul": 512, "repeat": 50});
+    // Setup is quick; the 1,000 products of 512 x 512 matrices in the next
+    // call take far longer than the deadline (50 took 73-99 ms here, too
+    // close to it).
+    let config = json!({"width": 8, "matmul": 512, "repeat": 1000});
     let mut slow = started(&program, dir.path(), &limits, config);
     match slow.train() {
         Err(fault @ TrialFault::Timeout { .. }) => {
