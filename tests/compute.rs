@@ -255,6 +255,15 @@ fn a_call_spending_its_time_in_host_compute_ends_at_its_deadline() {
 // ----- the wgpu backend, on whatever Vulkan adapter exists (lavapipe in CI;
 // scripts/setup.sh installs it) ------------------------------------------
 
+/// The GPU backend on its own, for tests of sessions without a guest.
+fn gpu_compute() -> wtune::compute::Compute {
+    wtune::compute::Compute::new(ComputeOptions {
+        mode: ComputeMode::Gpu,
+        ..ComputeOptions::default()
+    })
+    .unwrap_or_else(|e| panic!("{e}"))
+}
+
 /// Guest `name` on the wgpu backend.
 fn gpu_program(name: &str, trial_quota: u64) -> Program {
     let sandbox = Sandbox::new(SandboxOptions {
@@ -383,11 +392,7 @@ fn a_runaway_shader_is_killed_at_its_deadline_and_only_its_trial_fails() {
 
 #[test]
 fn pipeline_numbers_freed_before_a_snapshot_stay_unused_after_its_restore() {
-    let compute = wtune::compute::Compute::new(ComputeOptions {
-        mode: ComputeMode::Gpu,
-        ..ComputeOptions::default()
-    })
-    .unwrap_or_else(|e| panic!("{e}"));
+    let compute = gpu_compute();
     let wgsl = "@compute @workgroup_size(1) fn main() {}";
     let mut before = compute.session();
     let freed = before.create_pipeline(wgsl, "main").unwrap();
@@ -406,11 +411,7 @@ fn pipeline_numbers_freed_before_a_snapshot_stay_unused_after_its_restore() {
 fn kernels_software_vulkan_would_cut_short_are_refused_there() {
     use wtune::compute::ComputeError;
     use wtune::compute::ops::{Axis, Matmul, Reduce};
-    let compute = wtune::compute::Compute::new(ComputeOptions {
-        mode: ComputeMode::Gpu,
-        ..ComputeOptions::default()
-    })
-    .unwrap_or_else(|e| panic!("{e}"));
+    let compute = gpu_compute();
     if compute.loop_cap().is_none() {
         return; // a hardware GPU: no such cap
     }

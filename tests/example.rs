@@ -272,4 +272,34 @@ fn a_gpu_share_is_counted_on_the_gpu_and_dropped_on_the_cpu() {
         "{cpu}"
     );
     assert!(cpu.contains("4 trials, up to 4 at a time"), "{cpu}");
+
+    // More than the one adapter: refused once the share is fitted, before
+    // any trial starts.
+    std::fs::write(
+        &config,
+        "num_samples = 1
+resources_per_trial = { gpu = 2 }
+[param_space]
+width = 16
+",
+    )
+    .unwrap();
+    let output = common::wtune()
+        .arg("run")
+        .arg(common::guest("kernels"))
+        .arg("--config")
+        .arg(&config)
+        .args(["--compute", "gpu"])
+        .arg("--output-dir")
+        .arg(dir.path().join("two"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr
+            .contains("error: resources_per_trial: trial asks for 2 GPUs but the experiment has 1"),
+        "{stderr}"
+    );
+    assert!(!dir.path().join("two").join("trial_0000").exists());
 }

@@ -478,12 +478,8 @@ impl ComputeSession {
         }
         // Checked here, not only by the device, so that a refused dispatch
         // is not charged.
-        let limit = self.compute.max_workgroups().unwrap_or(u32::MAX);
-        if let Some(too_many) = groups.iter().find(|&&g| g > limit) {
-            return Err(invalid!(
-                "a dispatch of {too_many} workgroups along one dimension is more than this GPU \
-                 allows ({limit})"
-            ));
+        if let Some(limit) = self.compute.max_workgroups() {
+            gpu::check_workgroups(groups, limit)?;
         }
         let invocations = groups
             .iter()
@@ -584,8 +580,6 @@ impl ComputeSession {
             .ok_or_else(|| missing("buffer", id, self.next_buffer))
     }
 
-    /// `id` must hold at least `elements` (`formula` says where the number
-    /// comes from, for the message).
     /// Refuses a built-in kernel whose loops software Vulkan would cut
     /// short (see [`gpu::SOFTWARE_LOOP_CAP`]), rather than return its wrong
     /// numbers.
@@ -607,6 +601,8 @@ impl ComputeSession {
         )))
     }
 
+    /// `id` must hold at least `elements` (`formula` says where the number
+    /// comes from, for the message).
     fn need(&self, id: u32, name: &str, elements: u64, formula: &str) -> Result<(), ComputeError> {
         let have = self.elements(id)?;
         if have < elements {

@@ -33,6 +33,16 @@ const MAX_IDLE: usize = 8;
 /// Bytes of a worker's stderr kept for messages.
 const STDERR_TAIL: usize = 4096;
 
+/// The earlier of the guest call's deadline and `limit` from now, and
+/// whether it is the call's.
+fn earlier(call: Option<Instant>, limit: Duration) -> (Instant, bool) {
+    let fallback = Instant::now() + limit;
+    match call {
+        Some(call) if call < fallback => (call, true),
+        _ => (fallback, false),
+    }
+}
+
 /// Why a job got no reply.
 #[derive(Debug)]
 enum Failure {
@@ -60,13 +70,11 @@ impl Worker {
         executable: &PathBuf,
         deadline: Option<Instant>,
     ) -> Result<(Worker, Hello), String> {
-        let limit = Instant::now() + START_TIMEOUT;
-        let (deadline, why) = match deadline {
-            Some(call) if call < limit => (call, "before the guest call's deadline".to_owned()),
-            _ => (
-                limit,
-                format!("within {}", humantime::format_duration(START_TIMEOUT)),
-            ),
+        let (deadline, calls) = earlier(deadline, START_TIMEOUT);
+        let why = if calls {
+            "before the guest call's deadline".to_owned()
+        } else {
+            format!("within {}", humantime::format_duration(START_TIMEOUT))
         };
         let mut child = Command::new(executable)
             .arg("gpu-worker")
@@ -302,19 +310,14 @@ impl GpuDevice {
                 self.worker.insert(worker)
             }
         };
-        let fallback = Instant::now() + JOB_TIMEOUT;
-        let (deadline, why) = match self.deadline {
-            Some(call) if call < fallback => (
-                call,
-                "the guest call's deadline (limits.call_timeout)".into(),
-            ),
-            _ => (
-                fallback,
-                format!(
-                    "the {} limit on one GPU job",
-                    humantime::format_duration(JOB_TIMEOUT)
-                ),
-            ),
+        let (deadline, calls) = earlier(self.deadline, JOB_TIMEOUT);
+        let why = if calls {
+            "the guest call's deadline (limits.call_timeout)".to_owned()
+        } else {
+            format!(
+                "the {} limit on one GPU job",
+                humantime::format_duration(JOB_TIMEOUT)
+            )
         };
         let result = worker.call(request, payload, deadline);
         match result {

@@ -23,8 +23,22 @@ mod worker;
 pub use client::{GpuDevice, JOB_TIMEOUT, WorkerPool};
 pub use worker::{LocalGpu, main as worker_main};
 
+use super::ComputeError;
 use super::device::Kernel;
 use super::ops::Axis;
+
+/// Refuses a dispatch of more than `limit` workgroups along any dimension:
+/// the session checks before it charges fuel, the worker again before it
+/// submits.
+pub fn check_workgroups(groups: [u32; 3], limit: u32) -> Result<(), ComputeError> {
+    match groups.iter().find(|&&g| g > limit) {
+        Some(too_many) => Err(ComputeError::Invalid(format!(
+            "a dispatch of {too_many} workgroups along one dimension is more than this GPU \
+             allows ({limit})"
+        ))),
+        None => Ok(()),
+    }
+}
 
 /// Most loop iterations (as [`loop_iterations`] counts them) a built-in
 /// kernel may run per invocation on software Vulkan. llvmpipe (lavapipe)

@@ -711,13 +711,7 @@ impl LocalGpu {
         let custom = self.pipelines.get(&id).ok_or_else(|| {
             ComputeError::BadHandle(format!("the GPU worker holds no pipeline {id}"))
         })?;
-        if let Some(too_many) = groups.iter().find(|&&g| g > self.adapter.max_workgroups) {
-            return Err(ComputeError::Invalid(format!(
-                "a dispatch of {too_many} workgroups along one dimension is more than this GPU \
-                 allows ({})",
-                self.adapter.max_workgroups
-            )));
-        }
+        super::check_workgroups(groups, self.adapter.max_workgroups)?;
         let buffers = bindings
             .iter()
             .map(|&b| self.buffer(b))
