@@ -65,6 +65,7 @@ use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use wtune::compute::{ComputeMode, ComputeOptions};
 use wtune::sandbox::{Program, Sandbox, SandboxOptions, TrialEnv};
 
 /// Every scenario, in the order `all` runs them.
@@ -203,6 +204,32 @@ fn gpu() -> Option<String> {
     })
 }
 
+/// The digits example loaded once per compute backend this machine has,
+/// labelled for the step table: the CPU kernels, and wgpu where a Vulkan
+/// adapter (software included) exists.
+fn host_math(root: &Path, example: &Path) -> Vec<(String, Program)> {
+    let mut loaded = Vec::new();
+    for mode in [ComputeMode::Cpu, ComputeMode::Gpu] {
+        let Ok(sandbox) = Sandbox::new(SandboxOptions {
+            cache_dir: Some(root.join("target/wtune-bench-cache")),
+            compute: ComputeOptions {
+                mode,
+                ..ComputeOptions::default()
+            },
+            ..Default::default()
+        }) else {
+            continue; // no Vulkan adapter: no GPU row
+        };
+        let info = sandbox.compute();
+        let label = match mode {
+            ComputeMode::Gpu => format!("the wgpu backend, {}", info.name),
+            _ => "the CPU backend".to_string(),
+        };
+        loaded.push((label, sandbox.load(example).expect("the digits example")));
+    }
+    loaded
+}
+
 /// Runs `scenario`; a panic becomes a "not measured" note in the output.
 fn run(name: &str, scenario: impl FnOnce()) {
     let started = Instant::now();
@@ -269,7 +296,7 @@ fn main() {
                 &guest("digits_mlp"),
                 &wasm("digits_mlp"),
                 &data,
-                sandbox.compute().kind,
+                &host_math(&root, &wasm("digits_mlp")),
             ),
             "overhead" => experiment::overhead(&guest("hostile")),
             "throughput" => experiment::throughput(&guest("hostile")),
