@@ -9,9 +9,11 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use wtune::compute::{ComputeMode, ComputeOptions};
+use wtune::exec::WasmBackend;
 use wtune::sandbox::{
     GuestReport, Limits, Program, Sandbox, SandboxOptions, TrialEnv, TrialFault, TrialInstance,
 };
+use wtune::tune::{Fifo, PoolSpec, Resources, RunSpec, Runner, StopCriteria, TrialStatus};
 
 fn env(dir: &Path) -> TrialEnv {
     common::trial_env(dir, vec![])
@@ -279,6 +281,51 @@ fn gpu_program(name: &str, trial_quota: u64) -> Program {
     });
     assert!(sandbox.compute().shaders);
     sandbox.load(&common::guest(name)).unwrap()
+}
+
+#[test]
+fn each_trial_computes_on_the_gpu_the_runner_placed_it_on() {
+    // Two half-GPU trials on a pool of two GPUs run on one each. This
+    // machine has one Vulkan adapter and the pool is declared as a library
+    // user may (`wtune run` refuses it: see `fit_gpu`), so the trial placed
+    // on GPU 1 finds nothing there: it alone fails, naming that GPU.
+    let out = tempfile::tempdir().unwrap();
+    let spec = RunSpec {
+        configs: vec![json!({"width": 8, "matmul": 64}); 2],
+        max_concurrent: 2,
+        stop: StopCriteria {
+            training_iteration: Some(1),
+            ..Default::default()
+        },
+        resources_per_trial: Resources {
+            cpu: 0.5,
+            gpu: 0.5,
+            ..Resources::default()
+        },
+        resources: PoolSpec {
+            gpu: Some(2.0),
+            ..PoolSpec::default()
+        },
+        ..RunSpec::new("placement", out.path())
+    };
+    let backend = WasmBackend::new(gpu_program("kernels", 1 << 30), Limits::default(), vec![]);
+    let summary = tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(Runner::new(backend, spec, Box::new(Fifo::default())).run())
+        .unwrap();
+    let [first, second] = &summary.trials[..] else {
+        panic!("{:?}", summary.trials)
+    };
+    assert_eq!(first.status, TrialStatus::Terminated, "{:?}", first.error);
+    assert_eq!(second.status, TrialStatus::Error);
+    let error = second.error.as_deref().unwrap();
+    assert!(
+        error.contains(
+            "a new GPU worker could not open GPU 1: GPU 1 does not exist: host compute uses 1 \
+             Vulkan adapter here (numbered from 0)"
+        ),
+        "{error}"
+    );
 }
 
 #[test]

@@ -302,4 +302,38 @@ width = 16
         "{stderr}"
     );
     assert!(!dir.path().join("two").join("trial_0000").exists());
+
+    // More GPUs declared than host compute has: trials placed on the
+    // missing ones could not compute, so nothing starts.
+    std::fs::write(
+        &config,
+        "num_samples = 1
+resources_per_trial = { gpu = 0.5 }
+[resources]
+gpu = 2
+[param_space]
+width = 16
+",
+    )
+    .unwrap();
+    let output = common::wtune()
+        .arg("run")
+        .arg(common::guest("kernels"))
+        .arg("--config")
+        .arg(&config)
+        .args(["--compute", "gpu"])
+        .arg("--output-dir")
+        .arg(dir.path().join("declared"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains(
+            "error: resources.gpu = 2 but host compute has 1 GPU to place trials on (the Vulkan \
+             adapters it found); lower resources.gpu to 1 or leave it out"
+        ),
+        "{stderr}"
+    );
+    assert!(!dir.path().join("declared").join("trial_0000").exists());
 }

@@ -47,7 +47,11 @@ enum Command {
     },
     /// Serve GPU compute jobs over stdin and stdout (started by wtune itself).
     #[command(name = "gpu-worker", hide = true)]
-    GpuWorker,
+    GpuWorker {
+        /// Which of host compute's adapters to open (see `LocalGpu::open`).
+        #[arg(long, default_value_t = 0)]
+        adapter: usize,
+    },
     /// Compile the component on stdin into an artifact on stdout (started by wtune itself).
     #[command(name = "compile-worker", hide = true)]
     CompileWorker {
@@ -327,7 +331,7 @@ impl Failure {
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::GpuWorker => return crate::compute::gpu::worker_main(),
+        Command::GpuWorker { adapter } => return crate::compute::gpu::worker_main(adapter),
         Command::CompileWorker { max_wasm_stack } => {
             return crate::sandbox::compile_worker_main(max_wasm_stack);
         }
@@ -339,7 +343,9 @@ pub fn main() -> ExitCode {
         Command::Resume(args) => resume_experiment(args),
         Command::Serve(args) => serve_dir(args),
         Command::Inspect { model } => inspect(&model),
-        Command::GpuWorker | Command::CompileWorker { .. } => unreachable!("served above"),
+        Command::GpuWorker { .. } | Command::CompileWorker { .. } => {
+            unreachable!("served above")
+        }
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
@@ -527,8 +533,10 @@ fn execute(
     if let Some(note) = fit_gpu(
         &mut spec.resources,
         &mut spec.resources_per_trial,
-        backend.program().computes_on_gpu(),
-    ) {
+        backend.program().compute_gpus(),
+    )
+    .map_err(Failure::user)?
+    {
         eprintln!("note: {note}");
     }
     let pool = spec.resources.build().map_err(Failure::user)?;

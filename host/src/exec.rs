@@ -249,6 +249,7 @@ impl TrialBackend for WasmBackend {
             work_dir,
             log_dir: launch.trial_dir.clone(),
             data: self.data.clone(),
+            gpu: launch.gpus.first().copied(),
         };
         let (instance, time_restored_s) = match &launch.restore {
             Some(path) => self.restore(&env, launch, path)?,

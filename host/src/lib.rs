@@ -25,9 +25,9 @@
 //! let plan = config::plan(model, Some("experiment.toml".as_ref()), &Default::default())?;
 //! let sandbox = Sandbox::new(SandboxOptions::default())?;
 //! let program = sandbox.load(model)?;
-//! // GPU shares count against the adapter host compute runs on, if any.
+//! // GPU shares count against the adapters host compute runs on, if any.
 //! let mut spec = plan.spec;
-//! tune::fit_gpu(&mut spec.resources, &mut spec.resources_per_trial, program.computes_on_gpu());
+//! tune::fit_gpu(&mut spec.resources, &mut spec.resources_per_trial, program.compute_gpus())?;
 //! let backend = WasmBackend::new(program, plan.limits, plan.data);
 //! let summary = Runner::new(backend, spec, Box::new(Fifo::default()))
 //!     .callback(report::TrialFiles::new())

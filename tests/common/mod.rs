@@ -44,6 +44,7 @@ pub fn trial_env(dir: &Path, data: Vec<(String, PathBuf)>) -> TrialEnv {
         work_dir,
         log_dir: dir.to_path_buf(),
         data,
+        gpu: None,
     }
 }
 

@@ -210,14 +210,28 @@ impl Compute {
         }
     }
 
-    /// A session for one trial. On the GPU it starts (or takes an idle)
-    /// worker process at its first job.
+    /// A session for one trial on the first GPU ([`Compute::session_on`]).
     pub fn session(&self) -> ComputeSession {
+        self.session_on(0)
+    }
+
+    /// A session for one trial on GPU `gpu` (numbered from 0 among the
+    /// adapters host compute uses: [`Compute::gpus`]); the CPU backend
+    /// ignores it. On a GPU it starts (or takes an idle) worker process
+    /// at its first job; a `gpu` that does not exist fails that job.
+    pub fn session_on(&self, gpu: usize) -> ComputeSession {
         let device: Box<dyn device::Device> = match &self.shared.gpu {
-            Some(pool) => Box::new(GpuDevice::new(Arc::clone(pool))),
+            Some(pool) => Box::new(GpuDevice::new(Arc::clone(pool), gpu)),
             None => Box::new(CpuDevice::new(self.shared.info.name.clone())),
         };
         ComputeSession::new(self.clone(), device)
+    }
+
+    /// How many GPUs kernels run on: the Vulkan adapters of the best kind
+    /// present (every discrete GPU the driver shows, say), or 0 on the CPU
+    /// backend.
+    pub fn gpus(&self) -> usize {
+        self.shared.gpu.as_ref().map_or(0, |pool| pool.adapters())
     }
 
     /// Where kernels run.

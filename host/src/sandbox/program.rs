@@ -70,10 +70,15 @@ impl Program {
         self.uses_compute
     }
 
-    /// Whether the program's host compute runs on a GPU: it imports the
-    /// `compute` interface and the sandbox's backend is a GPU adapter.
-    pub fn computes_on_gpu(&self) -> bool {
-        self.uses_compute && self.compute.info().kind == "gpu"
+    /// How many GPUs the program's host compute can run on: the
+    /// sandbox's adapters when it imports the `compute` interface and the
+    /// backend is a GPU, else 0.
+    pub fn compute_gpus(&self) -> usize {
+        if self.uses_compute {
+            self.compute.gpus()
+        } else {
+            0
+        }
     }
 
     /// Whether the host can snapshot this program's instances, and if not,
@@ -94,6 +99,10 @@ pub struct TrialEnv {
     pub log_dir: PathBuf,
     /// Read-only grants: each `(name, host dir)` is mounted at `/data/<name>`.
     pub data: Vec<(String, PathBuf)>,
+    /// The GPU host compute runs the trial's kernels on, numbered among the
+    /// sandbox's adapters (see `Compute::gpus`): where the runner placed
+    /// the trial. `None` is the first; the CPU backend ignores it.
+    pub gpu: Option<usize>,
 }
 
 impl Sandbox {
@@ -261,7 +270,7 @@ impl Program {
             stderr,
             stdout,
             sink: None,
-            compute: self.compute.session(),
+            compute: self.compute.session_on(env.gpu.unwrap_or(0)),
             output_charged: 0,
         };
         let mut store = Store::new(self.pre.engine(), host);

@@ -24,6 +24,10 @@ pub struct TrialLaunch {
     /// enforces what it can (the sandbox caps memory at a non-zero
     /// `memory`).
     pub resources: Resources,
+    /// The GPUs of the pool the trial is placed on, numbered from 0 (see
+    /// `ResourcePool::gpus_of`); a backend runs the trial's GPU work on the
+    /// first. Empty where the experiment has no GPUs.
+    pub gpus: Vec<usize>,
 }
 
 /// What the runner knows about a trial when it checkpoints it; the backend

@@ -312,6 +312,7 @@ mod tests {
             trial_dir: std::env::temp_dir(),
             restore,
             resources: Default::default(),
+            gpus: Vec::new(),
         }
     }
 

@@ -1060,6 +1060,7 @@ mod tests {
             trial_dir: dir.path().to_path_buf(),
             restore,
             resources: Default::default(),
+            gpus: Vec::new(),
         };
         let config = json!({"opt": "adam", "depth": 2});
         let mut session = backend.launch(&launch(config.clone(), None)).unwrap();

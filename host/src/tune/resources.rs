@@ -9,7 +9,7 @@
 //! resources_per_trial = { cpu = 0.5, gpu = 0.5, memory = "2GiB", custom = { licence = 1 } }
 //!
 //! # What exists. CPU and memory left out are this machine's; GPUs left
-//! # out are the adapter host compute runs on, if any (see `fit_gpu`).
+//! # out are the adapters host compute runs on, if any (see `fit_gpu`).
 //! [resources]
 //! gpu = 1
 //! custom = { licence = 4 }
@@ -20,6 +20,7 @@
 //! (`0.1 + 0.2 > 0.3`), which would refuse a trial that fits or, the other
 //! way round, admit one that does not; integer sums cannot.
 
+use std::cmp::Reverse;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::Path;
@@ -31,6 +32,9 @@ use crate::config::parse_size;
 
 /// Units per whole CPU, GPU or custom resource.
 const SCALE: u64 = 10_000;
+
+/// Most GPUs a pool places trials on, one by one ([`ResourcePool::gpus_of`]).
+const MAX_GPUS: u64 = 4096;
 
 /// Largest CPU, GPU or custom amount accepted: far below where `amount *
 /// SCALE`, or a sum of many such, could overflow a `u64`.
@@ -121,8 +125,8 @@ pub struct PoolSpec {
     /// CPUs; default: this machine's cores.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cpu: Option<f64>,
-    /// GPUs; default: the one adapter host compute runs on, when it runs
-    /// on a GPU, else none (see [`fit_gpu`]).
+    /// GPUs; default: the adapters host compute runs on, when it runs on
+    /// GPUs, else none (see [`fit_gpu`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gpu: Option<f64>,
     /// Bytes of memory; default: this machine's.
@@ -149,42 +153,64 @@ impl PoolSpec {
     }
 }
 
-/// Fits the experiment's GPU accounting to where its host compute runs.
-/// Trials reach a GPU only through host compute, so unless `[resources]`
-/// declares GPUs (which is then taken as it stands):
-/// - when compute runs on a GPU, the pool holds that one adapter and each
-///   trial's `gpu` share counts against it: with `gpu = 0.25` four trials
-///   compute on it at once while others wait;
-/// - when it does not (no adapter, `compute = "cpu"`, or a trainable that
-///   does not import `compute`), a trial's `gpu` share has nothing to count
-///   against and is dropped, so one experiment file runs on machines with
-///   and without a GPU.
+/// Fits the experiment's GPU accounting to where its host compute runs,
+/// `gpus` being how many GPUs that is (0 off the GPU: see
+/// `Program::compute_gpus`). Trials reach a GPU only through host compute,
+/// and the runner places each on one of the pool's GPUs (see
+/// [`ResourcePool::gpus_of`]), so:
+/// - on GPUs, the pool holds those adapters unless `[resources] gpu`
+///   declares fewer (trials then use the first ones); declaring more is an
+///   error, as trials placed on the missing ones could not compute. Each
+///   trial's `gpu` share counts against the GPU it is placed on: with
+///   `gpu = 0.25` four trials compute on each at once while others wait;
+/// - off them (no adapter, `compute = "cpu"`, or a trainable that does not
+///   import `compute`), declared GPUs are taken as they stand; without
+///   them a trial's `gpu` share has nothing to count against and is
+///   dropped, so one experiment file runs on machines with and without a
+///   GPU.
 ///
 /// Returns a note for the user when a share was dropped, or when trials
-/// compute on the GPU without asking for a share of it.
-pub fn fit_gpu(pool: &mut PoolSpec, request: &mut Resources, on_gpu: bool) -> Option<String> {
-    if pool.gpu.is_some() {
-        return None;
+/// compute on GPUs without asking for a share of one.
+pub fn fit_gpu(
+    pool: &mut PoolSpec,
+    request: &mut Resources,
+    gpus: usize,
+) -> Result<Option<String>, String> {
+    if gpus > 0 {
+        let found = counted(gpus as f64, "GPU");
+        if let Some(declared) = pool.gpu {
+            if declared > gpus as f64 {
+                return Err(format!(
+                    "resources.gpu = {} but host compute has {found} to place trials on (the \
+                     Vulkan adapters it found); lower resources.gpu to {gpus} or leave it out",
+                    decimal(declared)
+                ));
+            }
+            return Ok(None);
+        }
+        pool.gpu = Some(gpus as f64);
+        return Ok((request.gpu == 0.0).then(|| {
+            format!(
+                "host compute runs on {found} and resources_per_trial.gpu is 0, so running \
+                 trials share {} with no bound on how many; set resources_per_trial.gpu \
+                 (e.g. 0.25) to bound how many share one",
+                if gpus == 1 { "it" } else { "them" }
+            )
+        }));
     }
-    if on_gpu {
-        pool.gpu = Some(1.0);
-        return (request.gpu == 0.0).then(|| {
-            "host compute runs on the GPU and resources_per_trial.gpu is 0, so every \
-             running trial computes on it at once; set resources_per_trial.gpu (e.g. 0.25) \
-             to bound how many share it"
-                .to_owned()
-        });
+    if pool.gpu.is_some() {
+        return Ok(None);
     }
     if request.gpu > 0.0 {
         let asked = request.gpu;
         request.gpu = 0.0;
-        return Some(format!(
+        return Ok(Some(format!(
             "host compute does not run on a GPU here, so resources_per_trial.gpu = {} is not \
              counted",
             decimal(asked)
-        ));
+        )));
     }
-    None
+    Ok(None)
 }
 
 /// How many trials of one request a pool holds at once
@@ -216,19 +242,35 @@ pub enum Acquire {
 /// id. Keying by id (rather than handing out lease tokens) makes misuse
 /// harmless: releasing twice, or releasing a trial that holds nothing,
 /// changes nothing.
+///
+/// GPUs are also counted one by one: a trial's share of a GPU must fit on
+/// one GPU (two trials asking 0.6 of two GPUs run on one each, and a third
+/// waits though 0.8 is free in all), and the pool says which GPUs each
+/// trial holds, so its host compute runs there.
 #[derive(Debug, Clone)]
 pub struct ResourcePool {
     total: Units,
     /// Always the sum of `leases`, and within `total` in every dimension.
     used: Units,
     leases: BTreeMap<String, Units>,
+    gpus: Gpus,
+    /// The GPUs each lease is placed on (none where the pool has none).
+    placed: BTreeMap<String, Vec<usize>>,
 }
 
 impl ResourcePool {
     /// A pool with `total` resources, checked (`resources.<field>` names a
     /// bad one). Its memory may be [`UNLIMITED_MEMORY`].
     pub fn new(total: &Resources) -> Result<Self, String> {
-        Ok(Self::with_total(Units::parse(total, "resources")?))
+        let units = Units::parse(total, "resources")?;
+        if units.gpu > MAX_GPUS * SCALE {
+            return Err(format!(
+                "resources.gpu = {} is more GPUs than wtune places trials on (at most \
+                 {MAX_GPUS}); count other things as custom resources",
+                total.gpu
+            ));
+        }
+        Ok(Self::with_total(units))
     }
 
     /// This machine: its cores (`available_parallelism`, which honours CPU
@@ -241,7 +283,7 @@ impl ResourcePool {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
         let meminfo = std::fs::read_to_string("/proc/meminfo").ok();
         let cgroup = std::fs::read_to_string("/sys/fs/cgroup/memory.max").ok();
-        let gpus = machine_gpus();
+        let gpus = machine_gpus().min(MAX_GPUS);
         Self::with_total(Units {
             cpu: cores.saturating_mul(SCALE),
             gpu: gpus.saturating_mul(SCALE),
@@ -252,9 +294,11 @@ impl ResourcePool {
 
     fn with_total(total: Units) -> Self {
         Self {
+            gpus: Gpus::new(total.gpu),
             total,
             used: Units::default(),
             leases: BTreeMap::new(),
+            placed: BTreeMap::new(),
         }
     }
 
@@ -276,6 +320,16 @@ impl ResourcePool {
     /// What `trial_id` holds, if anything.
     pub fn held(&self, trial_id: &str) -> Option<Resources> {
         self.leases.get(trial_id).map(Units::resources)
+    }
+
+    /// The GPUs `trial_id` is placed on, numbered from 0; its host compute
+    /// runs on the first. Empty when it holds nothing or the pool has no
+    /// GPUs. A trial asking no GPU is placed on the GPU fewest trials share
+    /// (as trials computing on GPUs still use one), a fraction on the GPU
+    /// with the most free (spreading trials out while there is room), and
+    /// whole GPUs on the first ones nobody uses.
+    pub fn gpus_of(&self, trial_id: &str) -> &[usize] {
+        self.placed.get(trial_id).map_or(&[], Vec::as_slice)
     }
 
     /// How many trials hold resources.
@@ -379,7 +433,11 @@ impl ResourcePool {
         }));
         dims.filter(|(_, asked, _, _)| *asked > 0)
             .map(|(key, asked, has, show)| Capacity {
-                trials: (has / asked).try_into().unwrap_or(usize::MAX),
+                trials: if key == "gpu" {
+                    self.gpus.trials(asked)
+                } else {
+                    (has / asked).try_into().unwrap_or(usize::MAX)
+                },
                 asked: show(asked),
                 total: show(has),
                 key,
@@ -390,7 +448,9 @@ impl ResourcePool {
     /// Whether `request` fits in what is free now; `false` for an invalid
     /// request.
     pub fn fits(&self, request: &Resources) -> bool {
-        Units::request(request).is_ok_and(|r| self.total.minus(&self.used).covers(&r))
+        Units::request(request).is_ok_and(|r| {
+            self.total.minus(&self.used).covers(&r) && self.gpus.place(r.gpu, None).is_some()
+        })
     }
 
     /// Gives `trial_id` its `request` when it fits now ([`Acquire::Wait`]
@@ -409,6 +469,11 @@ impl ResourcePool {
         if !self.total.minus(&self.used).covers(&request) {
             return Ok(Acquire::Wait);
         }
+        let Some(placed) = self.gpus.place(request.gpu, None) else {
+            return Ok(Acquire::Wait);
+        };
+        self.gpus.add(request.gpu, &placed);
+        self.placed.insert(trial_id.to_string(), placed);
         self.used = self.used.plus(&request);
         self.leases.insert(trial_id.to_string(), request);
         Ok(Acquire::Granted)
@@ -419,7 +484,10 @@ impl ResourcePool {
     /// trials) it keeps what it held, so the caller may pause the trial,
     /// release, and acquire again later. A trial holding nothing is simply
     /// [`ResourcePool::acquire`]d. For a scheduler that changes a trial's
-    /// resources between steps.
+    /// resources between steps. The trial keeps the GPU its compute runs
+    /// on (the first of [`ResourcePool::gpus_of`]): a new amount that does
+    /// not fit there waits too, to be placed afresh once the trial is
+    /// paused, released and acquired again.
     pub fn resize(&mut self, trial_id: &str, request: &Resources) -> Result<Acquire, String> {
         let Some(old) = self.leases.get(trial_id) else {
             return self.acquire(trial_id, request);
@@ -431,6 +499,15 @@ impl ResourcePool {
         if !self.total.minus(&others).covers(&request) {
             return Ok(Acquire::Wait);
         }
+        let was = self.gpus_of(trial_id).to_vec();
+        let mut gpus = self.gpus.clone();
+        gpus.remove(old.gpu, &was);
+        let Some(placed) = gpus.place(request.gpu, was.first().copied()) else {
+            return Ok(Acquire::Wait);
+        };
+        gpus.add(request.gpu, &placed);
+        self.gpus = gpus;
+        self.placed.insert(trial_id.to_string(), placed);
         self.used = others.plus(&request);
         self.leases.insert(trial_id.to_string(), request);
         Ok(Acquire::Granted)
@@ -440,8 +517,110 @@ impl ResourcePool {
     /// nothing, when it holds nothing (never acquired, or released already).
     pub fn release(&mut self, trial_id: &str) -> Option<Resources> {
         let lease = self.leases.remove(trial_id)?;
+        let placed = self.placed.remove(trial_id).unwrap_or_default();
+        self.gpus.remove(lease.gpu, &placed);
         self.used = self.used.minus(&lease);
         Some(lease.resources())
+    }
+}
+
+/// The pool's GPUs one by one, in units.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Gpus {
+    /// What each GPU has: whole GPUs, then the fraction a total such as
+    /// `gpu = 1.5` leaves over.
+    capacity: Vec<u64>,
+    /// What is placed on each.
+    used: Vec<u64>,
+    /// How many trials are placed on each, those asking no GPU included.
+    holders: Vec<usize>,
+}
+
+impl Gpus {
+    fn new(total: u64) -> Self {
+        let mut capacity = vec![SCALE; (total / SCALE) as usize];
+        if !total.is_multiple_of(SCALE) {
+            capacity.push(total % SCALE);
+        }
+        let n = capacity.len();
+        Self {
+            capacity,
+            used: vec![0; n],
+            holders: vec![0; n],
+        }
+    }
+
+    fn free(&self, gpu: usize) -> u64 {
+        self.capacity[gpu] - self.used[gpu]
+    }
+
+    /// Where a request of `units` goes now (see [`ResourcePool::gpus_of`]
+    /// for the choice), `None` if it fits nowhere; with `keep`, only where
+    /// `keep` is the first GPU. Without GPUs, only nothing fits, nowhere.
+    fn place(&self, units: u64, keep: Option<usize>) -> Option<Vec<usize>> {
+        if self.capacity.is_empty() {
+            return (units == 0).then(Vec::new);
+        }
+        let all = 0..self.capacity.len();
+        if units > SCALE {
+            // Whole GPUs, which a multi-GPU request always is (see
+            // `Units::request`), on GPUs nobody uses.
+            let wanted = (units / SCALE) as usize;
+            let unused = |&i: &usize| self.capacity[i] == SCALE && self.used[i] == 0;
+            let first = keep.filter(unused);
+            if keep.is_some() && first.is_none() {
+                return None;
+            }
+            let placed: Vec<usize> = first
+                .into_iter()
+                .chain(all.filter(|i| Some(*i) != keep && unused(i)))
+                .take(wanted)
+                .collect();
+            return (placed.len() == wanted).then_some(placed);
+        }
+        let candidates = match keep {
+            Some(gpu) => gpu..gpu + 1,
+            None => all,
+        };
+        let best = candidates.filter(|&i| self.free(i) >= units);
+        let chosen = if units == 0 {
+            best.min_by_key(|&i| (self.holders[i], Reverse(self.free(i)), i))
+        } else {
+            best.min_by_key(|&i| (Reverse(self.free(i)), self.holders[i], i))
+        };
+        chosen.map(|i| vec![i])
+    }
+
+    /// What a request of `units` placed on `gpus` holds on each of them.
+    fn share(units: u64, gpus: &[usize]) -> u64 {
+        if gpus.len() > 1 { SCALE } else { units }
+    }
+
+    fn add(&mut self, units: u64, gpus: &[usize]) {
+        let share = Self::share(units, gpus);
+        for &i in gpus {
+            self.used[i] += share;
+            self.holders[i] += 1;
+        }
+    }
+
+    fn remove(&mut self, units: u64, gpus: &[usize]) {
+        let share = Self::share(units, gpus);
+        for &i in gpus {
+            self.used[i] -= share;
+            self.holders[i] -= 1;
+        }
+    }
+
+    /// How many trials asking `units` (more than 0) all the GPUs hold at
+    /// once.
+    fn trials(&self, units: u64) -> usize {
+        if units > SCALE {
+            let whole = self.capacity.iter().filter(|&&c| c == SCALE).count();
+            whole / (units / SCALE) as usize
+        } else {
+            self.capacity.iter().map(|&c| (c / units) as usize).sum()
+        }
     }
 }
 
@@ -826,37 +1005,50 @@ mod tests {
     }
 
     #[test]
-    fn gpu_shares_follow_where_host_compute_runs_unless_gpus_are_declared() {
+    fn gpu_shares_follow_where_host_compute_runs() {
         let half = Resources {
             gpu: 0.5,
             ..Resources::default()
         };
-        // On a GPU: the adapter is the pool's one GPU; shares count.
-        let (mut pool, mut request) = (PoolSpec::default(), half.clone());
-        assert_eq!(fit_gpu(&mut pool, &mut request, true), None);
-        assert_eq!((pool.gpu, request.gpu), (Some(1.0), 0.5));
-        // Trials without a share still compute there, uncounted: said once.
+        let declared = |gpu| PoolSpec {
+            gpu: Some(gpu),
+            ..PoolSpec::default()
+        };
+        // On GPUs: the adapters are the pool's GPUs; shares count.
+        for gpus in [1, 4] {
+            let (mut pool, mut request) = (PoolSpec::default(), half.clone());
+            assert_eq!(fit_gpu(&mut pool, &mut request, gpus), Ok(None));
+            assert_eq!((pool.gpu, request.gpu), (Some(gpus as f64), 0.5));
+        }
+        // Trials without a share still compute there, unbounded: said once.
         let (mut pool, mut request) = (PoolSpec::default(), Resources::default());
-        let note = fit_gpu(&mut pool, &mut request, true).unwrap();
+        let note = fit_gpu(&mut pool, &mut request, 2).unwrap().unwrap();
+        assert!(note.starts_with("host compute runs on 2 GPUs"), "{note}");
         assert!(note.contains("set resources_per_trial.gpu"), "{note}");
+        // Fewer declared than found: the first ones are used.
+        let (mut pool, mut request) = (declared(1.5), half.clone());
+        assert_eq!(fit_gpu(&mut pool, &mut request, 2), Ok(None));
+        assert_eq!((pool.gpu, request.gpu), (Some(1.5), 0.5));
+        // More declared than found: trials could be placed on nothing.
+        let (mut pool, mut request) = (declared(3.0), half.clone());
+        assert_eq!(
+            fit_gpu(&mut pool, &mut request, 2).unwrap_err(),
+            "resources.gpu = 3 but host compute has 2 GPUs to place trials on (the Vulkan \
+             adapters it found); lower resources.gpu to 2 or leave it out"
+        );
+        assert_eq!((pool.gpu, request.gpu), (Some(3.0), 0.5), "nothing changed");
         // Not on a GPU: the share is dropped, and said so.
         let (mut pool, mut request) = (PoolSpec::default(), half.clone());
-        let note = fit_gpu(&mut pool, &mut request, false).unwrap();
+        let note = fit_gpu(&mut pool, &mut request, 0).unwrap().unwrap();
         assert!(
             note.contains("resources_per_trial.gpu = 0.5 is not counted"),
             "{note}"
         );
         assert_eq!((pool.gpu, request.gpu), (None, 0.0));
-        // Declared GPUs are the user's word either way.
-        for on_gpu in [true, false] {
-            let mut pool = PoolSpec {
-                gpu: Some(4.0),
-                ..PoolSpec::default()
-            };
-            let mut request = half.clone();
-            assert_eq!(fit_gpu(&mut pool, &mut request, on_gpu), None);
-            assert_eq!((pool.gpu, request.gpu), (Some(4.0), 0.5));
-        }
+        // ... unless GPUs are declared, which are then the user's word.
+        let (mut pool, mut request) = (declared(4.0), half.clone());
+        assert_eq!(fit_gpu(&mut pool, &mut request, 0), Ok(None));
+        assert_eq!((pool.gpu, request.gpu), (Some(4.0), 0.5));
     }
 
     #[test]
@@ -874,6 +1066,108 @@ mod tests {
         assert_eq!(p.acquire("trial_3", &half).unwrap(), Acquire::Wait);
         p.release("trial_1");
         assert_eq!(p.acquire("trial_3", &half).unwrap(), Acquire::Granted);
+    }
+
+    #[test]
+    fn a_gpu_share_must_fit_on_one_gpu_and_shares_spread_out() {
+        let mut p = pool(16.0, 2.0);
+        let share = ask(1.0, 0.6);
+        assert_eq!(p.acquire("t0", &share), Ok(Acquire::Granted));
+        assert_eq!(p.acquire("t1", &share), Ok(Acquire::Granted));
+        assert_eq!((p.gpus_of("t0"), p.gpus_of("t1")), (&[0][..], &[1][..]));
+        // 0.8 of a GPU is free, but 0.4 on each: the third waits.
+        assert_eq!(p.available().gpu, 0.8);
+        assert!(!p.fits(&share));
+        assert_eq!(p.acquire("t2", &share), Ok(Acquire::Wait));
+        assert_eq!(p.gpus_of("t2"), &[] as &[usize]);
+        assert!(p.fits(&ask(1.0, 0.4)));
+        assert_eq!(p.capacity(&share).unwrap().trials, 2, "not 2 / 0.6 = 3");
+        assert_eq!(p.release("t0"), Some(share.clone()));
+        assert_eq!(p.gpus_of("t0"), &[] as &[usize]);
+        assert_eq!(p.acquire("t2", &share), Ok(Acquire::Granted));
+        assert_eq!(p.gpus_of("t2"), &[0]);
+    }
+
+    #[test]
+    fn whole_gpus_go_to_gpus_nobody_uses() {
+        let mut p = pool(16.0, 4.0);
+        assert_eq!(p.acquire("half", &ask(1.0, 0.5)), Ok(Acquire::Granted));
+        assert_eq!(p.acquire("two", &ask(1.0, 2.0)), Ok(Acquire::Granted));
+        assert_eq!(p.gpus_of("half"), &[0]);
+        assert_eq!(p.gpus_of("two"), &[1, 2]);
+        // 2.5 GPUs are free in all, but only GPU 3 whole.
+        assert_eq!(p.acquire("again", &ask(1.0, 2.0)), Ok(Acquire::Wait));
+        assert_eq!(p.acquire("one", &ask(1.0, 1.0)), Ok(Acquire::Granted));
+        assert_eq!(p.gpus_of("one"), &[3]);
+        p.release("two");
+        assert_eq!(p.acquire("again", &ask(1.0, 2.0)), Ok(Acquire::Granted));
+        assert_eq!(p.gpus_of("again"), &[1, 2]);
+        assert_eq!(p.capacity(&ask(0.0, 2.0)).unwrap().trials, 2);
+    }
+
+    #[test]
+    fn trials_asking_no_gpu_are_spread_over_the_gpus_they_compute_on() {
+        let mut p = pool(16.0, 2.0);
+        let none = ask(1.0, 0.0);
+        for (trial, gpu) in [("t0", 0), ("t1", 1), ("t2", 0)] {
+            assert_eq!(p.acquire(trial, &none), Ok(Acquire::Granted));
+            assert_eq!(p.gpus_of(trial), &[gpu], "{trial}");
+        }
+        // Both GPUs are wholly free; GPU 1 has fewer trials on it.
+        assert_eq!(p.acquire("t3", &ask(1.0, 0.5)), Ok(Acquire::Granted));
+        assert_eq!(p.gpus_of("t3"), &[1]);
+        // Without GPUs, nothing is placed and nothing waits.
+        let mut cpu_only = pool(16.0, 0.0);
+        assert_eq!(cpu_only.acquire("t0", &none), Ok(Acquire::Granted));
+        assert_eq!(cpu_only.gpus_of("t0"), &[] as &[usize]);
+    }
+
+    #[test]
+    fn a_fractional_gpu_total_is_whole_gpus_and_a_part_of_one() {
+        let mut p = pool(16.0, 1.5);
+        assert_eq!(p.acquire("t0", &ask(1.0, 0.75)), Ok(Acquire::Granted));
+        assert_eq!(p.gpus_of("t0"), &[0]);
+        // GPU 0 has 0.25 left and GPU 1 (half a GPU) 0.5.
+        assert_eq!(p.acquire("t1", &ask(1.0, 0.75)), Ok(Acquire::Wait));
+        assert_eq!(p.acquire("t2", &ask(1.0, 0.5)), Ok(Acquire::Granted));
+        assert_eq!(p.gpus_of("t2"), &[1]);
+        assert_eq!(p.capacity(&ask(0.0, 0.5)).unwrap().trials, 3);
+    }
+
+    #[test]
+    fn a_resized_trial_keeps_the_gpu_it_computes_on() {
+        let mut p = pool(16.0, 2.0);
+        for (trial, gpu) in [("t0", 0.5), ("t1", 0.5), ("t2", 0.25)] {
+            assert_eq!(p.acquire(trial, &ask(1.0, gpu)), Ok(Acquire::Granted));
+        }
+        assert_eq!(p.gpus_of("t2"), &[0]);
+        // GPU 0 holds 0.25 besides t0: t0 may grow to 0.75 there.
+        assert_eq!(p.resize("t0", &ask(1.0, 0.75)), Ok(Acquire::Granted));
+        assert_eq!(p.gpus_of("t0"), &[0]);
+        // A whole GPU needs GPU 0 to itself, and t2 is there.
+        assert_eq!(p.resize("t0", &ask(1.0, 1.0)), Ok(Acquire::Wait));
+        assert_eq!(p.held("t0").unwrap().gpu, 0.75, "kept what it held");
+        assert_eq!(p.gpus_of("t0"), &[0]);
+        // Two whole GPUs from GPU 1: GPU 0 is in use.
+        assert_eq!(p.resize("t1", &ask(1.0, 2.0)), Ok(Acquire::Wait));
+        p.release("t0");
+        p.release("t2");
+        assert_eq!(p.resize("t1", &ask(1.0, 2.0)), Ok(Acquire::Granted));
+        assert_eq!(p.gpus_of("t1"), &[1, 0]);
+        assert_eq!(p.resize("t1", &ask(1.0, 0.5)), Ok(Acquire::Granted));
+        assert_eq!(p.gpus_of("t1"), &[1]);
+        assert_eq!(p.used().gpu, 0.5);
+    }
+
+    #[test]
+    fn a_pool_of_more_gpus_than_are_placed_is_refused() {
+        let err = ResourcePool::new(&ask(1.0, 5000.0)).unwrap_err();
+        assert_eq!(
+            err,
+            "resources.gpu = 5000 is more GPUs than wtune places trials on (at most 4096); \
+             count other things as custom resources"
+        );
+        assert!(ResourcePool::new(&ask(1.0, 4096.0)).is_ok());
     }
 
     #[test]
@@ -1214,6 +1508,102 @@ mod tests {
         ]
     }
 
+    /// The property test's GPUs, in quarters, and where each trial is.
+    #[derive(Debug, Clone)]
+    struct ModelGpus {
+        capacity: Vec<u64>,
+        used: Vec<u64>,
+        placed: BTreeMap<usize, (u64, Vec<usize>)>,
+    }
+
+    impl ModelGpus {
+        fn new(quarters: u64) -> Self {
+            let mut capacity = vec![4; (quarters / 4) as usize];
+            if !quarters.is_multiple_of(4) {
+                capacity.push(quarters % 4);
+            }
+            let used = vec![0; capacity.len()];
+            Self {
+                capacity,
+                used,
+                placed: BTreeMap::new(),
+            }
+        }
+
+        fn free(&self, i: usize) -> u64 {
+            self.capacity[i] - self.used[i]
+        }
+
+        fn unused(&self, i: usize) -> bool {
+            self.capacity[i] == 4 && self.used[i] == 0
+        }
+
+        /// Whether `q` quarters fit now: a part of one GPU on one GPU, whole
+        /// GPUs on unused ones, with `keep` first.
+        fn placeable(&self, q: u64, keep: Option<usize>) -> bool {
+            let all = 0..self.capacity.len();
+            match (q, keep) {
+                (0, _) if self.capacity.is_empty() => true,
+                (q, Some(d)) if q <= 4 => self.free(d) >= q,
+                (q, None) if q <= 4 => all.into_iter().any(|i| self.free(i) >= q),
+                (q, keep) => {
+                    keep.is_none_or(|d| self.unused(d))
+                        && all.filter(|&i| self.unused(i)).count() as u64 >= q / 4
+                }
+            }
+        }
+
+        /// That `placed` is a placement of `q` quarters the rules allow.
+        fn check(
+            &self,
+            q: u64,
+            keep: Option<usize>,
+            placed: &[usize],
+        ) -> Result<(), TestCaseError> {
+            if self.capacity.is_empty() {
+                prop_assert!(placed.is_empty());
+                return Ok(());
+            }
+            if let Some(d) = keep {
+                prop_assert_eq!(placed.first(), Some(&d));
+            }
+            if q > 4 {
+                prop_assert_eq!(placed.len() as u64, q / 4);
+                let mut distinct = placed.to_vec();
+                distinct.sort();
+                distinct.dedup();
+                prop_assert_eq!(distinct.len(), placed.len());
+                prop_assert!(placed.iter().all(|&i| self.unused(i)));
+            } else {
+                prop_assert_eq!(placed.len(), 1);
+                prop_assert!(self.free(placed[0]) >= q);
+                if q > 0 && keep.is_none() {
+                    let most = (0..self.capacity.len()).map(|i| self.free(i)).max();
+                    prop_assert_eq!(Some(self.free(placed[0])), most, "spread out");
+                }
+            }
+            Ok(())
+        }
+
+        fn add(&mut self, t: usize, q: u64, placed: Vec<usize>) {
+            let share = if placed.len() > 1 { 4 } else { q };
+            for &i in &placed {
+                self.used[i] += share;
+            }
+            self.placed.insert(t, (q, placed));
+        }
+
+        /// Takes `t` off its GPUs; where it was.
+        fn remove(&mut self, t: usize) -> Option<Vec<usize>> {
+            let (q, placed) = self.placed.remove(&t)?;
+            let share = if placed.len() > 1 { 4 } else { q };
+            for &i in &placed {
+                self.used[i] -= share;
+            }
+            Some(placed)
+        }
+    }
+
     fn fits(total: [u64; 4], used: [u64; 4]) -> bool {
         (0..4).all(|i| used[i] <= total[i])
     }
@@ -1225,9 +1615,10 @@ mod tests {
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(512))]
 
-        /// Against a model counting in whole tenths and quarters: every
-        /// decision matches, `used` equals the sum of the leases and never
-        /// exceeds the total.
+        /// Against a model counting in whole tenths and quarters, with
+        /// GPUs one by one: every decision matches, every placement is one
+        /// the rules allow, `used` equals the sum of the leases and never
+        /// exceeds the total, on any GPU either.
         #[test]
         fn used_never_exceeds_total_and_equals_the_leases(
             total in (1u64..=40, 0u64..=8, 0u64..=12, 0u64..=4),
@@ -1236,6 +1627,7 @@ mod tests {
             let total = [total.0, total.1, total.2, total.3];
             let mut p = ResourcePool::new(&Ask(total).resources()).unwrap();
             let mut model: BTreeMap<usize, [u64; 4]> = BTreeMap::new();
+            let mut gpus = ModelGpus::new(total[1]);
             for op in ops {
                 let used: [u64; 4] = model.values().fold([0; 4], |s, l| add(s, *l));
                 match op {
@@ -1243,8 +1635,11 @@ mod tests {
                         let got = p.acquire(&format!("t{t}"), &ask.resources());
                         if model.contains_key(&t) || !fits(total, ask.0) {
                             prop_assert!(got.is_err());
-                        } else if fits(total, add(used, ask.0)) {
+                        } else if fits(total, add(used, ask.0)) && gpus.placeable(ask.0[1], None) {
                             prop_assert_eq!(got, Ok(Acquire::Granted));
+                            let placed = p.gpus_of(&format!("t{t}")).to_vec();
+                            gpus.check(ask.0[1], None, &placed)?;
+                            gpus.add(t, ask.0[1], placed);
                             model.insert(t, ask.0);
                         } else {
                             prop_assert_eq!(got, Ok(Acquire::Wait));
@@ -1254,10 +1649,16 @@ mod tests {
                         let got = p.resize(&format!("t{t}"), &ask.resources());
                         let old = model.get(&t).copied().unwrap_or([0; 4]);
                         let others = [used[0] - old[0], used[1] - old[1], used[2] - old[2], used[3] - old[3]];
+                        let mut without = gpus.clone();
+                        let keep = without.remove(t).and_then(|was| was.first().copied());
                         if !fits(total, ask.0) {
                             prop_assert!(got.is_err());
-                        } else if fits(total, add(others, ask.0)) {
+                        } else if fits(total, add(others, ask.0)) && without.placeable(ask.0[1], keep) {
                             prop_assert_eq!(got, Ok(Acquire::Granted));
+                            let placed = p.gpus_of(&format!("t{t}")).to_vec();
+                            without.check(ask.0[1], keep, &placed)?;
+                            without.add(t, ask.0[1], placed);
+                            gpus = without;
                             model.insert(t, ask.0);
                         } else {
                             prop_assert_eq!(got, Ok(Acquire::Wait));
@@ -1266,8 +1667,12 @@ mod tests {
                     Op::Release(t) => {
                         let got = p.release(&format!("t{t}"));
                         prop_assert_eq!(got.is_some(), model.remove(&t).is_some());
+                        gpus.remove(t);
                     }
                 }
+                let on_each: Vec<u64> = gpus.used.iter().map(|q| q * SCALE / 4).collect();
+                prop_assert_eq!(&p.gpus.used, &on_each);
+                prop_assert!(gpus.used.iter().zip(&gpus.capacity).all(|(u, c)| u <= c));
                 let leases = p.leases.values().fold(Units::default(), |s, l| s.plus(l));
                 prop_assert_eq!(&p.used, &leases);
                 prop_assert!(p.total.covers(&p.used));

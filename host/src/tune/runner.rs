@@ -1472,6 +1472,7 @@ impl<B: TrialBackend> Runner<B> {
             trial_dir: trial.dir.clone(),
             restore: trial.restore_path(),
             resources: self.request(trial).clone(),
+            gpus: self.pool.gpus_of(&trial.trial_id).to_vec(),
         };
         let backend = self.backend.clone();
         let shared = tasks.shared.clone();

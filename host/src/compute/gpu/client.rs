@@ -4,8 +4,9 @@
 //!
 //! Each trial holds a worker of its own while it computes, so killing a
 //! worker whose job overran its deadline ends that trial's device state and
-//! nobody else's. Idle workers wait in a [`WorkerPool`] for the next trial,
-//! which saves opening the device again.
+//! nobody else's. A worker opens one adapter: the GPU the runner placed the
+//! trial on. Idle workers wait in a [`WorkerPool`] for the next trial on
+//! their GPU, which saves opening the device again.
 
 use std::io::{BufReader, BufWriter};
 use std::path::PathBuf;
@@ -27,7 +28,7 @@ const START_TIMEOUT: Duration = Duration::from_secs(60);
 /// of its own (and the most a reset or snapshot read may take).
 pub const JOB_TIMEOUT: Duration = Duration::from_secs(120);
 
-/// Idle workers kept for later trials.
+/// Idle workers kept for later trials, per adapter.
 const MAX_IDLE: usize = 8;
 
 /// Bytes of a worker's stderr kept for messages.
@@ -54,6 +55,8 @@ enum Failure {
 
 /// One running worker process.
 pub struct Worker {
+    /// The adapter it opened ([`Adapter::index`]).
+    adapter: usize,
     /// `None` once killed.
     child: Option<Child>,
     stdin: BufWriter<ChildStdin>,
@@ -64,10 +67,12 @@ pub struct Worker {
 }
 
 impl Worker {
-    /// Starts a worker and waits for its greeting until `deadline` (and at
-    /// most [`START_TIMEOUT`]); past it the worker is killed.
+    /// Starts a worker on adapter `adapter` and waits for its greeting
+    /// until `deadline` (and at most [`START_TIMEOUT`]); past it the worker
+    /// is killed.
     pub fn start(
         executable: &PathBuf,
+        adapter: usize,
         deadline: Option<Instant>,
     ) -> Result<(Worker, Hello), String> {
         let (deadline, calls) = earlier(deadline, START_TIMEOUT);
@@ -78,6 +83,8 @@ impl Worker {
         };
         let mut child = Command::new(executable)
             .arg("gpu-worker")
+            .arg("--adapter")
+            .arg(adapter.to_string())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -111,6 +118,7 @@ impl Worker {
         });
 
         let mut worker = Worker {
+            adapter,
             child: Some(child),
             stdin,
             replies,
@@ -212,16 +220,18 @@ impl Drop for Worker {
 /// Workers waiting for a trial, and how to start more.
 pub struct WorkerPool {
     executable: PathBuf,
+    /// The first adapter; the others are of the same kind.
     adapter: Adapter,
     idle: Mutex<Vec<Worker>>,
 }
 
 impl WorkerPool {
-    /// Starts one worker to learn the adapter. `Ok(Err(reason))` when the
-    /// worker runs but finds no adapter.
+    /// Starts one worker on the first adapter, to learn it and how many
+    /// there are. `Ok(Err(reason))` when the worker runs but finds no
+    /// adapter.
     pub fn open() -> Result<Result<Arc<WorkerPool>, String>, String> {
         let executable = crate::process::worker_executable()?;
-        let (worker, hello) = Worker::start(&executable, None)?;
+        let (worker, hello) = Worker::start(&executable, 0, None)?;
         Ok(match hello {
             Hello::Ready(adapter) => Ok(Arc::new(WorkerPool {
                 executable,
@@ -232,15 +242,26 @@ impl WorkerPool {
         })
     }
 
-    /// The adapter every worker opens.
+    /// The first adapter. Its limits are the ones sessions check before
+    /// sending a job; a worker on another adapter checks its own as well.
     pub fn adapter(&self) -> &Adapter {
         &self.adapter
     }
 
-    /// An idle worker, or a new one started by `deadline`.
-    fn take(&self, deadline: Option<Instant>) -> Result<Worker, String> {
+    /// How many adapters (GPUs) workers can open.
+    pub fn adapters(&self) -> usize {
+        self.adapter.adapters
+    }
+
+    /// An idle worker on adapter `adapter`, or a new one started by
+    /// `deadline`.
+    fn take(&self, adapter: usize, deadline: Option<Instant>) -> Result<Worker, String> {
         loop {
-            let idle = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
+            let idle = {
+                let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+                let on = idle.iter().rposition(|w| w.adapter == adapter);
+                on.map(|at| idle.remove(at))
+            };
             match idle {
                 Some(mut worker) => {
                     if worker.alive() {
@@ -251,10 +272,10 @@ impl WorkerPool {
                 None => break,
             }
         }
-        match Worker::start(&self.executable, deadline)? {
+        match Worker::start(&self.executable, adapter, deadline)? {
             (worker, Hello::Ready(_)) => Ok(worker),
             (_, Hello::NoAdapter(reason)) => Err(format!(
-                "a new GPU worker found no adapter this time: {reason}"
+                "a new GPU worker could not open GPU {adapter}: {reason}"
             )),
         }
     }
@@ -265,7 +286,7 @@ impl WorkerPool {
         let deadline = Instant::now() + Duration::from_secs(10);
         if let Ok((Reply::Done, _)) = worker.call(&Request::Reset, &[], deadline) {
             let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-            if idle.len() < MAX_IDLE {
+            if idle.iter().filter(|w| w.adapter == worker.adapter).count() < MAX_IDLE {
                 idle.push(worker);
             }
         }
@@ -275,6 +296,8 @@ impl WorkerPool {
 /// One trial's buffers and pipelines in a worker process of its own.
 pub struct GpuDevice {
     pool: Arc<WorkerPool>,
+    /// The adapter its worker opens.
+    adapter: usize,
     worker: Option<Worker>,
     /// Set once the worker died or was killed: the device state is gone.
     lost: Option<String>,
@@ -282,10 +305,12 @@ pub struct GpuDevice {
 }
 
 impl GpuDevice {
-    /// A device that starts (or takes) its worker at the first job.
-    pub fn new(pool: Arc<WorkerPool>) -> Self {
+    /// A device on adapter `adapter` (GPU `adapter` of the experiment's
+    /// pool) that starts (or takes) its worker at the first job.
+    pub fn new(pool: Arc<WorkerPool>, adapter: usize) -> Self {
         Self {
             pool,
+            adapter,
             worker: None,
             lost: None,
             deadline: None,
@@ -305,7 +330,7 @@ impl GpuDevice {
             None => {
                 let worker = self
                     .pool
-                    .take(self.deadline)
+                    .take(self.adapter, self.deadline)
                     .map_err(ComputeError::Device)?;
                 self.worker.insert(worker)
             }
@@ -453,7 +478,7 @@ mod tests {
 
     #[test]
     fn a_worker_that_cannot_start_or_greet_is_named() {
-        let missing = Worker::start(&PathBuf::from("/nonexistent/wtune"), None)
+        let missing = Worker::start(&PathBuf::from("/nonexistent/wtune"), 0, None)
             .err()
             .unwrap();
         assert!(
@@ -461,7 +486,7 @@ mod tests {
             "{missing}"
         );
         // `true` ignores its argument and exits without a word.
-        let silent = Worker::start(&PathBuf::from("/bin/true"), None)
+        let silent = Worker::start(&PathBuf::from("/bin/true"), 0, None)
             .err()
             .unwrap();
         assert!(silent.contains("it exited before greeting"), "{silent}");
@@ -477,7 +502,7 @@ mod tests {
         std::fs::set_permissions(&mute, std::fs::Permissions::from_mode(0o755)).unwrap();
         let began = Instant::now();
         let deadline = began + Duration::from_millis(200);
-        let err = Worker::start(&mute, Some(deadline)).err().unwrap();
+        let err = Worker::start(&mute, 0, Some(deadline)).err().unwrap();
         assert_eq!(
             err,
             "the GPU worker did not open a device before the guest call's deadline"

@@ -45,6 +45,11 @@ pub struct Adapter {
     pub max_buffer_bytes: u64,
     /// Most workgroups per dispatch dimension.
     pub max_workgroups: u32,
+    /// Its place among the adapters host compute uses (see
+    /// `LocalGpu::open`): GPU `index` in the experiment's resource pool.
+    pub index: usize,
+    /// How many adapters host compute uses on this machine.
+    pub adapters: usize,
 }
 
 /// A job for the worker.

@@ -16,8 +16,9 @@ use crate::compute::ComputeError;
 use crate::compute::device::{Kernel, PipelineInfo};
 use crate::compute::ops::{Axis, Binary, Reduce, Unary};
 
-/// Entry point of `wtune gpu-worker`: serves jobs until stdin closes.
-pub fn main() -> ExitCode {
+/// Entry point of `wtune gpu-worker --adapter N`: opens adapter `adapter`
+/// (see [`LocalGpu::open_nth`]) and serves jobs until stdin closes.
+pub fn main(adapter: usize) -> ExitCode {
     let stdin = io::stdin().lock();
     let mut input = BufReader::with_capacity(1 << 20, stdin);
     let channel = match private_stdout() {
@@ -28,7 +29,7 @@ pub fn main() -> ExitCode {
         }
     };
     let mut output = BufWriter::with_capacity(1 << 20, channel);
-    let mut gpu = match LocalGpu::open() {
+    let mut gpu = match LocalGpu::open_nth(adapter) {
         Ok(gpu) => gpu,
         Err(reason) => {
             let sent = protocol::write_frame(&mut output, &Hello::NoAdapter(reason), &[]);
@@ -162,18 +163,40 @@ impl LocalGpu {
         &self.adapter
     }
 
-    /// The first Vulkan adapter, preferring a discrete GPU. Vulkan only: the
-    /// GL backend inserts no bounds checks, which untrusted shaders need.
+    /// The first adapter host compute uses: [`LocalGpu::open_nth`]`(0)`.
     pub fn open() -> Result<LocalGpu, String> {
+        Self::open_nth(0)
+    }
+
+    /// Adapter `index` of those host compute uses (see [`usable`]): GPU
+    /// `index` of the experiment's resource pool. Vulkan only: the GL
+    /// backend inserts no bounds checks, which untrusted shaders need.
+    pub fn open_nth(index: usize) -> Result<LocalGpu, String> {
         let instance = wgpu::Instance::new(wgpu::InstanceDescriptor {
             backends: wgpu::Backends::VULKAN,
             ..wgpu::InstanceDescriptor::new_without_display_handle()
         });
-        let adapter = pollster::block_on(instance.request_adapter(&wgpu::RequestAdapterOptions {
-            power_preference: wgpu::PowerPreference::HighPerformance,
-            ..Default::default()
-        }))
-        .map_err(|e| format!("no Vulkan adapter: {e}"))?;
+        let all = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::VULKAN));
+        let found: Vec<(wgpu::DeviceType, String)> = all
+            .iter()
+            .map(|a| {
+                let info = a.get_info();
+                (info.device_type, info.device_pci_bus_id)
+            })
+            .collect();
+        let usable = usable(&found);
+        let adapters = usable.len();
+        let Some(&chosen) = usable.get(index) else {
+            return Err(match adapters {
+                0 => "no Vulkan adapter".to_owned(),
+                n => format!(
+                    "GPU {index} does not exist: host compute uses {n} Vulkan adapter{} here \
+                     (numbered from 0)",
+                    if n == 1 { "" } else { "s" }
+                ),
+            });
+        };
+        let adapter = &all[chosen];
         let info = adapter.get_info();
         let limits = adapter.limits();
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
@@ -200,6 +223,8 @@ impl LocalGpu {
             software: info.device_type == wgpu::DeviceType::Cpu,
             max_buffer_bytes,
             max_workgroups: limits.max_compute_workgroups_per_dimension,
+            index,
+            adapters,
         };
 
         let storage = |binding, read_only| wgpu::BindGroupLayoutEntry {
@@ -737,6 +762,33 @@ impl LocalGpu {
     }
 }
 
+/// Which of the Vulkan adapters `found` (type and PCI bus id, in the
+/// driver's order) host compute uses, in the order trials are placed on
+/// them: those of the best kind present only (discrete GPUs; else
+/// integrated; else virtual or other; else software), so trials that
+/// share out GPUs get alike ones, never an integrated GPU or lavapipe
+/// beside a discrete GPU. An adapter listed twice (two drivers for one
+/// device) counts once, by its PCI bus id.
+fn usable(found: &[(wgpu::DeviceType, String)]) -> Vec<usize> {
+    use wgpu::DeviceType::*;
+    let rank = |kind: &wgpu::DeviceType| match kind {
+        DiscreteGpu => 0,
+        IntegratedGpu => 1,
+        VirtualGpu | Other => 2,
+        Cpu => 3,
+    };
+    let Some(best) = found.iter().map(|(kind, _)| rank(kind)).min() else {
+        return Vec::new();
+    };
+    let mut buses = std::collections::HashSet::new();
+    found
+        .iter()
+        .enumerate()
+        .filter(|(_, (kind, bus))| rank(kind) == best && (bus.is_empty() || buses.insert(bus)))
+        .map(|(i, _)| i)
+        .collect()
+}
+
 fn entry_of(binding: u32, buffer: &wgpu::Buffer) -> wgpu::BindGroupEntry<'_> {
     wgpu::BindGroupEntry {
         binding,
@@ -768,5 +820,46 @@ fn binary_code(op: Binary) -> u32 {
         Binary::Max => 4,
         Binary::Min => 5,
         Binary::ReluBackward => 6,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::usable;
+    use wgpu::DeviceType::{Cpu, DiscreteGpu, IntegratedGpu, VirtualGpu};
+
+    fn found(list: &[(wgpu::DeviceType, &str)]) -> Vec<(wgpu::DeviceType, String)> {
+        list.iter().map(|(k, b)| (*k, b.to_string())).collect()
+    }
+
+    #[test]
+    fn only_the_best_kind_of_adapter_is_used_in_the_drivers_order() {
+        let machine = found(&[
+            (IntegratedGpu, "0000:00:02.0"),
+            (DiscreteGpu, "0000:41:00.0"),
+            (Cpu, ""),
+            (DiscreteGpu, "0000:01:00.0"),
+        ]);
+        assert_eq!(usable(&machine), [1, 3]);
+        let laptop = found(&[(Cpu, ""), (IntegratedGpu, "0000:00:02.0")]);
+        assert_eq!(usable(&laptop), [1]);
+        let ci = found(&[(Cpu, "")]);
+        assert_eq!(usable(&ci), [0]);
+        let cloud = found(&[(Cpu, ""), (VirtualGpu, "")]);
+        assert_eq!(usable(&cloud), [1]);
+        assert!(usable(&[]).is_empty());
+    }
+
+    #[test]
+    fn a_device_listed_by_two_drivers_counts_once() {
+        let machine = found(&[
+            (DiscreteGpu, "0000:01:00.0"),
+            (DiscreteGpu, "0000:01:00.0"),
+            (DiscreteGpu, "0000:02:00.0"),
+        ]);
+        assert_eq!(usable(&machine), [0, 2]);
+        // Without bus ids nothing can be told apart, so all are kept.
+        let unknown = found(&[(DiscreteGpu, ""), (DiscreteGpu, "")]);
+        assert_eq!(usable(&unknown), [0, 1]);
     }
 }
