@@ -26,7 +26,10 @@ pub struct TrialLaunch {
     pub resources: Resources,
     /// The GPUs of the pool the trial is placed on, numbered from 0 (see
     /// `ResourcePool::gpus_of`); a backend runs the trial's GPU work on the
-    /// first. Empty where the experiment has no GPUs.
+    /// first. Empty where the experiment has no GPUs. Fixed for the
+    /// session: a resize granted in place keeps the first GPU (and of the
+    /// others as many as the new amount allows), and GPUs it adds reach
+    /// the trial at its next launch.
     pub gpus: Vec<usize>,
 }
 

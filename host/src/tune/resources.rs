@@ -449,7 +449,7 @@ impl ResourcePool {
     /// request.
     pub fn fits(&self, request: &Resources) -> bool {
         Units::request(request).is_ok_and(|r| {
-            self.total.minus(&self.used).covers(&r) && self.gpus.place(r.gpu, None).is_some()
+            self.total.minus(&self.used).covers(&r) && self.gpus.place(r.gpu, &[]).is_some()
         })
     }
 
@@ -469,7 +469,7 @@ impl ResourcePool {
         if !self.total.minus(&self.used).covers(&request) {
             return Ok(Acquire::Wait);
         }
-        let Some(placed) = self.gpus.place(request.gpu, None) else {
+        let Some(placed) = self.gpus.place(request.gpu, &[]) else {
             return Ok(Acquire::Wait);
         };
         self.gpus.add(request.gpu, &placed);
@@ -485,9 +485,10 @@ impl ResourcePool {
     /// release, and acquire again later. A trial holding nothing is simply
     /// [`ResourcePool::acquire`]d. For a scheduler that changes a trial's
     /// resources between steps. The trial keeps the GPU its compute runs
-    /// on (the first of [`ResourcePool::gpus_of`]): a new amount that does
-    /// not fit there waits too, to be placed afresh once the trial is
-    /// paused, released and acquired again.
+    /// on (the first of [`ResourcePool::gpus_of`]) and, as far as the new
+    /// amount allows, its other GPUs: a new amount that does not fit on its
+    /// first GPU waits too, to be placed afresh once the trial is paused,
+    /// released and acquired again.
     pub fn resize(&mut self, trial_id: &str, request: &Resources) -> Result<Acquire, String> {
         let Some(old) = self.leases.get(trial_id) else {
             return self.acquire(trial_id, request);
@@ -502,7 +503,7 @@ impl ResourcePool {
         let was = self.gpus_of(trial_id).to_vec();
         let mut gpus = self.gpus.clone();
         gpus.remove(old.gpu, &was);
-        let Some(placed) = gpus.place(request.gpu, was.first().copied()) else {
+        let Some(placed) = gpus.place(request.gpu, &was) else {
             return Ok(Acquire::Wait);
         };
         gpus.add(request.gpu, &placed);
@@ -555,9 +556,11 @@ impl Gpus {
     }
 
     /// Where a request of `units` goes now (see [`ResourcePool::gpus_of`]
-    /// for the choice), `None` if it fits nowhere; with `keep`, only where
-    /// `keep` is the first GPU. Without GPUs, only nothing fits, nowhere.
-    fn place(&self, units: u64, keep: Option<usize>) -> Option<Vec<usize>> {
+    /// for the choice), `None` if it fits nowhere. A resized trial's
+    /// current GPUs are `keep` (taken off first): its first GPU, where its
+    /// compute runs, must stay first, and the others are kept as far as
+    /// the new amount allows. Without GPUs, only nothing fits, nowhere.
+    fn place(&self, units: u64, keep: &[usize]) -> Option<Vec<usize>> {
         if self.capacity.is_empty() {
             return (units == 0).then(Vec::new);
         }
@@ -566,20 +569,19 @@ impl Gpus {
             // Whole GPUs, which a multi-GPU request always is (see
             // `Units::request`), on GPUs nobody uses.
             let wanted = (units / SCALE) as usize;
-            let unused = |&i: &usize| self.capacity[i] == SCALE && self.used[i] == 0;
-            let first = keep.filter(unused);
-            if keep.is_some() && first.is_none() {
+            let unused = |i: &usize| self.capacity[*i] == SCALE && self.used[*i] == 0;
+            if keep.first().is_some_and(|first| !unused(first)) {
                 return None;
             }
-            let placed: Vec<usize> = first
-                .into_iter()
-                .chain(all.filter(|i| Some(*i) != keep && unused(i)))
+            let kept = keep.iter().copied().filter(unused);
+            let placed: Vec<usize> = kept
+                .chain(all.filter(|i| !keep.contains(i) && unused(i)))
                 .take(wanted)
                 .collect();
             return (placed.len() == wanted).then_some(placed);
         }
-        let candidates = match keep {
-            Some(gpu) => gpu..gpu + 1,
+        let candidates = match keep.first() {
+            Some(&gpu) => gpu..gpu + 1,
             None => all,
         };
         let best = candidates.filter(|&i| self.free(i) >= units);
@@ -1154,6 +1156,15 @@ mod tests {
         p.release("t2");
         assert_eq!(p.resize("t1", &ask(1.0, 2.0)), Ok(Acquire::Granted));
         assert_eq!(p.gpus_of("t1"), &[1, 0]);
+        // GPU 0 is free again, but a CPU-only change moves nothing.
+        let mut other = pool(16.0, 4.0);
+        other.acquire("first", &ask(1.0, 1.0)).unwrap();
+        other.acquire("pair", &ask(1.0, 2.0)).unwrap();
+        assert_eq!(other.gpus_of("pair"), &[1, 2]);
+        other.release("first");
+        assert_eq!(other.resize("pair", &ask(3.0, 2.0)), Ok(Acquire::Granted));
+        assert_eq!(other.gpus_of("pair"), &[1, 2]);
+        // Fewer GPUs keep the first ones held.
         assert_eq!(p.resize("t1", &ask(1.0, 0.5)), Ok(Acquire::Granted));
         assert_eq!(p.gpus_of("t1"), &[1]);
         assert_eq!(p.used().gpu, 0.5);
@@ -1553,31 +1564,32 @@ mod tests {
             }
         }
 
-        /// That `placed` is a placement of `q` quarters the rules allow.
-        fn check(
-            &self,
-            q: u64,
-            keep: Option<usize>,
-            placed: &[usize],
-        ) -> Result<(), TestCaseError> {
+        /// That `placed` is a placement of `q` quarters the rules allow,
+        /// for a trial that was on `keep`.
+        fn check(&self, q: u64, keep: &[usize], placed: &[usize]) -> Result<(), TestCaseError> {
             if self.capacity.is_empty() {
                 prop_assert!(placed.is_empty());
                 return Ok(());
             }
-            if let Some(d) = keep {
-                prop_assert_eq!(placed.first(), Some(&d));
+            if let Some(d) = keep.first() {
+                prop_assert_eq!(placed.first(), Some(d));
             }
             if q > 4 {
-                prop_assert_eq!(placed.len() as u64, q / 4);
+                let wanted = (q / 4) as usize;
+                prop_assert_eq!(placed.len(), wanted);
                 let mut distinct = placed.to_vec();
                 distinct.sort();
                 distinct.dedup();
                 prop_assert_eq!(distinct.len(), placed.len());
                 prop_assert!(placed.iter().all(|&i| self.unused(i)));
+                // Its other GPUs are kept while the new amount allows.
+                let keepable = keep.iter().filter(|&&i| self.unused(i)).count();
+                let kept = placed.iter().filter(|i| keep.contains(i)).count();
+                prop_assert_eq!(kept, keepable.min(wanted));
             } else {
                 prop_assert_eq!(placed.len(), 1);
                 prop_assert!(self.free(placed[0]) >= q);
-                if q > 0 && keep.is_none() {
+                if q > 0 && keep.is_empty() {
                     let most = (0..self.capacity.len()).map(|i| self.free(i)).max();
                     prop_assert_eq!(Some(self.free(placed[0])), most, "spread out");
                 }
@@ -1638,7 +1650,7 @@ mod tests {
                         } else if fits(total, add(used, ask.0)) && gpus.placeable(ask.0[1], None) {
                             prop_assert_eq!(got, Ok(Acquire::Granted));
                             let placed = p.gpus_of(&format!("t{t}")).to_vec();
-                            gpus.check(ask.0[1], None, &placed)?;
+                            gpus.check(ask.0[1], &[], &placed)?;
                             gpus.add(t, ask.0[1], placed);
                             model.insert(t, ask.0);
                         } else {
@@ -1650,13 +1662,13 @@ mod tests {
                         let old = model.get(&t).copied().unwrap_or([0; 4]);
                         let others = [used[0] - old[0], used[1] - old[1], used[2] - old[2], used[3] - old[3]];
                         let mut without = gpus.clone();
-                        let keep = without.remove(t).and_then(|was| was.first().copied());
+                        let was = without.remove(t).unwrap_or_default();
                         if !fits(total, ask.0) {
                             prop_assert!(got.is_err());
-                        } else if fits(total, add(others, ask.0)) && without.placeable(ask.0[1], keep) {
+                        } else if fits(total, add(others, ask.0)) && without.placeable(ask.0[1], was.first().copied()) {
                             prop_assert_eq!(got, Ok(Acquire::Granted));
                             let placed = p.gpus_of(&format!("t{t}")).to_vec();
-                            without.check(ask.0[1], keep, &placed)?;
+                            without.check(ask.0[1], &was, &placed)?;
                             without.add(t, ask.0[1], placed);
                             gpus = without;
                             model.insert(t, ask.0);
