@@ -273,67 +273,48 @@ fn a_gpu_share_is_counted_on_the_gpu_and_dropped_on_the_cpu() {
     );
     assert!(cpu.contains("4 trials, up to 4 at a time"), "{cpu}");
 
-    // More than the one adapter: refused once the share is fitted, before
-    // any trial starts.
-    std::fs::write(
-        &config,
-        "num_samples = 1
-resources_per_trial = { gpu = 2 }
-[param_space]
-width = 16
-",
-    )
-    .unwrap();
-    let output = common::wtune()
-        .arg("run")
-        .arg(common::guest("kernels"))
-        .arg("--config")
-        .arg(&config)
-        .args(["--compute", "gpu"])
-        .arg("--output-dir")
-        .arg(dir.path().join("two"))
-        .output()
+    // Refused on the GPU backend before any trial starts: the stderr.
+    let refused = |toml: &str, out: &str| {
+        let config = dir.path().join(format!("{out}.toml"));
+        std::fs::write(
+            &config,
+            format!("num_samples = 1\n{toml}[param_space]\nwidth = 16\n"),
+        )
         .unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(2), "{stderr}");
-    assert!(
+        let output = common::wtune()
+            .arg("run")
+            .arg(common::guest("kernels"))
+            .arg("--config")
+            .arg(&config)
+            .args(["--compute", "gpu"])
+            .arg("--output-dir")
+            .arg(dir.path().join(out))
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+        assert_eq!(output.status.code(), Some(2), "{stderr}");
+        assert!(!dir.path().join(out).join("trial_0000").exists());
         stderr
-            .contains("error: resources_per_trial: trial asks for 2 GPUs but the experiment has 1"),
-        "{stderr}"
+    };
+
+    // More than the one adapter, once the share is fitted.
+    let two = refused("resources_per_trial = { gpu = 2 }\n", "two");
+    assert!(
+        two.contains("error: resources_per_trial: trial asks for 2 GPUs but the experiment has 1"),
+        "{two}"
     );
-    assert!(!dir.path().join("two").join("trial_0000").exists());
 
     // More GPUs declared than host compute has: trials placed on the
-    // missing ones could not compute, so nothing starts.
-    std::fs::write(
-        &config,
-        "num_samples = 1
-resources_per_trial = { gpu = 0.5 }
-[resources]
-gpu = 2
-[param_space]
-width = 16
-",
-    )
-    .unwrap();
-    let output = common::wtune()
-        .arg("run")
-        .arg(common::guest("kernels"))
-        .arg("--config")
-        .arg(&config)
-        .args(["--compute", "gpu"])
-        .arg("--output-dir")
-        .arg(dir.path().join("declared"))
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    // missing ones could not compute.
+    let declared = refused(
+        "resources_per_trial = { gpu = 0.5 }\n[resources]\ngpu = 2\n",
+        "declared",
+    );
     assert!(
-        stderr.contains(
+        declared.contains(
             "error: resources.gpu = 2 but host compute has 1 GPU to place trials on (the Vulkan \
              adapters it found); lower resources.gpu to 1 or leave it out"
         ),
-        "{stderr}"
+        "{declared}"
     );
-    assert!(!dir.path().join("declared").join("trial_0000").exists());
 }
