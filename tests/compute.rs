@@ -284,6 +284,25 @@ fn gpu_program(name: &str, trial_quota: u64) -> Program {
 }
 
 #[test]
+fn a_session_on_a_gpu_that_does_not_exist_fails_its_first_job_naming_it() {
+    let compute = gpu_compute();
+    assert_eq!(compute.gpus(), 1, "lavapipe alone here");
+    assert_eq!(compute.session_on(0).info(), compute.info());
+    let mut missing = compute.session_on(1);
+    // Its description stays the backend's: there is no GPU 1 to name.
+    assert_eq!(missing.info(), compute.info());
+    let err = missing.create(64).unwrap_err().to_string();
+    assert!(
+        err.contains(
+            "a new GPU worker could not open GPU 1: GPU 1 does not exist: host compute uses 1 \
+             Vulkan adapter here (numbered from 0)"
+        ),
+        "{err}"
+    );
+    assert_eq!(compute.used_bytes(), 0, "the refused buffer is not counted");
+}
+
+#[test]
 fn each_trial_computes_on_the_gpu_the_runner_placed_it_on() {
     // Two half-GPU trials on a pool of two GPUs run on one each. This
     // machine has one Vulkan adapter and the pool is declared as a library

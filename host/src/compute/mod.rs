@@ -189,7 +189,7 @@ impl Compute {
         let adapter = pool.adapter();
         let info = BackendInfo {
             kind: "gpu",
-            name: format!("{} (Vulkan, {})", adapter.name, adapter.driver),
+            name: gpu::protocol::described(&adapter.name, &adapter.driver),
             max_buffer_bytes: MAX_BUFFER_BYTES
                 .min(adapter.max_buffer_bytes)
                 .min(options.trial_quota),
@@ -224,7 +224,7 @@ impl Compute {
             Some(pool) => Box::new(GpuDevice::new(Arc::clone(pool), gpu)),
             None => Box::new(CpuDevice::new(self.shared.info.name.clone())),
         };
-        ComputeSession::new(self.clone(), device)
+        ComputeSession::new(self.clone(), device, gpu)
     }
 
     /// How many GPUs kernels run on: the Vulkan adapters of the best kind
@@ -234,9 +234,23 @@ impl Compute {
         self.shared.gpu.as_ref().map_or(0, |pool| pool.adapters())
     }
 
-    /// Where kernels run.
+    /// Where kernels run: on the GPU backend, the first GPU.
     pub fn info(&self) -> BackendInfo {
         self.shared.info.clone()
+    }
+
+    /// Where kernels run for a session on GPU `gpu` ([`Compute::session_on`]).
+    pub fn info_on(&self, gpu: usize) -> BackendInfo {
+        let mut info = self.info();
+        if let Some(name) = self
+            .shared
+            .gpu
+            .as_ref()
+            .and_then(|p| p.adapter().all.get(gpu))
+        {
+            info.name.clone_from(name);
+        }
+        info
     }
 
     /// Most loop iterations a built-in kernel may run per invocation, where

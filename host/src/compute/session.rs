@@ -81,6 +81,8 @@ const FUEL_PER_INVOCATION: u64 = 16;
 pub struct ComputeSession {
     compute: Compute,
     device: Box<dyn Device>,
+    /// The GPU it runs on ([`Compute::session_on`]).
+    gpu: usize,
     /// Elements of each live buffer.
     sizes: HashMap<u32, u64>,
     next_buffer: u32,
@@ -92,10 +94,11 @@ pub struct ComputeSession {
 }
 
 impl ComputeSession {
-    pub(super) fn new(compute: Compute, device: Box<dyn Device>) -> Self {
+    pub(super) fn new(compute: Compute, device: Box<dyn Device>, gpu: usize) -> Self {
         Self {
             compute,
             device,
+            gpu,
             sizes: HashMap::new(),
             next_buffer: 1,
             pipelines: HashMap::new(),
@@ -107,7 +110,7 @@ impl ComputeSession {
 
     /// Where kernels run and this trial's quota.
     pub fn info(&self) -> BackendInfo {
-        self.compute.info()
+        self.compute.info_on(self.gpu)
     }
 
     /// Bytes of device memory this trial holds.
@@ -597,7 +600,7 @@ impl ComputeSession {
              word, giving wrong results); use compute = \"cpu\" (faster than software \
              Vulkan) or a hardware GPU, or split the work",
             kernel.name(),
-            self.compute.info().name
+            self.info().name
         )))
     }
 
@@ -628,7 +631,7 @@ impl ComputeSession {
     /// Checks a new buffer's size; returns its elements.
     fn check_new(&mut self, bytes: u64) -> Result<usize, ComputeError> {
         aligned("buffer size", bytes)?;
-        let info = self.compute.info();
+        let info = self.info();
         if bytes > info.max_buffer_bytes {
             return Err(invalid!(
                 "a buffer of {} is larger than the largest this backend allows ({})",

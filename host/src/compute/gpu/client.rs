@@ -250,7 +250,7 @@ impl WorkerPool {
 
     /// How many adapters (GPUs) workers can open.
     pub fn adapters(&self) -> usize {
-        self.adapter.adapters
+        self.adapter.all.len()
     }
 
     /// An idle worker on adapter `adapter`, or a new one started by

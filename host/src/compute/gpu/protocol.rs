@@ -41,15 +41,29 @@ pub struct Adapter {
     pub driver: String,
     /// Whether this is a software rasterizer (lavapipe, SwiftShader).
     pub software: bool,
-    /// Largest buffer the built-in kernels can bind whole.
+    /// Largest buffer the built-in kernels can bind whole, on every
+    /// adapter host compute uses: a job one GPU takes, all take.
     pub max_buffer_bytes: u64,
-    /// Most workgroups per dispatch dimension.
+    /// Most workgroups per dispatch dimension, on every adapter.
     pub max_workgroups: u32,
     /// Its place among the adapters host compute uses (see
-    /// `LocalGpu::open`): GPU `index` in the experiment's resource pool.
+    /// `LocalGpu::open_nth`): GPU `index` in the experiment's pool.
     pub index: usize,
-    /// How many adapters host compute uses on this machine.
-    pub adapters: usize,
+    /// Every adapter host compute uses, by index, as [`described`].
+    pub all: Vec<String>,
+}
+
+/// An adapter as the guest's `info()` names it: `"NVIDIA H100 80GB HBM3
+/// (Vulkan, NVIDIA 570.86)"`.
+pub fn described(name: &str, driver: &str) -> String {
+    format!("{name} (Vulkan, {driver})")
+}
+
+/// The driver and its version, from wgpu's two fields.
+pub fn driver(info: &wgpu::AdapterInfo) -> String {
+    format!("{} {}", info.driver, info.driver_info)
+        .trim()
+        .to_string()
 }
 
 /// A job for the worker.

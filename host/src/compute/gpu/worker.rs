@@ -185,9 +185,8 @@ impl LocalGpu {
             })
             .collect();
         let usable = usable(&found);
-        let adapters = usable.len();
         let Some(&chosen) = usable.get(index) else {
-            return Err(match adapters {
+            return Err(match usable.len() {
                 0 => "no Vulkan adapter".to_owned(),
                 n => format!(
                     "GPU {index} does not exist: host compute uses {n} Vulkan adapter{} here \
@@ -210,21 +209,35 @@ impl LocalGpu {
         device.on_uncaptured_error(std::sync::Arc::new(|err| {
             eprintln!("wtune gpu-worker: uncaptured GPU error: {err}");
         }));
-        let limits = device.limits();
-        let max_buffer_bytes = limits
-            .max_buffer_size
-            .min(limits.max_storage_buffer_binding_size);
+        // The least of every usable adapter's limits, so that whichever GPU
+        // a trial is placed on takes the same jobs.
+        let mut max_buffer_bytes = u64::MAX;
+        let mut max_workgroups = u32::MAX;
+        for limits in usable
+            .iter()
+            .map(|&i| all[i].limits())
+            .chain([device.limits()])
+        {
+            max_buffer_bytes = max_buffer_bytes
+                .min(limits.max_buffer_size)
+                .min(limits.max_storage_buffer_binding_size);
+            max_workgroups = max_workgroups.min(limits.max_compute_workgroups_per_dimension);
+        }
         let adapter = Adapter {
             name: info.name.clone(),
             device_type: format!("{:?}", info.device_type),
-            driver: format!("{} {}", info.driver, info.driver_info)
-                .trim()
-                .to_string(),
+            driver: protocol::driver(&info),
             software: info.device_type == wgpu::DeviceType::Cpu,
             max_buffer_bytes,
-            max_workgroups: limits.max_compute_workgroups_per_dimension,
+            max_workgroups,
             index,
-            adapters,
+            all: usable
+                .iter()
+                .map(|&i| {
+                    let info = all[i].get_info();
+                    protocol::described(&info.name, &protocol::driver(&info))
+                })
+                .collect(),
         };
 
         let storage = |binding, read_only| wgpu::BindGroupLayoutEntry {
