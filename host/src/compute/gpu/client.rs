@@ -55,7 +55,7 @@ enum Failure {
 
 /// One running worker process.
 pub struct Worker {
-    /// The adapter it opened ([`Adapter::index`]).
+    /// The adapter it opened: GPU `adapter` of the pool.
     adapter: usize,
     /// `None` once killed.
     child: Option<Child>,

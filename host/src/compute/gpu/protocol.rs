@@ -46,10 +46,8 @@ pub struct Adapter {
     pub max_buffer_bytes: u64,
     /// Most workgroups per dispatch dimension, on every adapter.
     pub max_workgroups: u32,
-    /// Its place among the adapters host compute uses (see
-    /// `LocalGpu::open_nth`): GPU `index` in the experiment's pool.
-    pub index: usize,
-    /// Every adapter host compute uses, by index, as [`described`].
+    /// Every adapter host compute uses, as [`described`], numbered as the
+    /// experiment's pool numbers its GPUs (see `LocalGpu::open_nth`).
     pub all: Vec<String>,
 }
 
@@ -57,13 +55,6 @@ pub struct Adapter {
 /// (Vulkan, NVIDIA 570.86)"`.
 pub fn described(name: &str, driver: &str) -> String {
     format!("{name} (Vulkan, {driver})")
-}
-
-/// The driver and its version, from wgpu's two fields.
-pub fn driver(info: &wgpu::AdapterInfo) -> String {
-    format!("{} {}", info.driver, info.driver_info)
-        .trim()
-        .to_string()
 }
 
 /// A job for the worker.

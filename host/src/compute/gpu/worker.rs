@@ -177,12 +177,10 @@ impl LocalGpu {
             ..wgpu::InstanceDescriptor::new_without_display_handle()
         });
         let all = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::VULKAN));
-        let found: Vec<(wgpu::DeviceType, String)> = all
+        let infos: Vec<wgpu::AdapterInfo> = all.iter().map(wgpu::Adapter::get_info).collect();
+        let found: Vec<(wgpu::DeviceType, String)> = infos
             .iter()
-            .map(|a| {
-                let info = a.get_info();
-                (info.device_type, info.device_pci_bus_id)
-            })
+            .map(|info| (info.device_type, info.device_pci_bus_id.clone()))
             .collect();
         let usable = usable(&found);
         let Some(&chosen) = usable.get(index) else {
@@ -195,8 +193,7 @@ impl LocalGpu {
                 ),
             });
         };
-        let adapter = &all[chosen];
-        let info = adapter.get_info();
+        let (adapter, info) = (&all[chosen], &infos[chosen]);
         let limits = adapter.limits();
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("wtune"),
@@ -209,15 +206,12 @@ impl LocalGpu {
         device.on_uncaptured_error(std::sync::Arc::new(|err| {
             eprintln!("wtune gpu-worker: uncaptured GPU error: {err}");
         }));
-        // The least of every usable adapter's limits, so that whichever GPU
-        // a trial is placed on takes the same jobs.
+        // The least of every usable adapter's limits (this device has its
+        // adapter's), so that whichever GPU a trial is placed on takes the
+        // same jobs.
         let mut max_buffer_bytes = u64::MAX;
         let mut max_workgroups = u32::MAX;
-        for limits in usable
-            .iter()
-            .map(|&i| all[i].limits())
-            .chain([device.limits()])
-        {
+        for limits in usable.iter().map(|&i| all[i].limits()) {
             max_buffer_bytes = max_buffer_bytes
                 .min(limits.max_buffer_size)
                 .min(limits.max_storage_buffer_binding_size);
@@ -226,17 +220,13 @@ impl LocalGpu {
         let adapter = Adapter {
             name: info.name.clone(),
             device_type: format!("{:?}", info.device_type),
-            driver: protocol::driver(&info),
+            driver: driver(info),
             software: info.device_type == wgpu::DeviceType::Cpu,
             max_buffer_bytes,
             max_workgroups,
-            index,
             all: usable
                 .iter()
-                .map(|&i| {
-                    let info = all[i].get_info();
-                    protocol::described(&info.name, &protocol::driver(&info))
-                })
+                .map(|&i| protocol::described(&infos[i].name, &driver(&infos[i])))
                 .collect(),
         };
 
@@ -773,6 +763,13 @@ impl LocalGpu {
         })?;
         self.settle()
     }
+}
+
+/// The driver and its version, from wgpu's two fields.
+fn driver(info: &wgpu::AdapterInfo) -> String {
+    format!("{} {}", info.driver, info.driver_info)
+        .trim()
+        .to_string()
 }
 
 /// Which of the Vulkan adapters `found` (type and PCI bus id, in the
