@@ -252,10 +252,17 @@ pub struct ResourcePool {
     total: Units,
     /// Always the sum of `leases`, and within `total` in every dimension.
     used: Units,
-    leases: BTreeMap<String, Units>,
+    leases: BTreeMap<String, Lease>,
+    /// What the leases hold of each GPU.
     gpus: Gpus,
-    /// The GPUs each lease is placed on (none where the pool has none).
-    placed: BTreeMap<String, Vec<usize>>,
+}
+
+/// What one trial holds.
+#[derive(Debug, Clone)]
+struct Lease {
+    units: Units,
+    /// The GPUs it is placed on (none where the pool has none).
+    gpus: Vec<usize>,
 }
 
 impl ResourcePool {
@@ -298,7 +305,6 @@ impl ResourcePool {
             total,
             used: Units::default(),
             leases: BTreeMap::new(),
-            placed: BTreeMap::new(),
         }
     }
 
@@ -319,7 +325,9 @@ impl ResourcePool {
 
     /// What `trial_id` holds, if anything.
     pub fn held(&self, trial_id: &str) -> Option<Resources> {
-        self.leases.get(trial_id).map(Units::resources)
+        self.leases
+            .get(trial_id)
+            .map(|lease| lease.units.resources())
     }
 
     /// The GPUs `trial_id` is placed on, numbered from 0; its host compute
@@ -329,7 +337,9 @@ impl ResourcePool {
     /// with the most free (spreading trials out while there is room), and
     /// whole GPUs on the first ones nobody uses.
     pub fn gpus_of(&self, trial_id: &str) -> &[usize] {
-        self.placed.get(trial_id).map_or(&[], Vec::as_slice)
+        self.leases
+            .get(trial_id)
+            .map_or(&[], |lease| lease.gpus.as_slice())
     }
 
     /// How many trials hold resources.
@@ -469,13 +479,16 @@ impl ResourcePool {
         if !self.total.minus(&self.used).covers(&request) {
             return Ok(Acquire::Wait);
         }
-        let Some(placed) = self.gpus.place(request.gpu, &[]) else {
+        let Some(gpus) = self.gpus.place(request.gpu, &[]) else {
             return Ok(Acquire::Wait);
         };
-        self.gpus.add(request.gpu, &placed);
-        self.placed.insert(trial_id.to_string(), placed);
+        self.gpus.add(request.gpu, &gpus);
         self.used = self.used.plus(&request);
-        self.leases.insert(trial_id.to_string(), request);
+        let lease = Lease {
+            units: request,
+            gpus,
+        };
+        self.leases.insert(trial_id.to_string(), lease);
         Ok(Acquire::Granted)
     }
 
@@ -496,21 +509,23 @@ impl ResourcePool {
         let request = Units::request(request)?;
         self.exceeds(&request)?;
         // `old` is part of `used`, so this cannot underflow.
-        let others = self.used.minus(old);
+        let others = self.used.minus(&old.units);
         if !self.total.minus(&others).covers(&request) {
             return Ok(Acquire::Wait);
         }
-        let was = self.gpus_of(trial_id).to_vec();
-        let mut gpus = self.gpus.clone();
-        gpus.remove(old.gpu, &was);
-        let Some(placed) = gpus.place(request.gpu, &was) else {
+        let mut all_gpus = self.gpus.clone();
+        all_gpus.remove(old.units.gpu, &old.gpus);
+        let Some(gpus) = all_gpus.place(request.gpu, &old.gpus) else {
             return Ok(Acquire::Wait);
         };
-        gpus.add(request.gpu, &placed);
-        self.gpus = gpus;
-        self.placed.insert(trial_id.to_string(), placed);
+        all_gpus.add(request.gpu, &gpus);
+        self.gpus = all_gpus;
         self.used = others.plus(&request);
-        self.leases.insert(trial_id.to_string(), request);
+        let lease = Lease {
+            units: request,
+            gpus,
+        };
+        self.leases.insert(trial_id.to_string(), lease);
         Ok(Acquire::Granted)
     }
 
@@ -518,10 +533,9 @@ impl ResourcePool {
     /// nothing, when it holds nothing (never acquired, or released already).
     pub fn release(&mut self, trial_id: &str) -> Option<Resources> {
         let lease = self.leases.remove(trial_id)?;
-        let placed = self.placed.remove(trial_id).unwrap_or_default();
-        self.gpus.remove(lease.gpu, &placed);
-        self.used = self.used.minus(&lease);
-        Some(lease.resources())
+        self.gpus.remove(lease.units.gpu, &lease.gpus);
+        self.used = self.used.minus(&lease.units);
+        Some(lease.units.resources())
     }
 }
 
@@ -1685,7 +1699,7 @@ mod tests {
                 let on_each: Vec<u64> = gpus.used.iter().map(|q| q * SCALE / 4).collect();
                 prop_assert_eq!(&p.gpus.used, &on_each);
                 prop_assert!(gpus.used.iter().zip(&gpus.capacity).all(|(u, c)| u <= c));
-                let leases = p.leases.values().fold(Units::default(), |s, l| s.plus(l));
+                let leases = p.leases.values().fold(Units::default(), |s, l| s.plus(&l.units));
                 prop_assert_eq!(&p.used, &leases);
                 prop_assert!(p.total.covers(&p.used));
                 let expected = model.values().fold(Units::default(), |s, l| s.plus(&Ask(*l).units()));
