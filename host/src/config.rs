@@ -88,6 +88,10 @@ struct LimitsToml {
     compile_timeout: Option<toml::Value>,
     compile_memory: Option<toml::Value>,
     checkpoint_size: Option<toml::Value>,
+    open_files: Option<u64>,
+    result_size: Option<toml::Value>,
+    disk: Option<toml::Value>,
+    disk_files: Option<u64>,
 }
 
 /// Command-line values that override the experiment file.
@@ -350,6 +354,12 @@ pub fn plan(
         );
     }
     let (limits, max_wasm_stack) = limits(limits_file, overrides)?;
+    let max_concurrent = descriptors_fit(
+        &limits,
+        max_concurrent,
+        crate::sandbox::descriptor_limit(),
+        &mut notes,
+    )?;
     let allowed_components = if overrides.allowed_components.is_empty() {
         match file.security.and_then(|s| s.allowed_components) {
             Some(list) => Some(allowlist(&list, "security.allowed_components")?),
@@ -684,8 +694,26 @@ fn limits(file: LimitsToml, overrides: &Overrides) -> Result<(Limits, usize), Co
     if let Some(v) = file.checkpoint_size {
         limits.checkpoint_bytes = size(&v, "limits.checkpoint_size")?;
     }
+    if let Some(v) = file.result_size {
+        limits.result_bytes = size(&v, "limits.result_size")?;
+    }
+    if let Some(v) = file.disk {
+        limits.disk_bytes = size(&v, "limits.disk")?;
+    }
+    if let Some(n) = file.disk_files {
+        limits.disk_files = n;
+    }
     if let Some(n) = file.table_elements {
         limits.table_elements = n;
+    }
+    if let Some(n) = file.open_files {
+        if n < MIN_OPEN_FILES {
+            return Err(bad(format!(
+                "limits.open_files must be at least {MIN_OPEN_FILES} (a trainable needs a few \
+                 handles for its directories and output streams); got {n}"
+            )));
+        }
+        limits.open_files = n;
     }
     let stack = match file.stack {
         Some(v) => size(&v, "limits.stack")?,
@@ -695,6 +723,43 @@ fn limits(file: LimitsToml, overrides: &Overrides) -> Result<(Limits, usize), Co
         return Err(bad("limits.stack must be between 64KiB and 256MiB"));
     }
     Ok((limits, stack as usize))
+}
+
+/// The fewest handles a trial may be limited to: its preopened directories,
+/// stdout and stderr streams and a few files.
+const MIN_OPEN_FILES: u64 = 16;
+
+/// How many trials may run at once without their open files taking the
+/// host's file descriptors: `max_concurrent`, or fewer (with a note) when
+/// the process's descriptor limit (`available`) cannot hold every trial's
+/// `limits.open_files` plus the host's reserve.
+fn descriptors_fit(
+    limits: &Limits,
+    max_concurrent: usize,
+    available: u64,
+    notes: &mut Vec<String>,
+) -> Result<usize, ConfigError> {
+    use crate::sandbox::{DESCRIPTORS_PER_TRIAL, HOST_DESCRIPTORS};
+    let per_trial = limits.open_files.saturating_add(DESCRIPTORS_PER_TRIAL);
+    let fit = available.saturating_sub(HOST_DESCRIPTORS) / per_trial;
+    if fit == 0 {
+        return Err(bad(format!(
+            "this process may open {available} files (ulimit -n), too few for one trial's \
+             limits.open_files ({}) plus the host's own {HOST_DESCRIPTORS}: lower \
+             limits.open_files or raise the limit",
+            limits.open_files
+        )));
+    }
+    if fit < max_concurrent as u64 {
+        notes.push(format!(
+            "running at most {fit} trials at once (not {max_concurrent}): each may hold \
+             limits.open_files = {} files and this process may open {available} (ulimit -n), \
+             {HOST_DESCRIPTORS} of them kept for the host",
+            limits.open_files
+        ));
+        return Ok(fit as usize);
+    }
+    Ok(max_concurrent)
 }
 
 /// `5e9`, `5_000_000_000`, `"5e9"`, or `"unlimited"`.

@@ -18,6 +18,8 @@
 //! - `iterations` (default 5): when the benign path sets `done`. Must be at
 //!   least 1. If `at > iterations` the trial finishes before the attack fires.
 //! - `port` (default 9): the loopback port `sockets` tries to reach.
+//! - `pace_ms` (default 0): how long each benign `train()` call sleeps, so
+//!   that tests can interrupt an experiment in the middle of its trials.
 //!
 //! Other keys are ignored, so a search space may add its own parameters.
 //!
@@ -50,8 +52,15 @@
 //! | `huge_metric_name` | returns one metric whose name is 100 000 000 bytes              | host rejects the report: ERROR naming the length, not quoting the name |
 //! | `huge_log`         | sends one 100 000 000-byte line to the host log, then behaves as `none` | the line is cut to 16 KiB in `guest.log` with a marker naming its size; TERMINATED |
 //! | `big_save`         | `save()` returns 100 000 000 bytes once `at` iterations are done | the checkpoint fails: ERROR naming the size and the cap (the host's `Limits::checkpoint_bytes`, 64 MiB by default); nothing written |
-//! | `escape`           | tries to read, list, link (hard and symbolic) and write outside its sandbox; leaves three symlinks `planted-*` pointing outside in its directory | ERROR `"all escape attempts denied: ..."`; an `Ok` report (`done`) with `score` and `escaped` > 0 means the sandbox leaked |
+//! | `escape`           | tries to read, list, link (hard and symbolic) and write outside its sandbox, and to plant three symlinks `planted-*` pointing outside in its directory (the host refuses symbolic links) | ERROR `"all escape attempts denied: ..."`; an `Ok` report (`done`) with `score` and `escaped` > 0 means the sandbox leaked |
 //! | `sockets`          | TCP connect to `127.0.0.1:port`, TCP listen, UDP send to `127.0.0.1:port`, DNS lookup of `localhost` | ERROR `"all socket attempts denied: ..."`; an `Ok` report (`done`) with `score` and `escaped` > 0 means the network leaked |
+//! | `sleep_train`      | `std::thread::sleep` for an hour, in a loop, in `train()` (a blocking WASI poll: no fuel burned, no epoch check reached) | ended by the wall-clock deadline: ERROR `train() at iteration N exceeded its ... deadline` |
+//! | `sleep_setup`      | the same in `setup()` (ignores `at`)                            | ERROR `setup() exceeded its ... deadline` |
+//! | `sleep_cleanup`    | the same in `cleanup()` (ignores `at`)                          | cleanup ended by the deadline; the trial keeps its status and the host logs a warning |
+//! | `terminal`         | returns `Err` with terminal escapes (clear screen, retitle, colours), `\r` and a newline followed by a forged `Best trial:` line | ERROR whose reason is kept raw in the trial's files and shown escaped on the terminal |
+//! | `open_files`       | opens files in its directory and keeps every one open, forever  | ERROR naming the open-handle limit (`limits.open_files`); other trials' files still open |
+//! | `disk_fill`        | writes 1 MiB files (`fill-N`) into its directory forever, rewriting the first in place and removing an older one now and then | ERROR naming the disk limit (`limits.disk`); files rewritten or removed are not counted twice |
+//! | `file_flood`       | creates empty files (`f-N`) in its directory forever            | ERROR naming the file limit (`limits.disk_files`) |
 //! | `probe`            | reports `score`, `env_count`, `args_count`, `cwd_entries`, `cwd_write_ok`, `wall_clock_ok`, `monotonic_ok`, `random_ok`; writes `./probe.txt` | TERMINATED with that report (`done`) |
 //!
 //! Every attack except those marked otherwise fires at the `at`-th `train()`
@@ -135,11 +144,25 @@ pub enum Attack {
     Sockets,
     /// Reports what the sandbox looks like from inside.
     Probe,
+    /// Sleeps in `train()`, blocked in WASI.
+    SleepTrain,
+    /// Sleeps in `setup()`.
+    SleepSetup,
+    /// Sleeps in `cleanup()`.
+    SleepCleanup,
+    /// Returns an error message full of terminal escapes.
+    Terminal,
+    /// Holds open files until the host stops it.
+    OpenFiles,
+    /// Fills its directory with data.
+    DiskFill,
+    /// Fills its directory with empty files.
+    FileFlood,
 }
 
 impl Attack {
     /// Every attack, with its config name.
-    pub const ALL: [(&'static str, Attack); 24] = [
+    pub const ALL: [(&'static str, Attack); 31] = [
         ("none", Attack::None),
         ("error", Attack::Error),
         ("panic", Attack::Panic),
@@ -164,6 +187,13 @@ impl Attack {
         ("escape", Attack::Escape),
         ("sockets", Attack::Sockets),
         ("probe", Attack::Probe),
+        ("sleep_train", Attack::SleepTrain),
+        ("sleep_setup", Attack::SleepSetup),
+        ("sleep_cleanup", Attack::SleepCleanup),
+        ("terminal", Attack::Terminal),
+        ("open_files", Attack::OpenFiles),
+        ("disk_fill", Attack::DiskFill),
+        ("file_flood", Attack::FileFlood),
     ];
 
     /// The attack's config name.
@@ -215,6 +245,9 @@ pub struct Config {
     /// The loopback port `sockets` tries to reach.
     #[serde(default = "default_port")]
     pub port: u16,
+    /// Milliseconds each benign `train()` call sleeps.
+    #[serde(default)]
+    pub pace_ms: u64,
 }
 
 fn default_attack() -> String {
@@ -244,6 +277,7 @@ pub struct Hostile {
     iterations: u64,
     iteration: u64,
     port: u16,
+    pace_ms: u64,
 }
 
 impl Hostile {
@@ -264,6 +298,7 @@ impl Hostile {
             iterations: config.iterations,
             iteration: 0,
             port: config.port,
+            pace_ms: config.pace_ms,
         })
     }
 
@@ -281,12 +316,18 @@ impl Trainable for Hostile {
         if hostile.attack == Attack::LoopSetup {
             spin_forever();
         }
+        if hostile.attack == Attack::SleepSetup {
+            sleep_forever();
+        }
         Ok(hostile)
     }
 
     fn train(&mut self) -> Result<Report> {
         self.iteration += 1;
         let n = self.iteration;
+        if self.pace_ms > 0 {
+            std::thread::sleep(std::time::Duration::from_millis(self.pace_ms));
+        }
         if n != self.at {
             return Ok(benign(n, self.iterations));
         }
@@ -296,6 +337,8 @@ impl Trainable for Hostile {
             | Attack::LoopSave
             | Attack::LoopReset
             | Attack::LoopCleanup
+            | Attack::SleepSetup
+            | Attack::SleepCleanup
             | Attack::BigSave => Ok(benign(n, self.iterations)),
             Attack::LoopRestore => Err(Error::msg(format!(
                 "failing at iteration {n} so the host restores the newest checkpoint"
@@ -320,6 +363,11 @@ impl Trainable for Hostile {
             Attack::Escape => escape(n),
             Attack::Sockets => sockets(n, self.port),
             Attack::Probe => probe(n),
+            Attack::SleepTrain => sleep_forever(),
+            Attack::Terminal => Err(Error::msg(TERMINAL_ATTACK)),
+            Attack::OpenFiles => hoard_files(),
+            Attack::DiskFill => fill_disk(),
+            Attack::FileFlood => flood_files(),
         }
     }
 
@@ -363,6 +411,9 @@ impl Trainable for Hostile {
         if self.attack == Attack::LoopCleanup {
             spin_forever();
         }
+        if self.attack == Attack::SleepCleanup {
+            sleep_forever();
+        }
     }
 }
 
@@ -405,6 +456,68 @@ fn spin_forever() -> ! {
     let mut counter: u64 = 0;
     loop {
         counter = black_box(counter.wrapping_add(1));
+    }
+}
+
+/// `sleep_*`: blocks in WASI's monotonic-clock poll, an hour at a time:
+/// no fuel is burned and no wasm runs while it waits.
+fn sleep_forever() -> ! {
+    loop {
+        std::thread::sleep(std::time::Duration::from_secs(3600));
+    }
+}
+
+/// `terminal`: clears the screen, retitles the terminal (OSC 0), hides
+/// what follows (SGR 8), returns the cursor and forges a summary line.
+pub const TERMINAL_ATTACK: &str =
+    "\x1b[2J\x1b]0;pwned\x07\x1b[8mhidden\x1b[0m\r\nBest trial: trial_9999 (forged)";
+
+/// `open_files`: opens file after file and keeps them all; returns the
+/// error that stopped it, if the host lets the guest see one.
+fn hoard_files() -> Result<Report> {
+    let mut held = Vec::new();
+    loop {
+        let path = format!("hoard-{}", held.len() % 16);
+        match fs::OpenOptions::new().create(true).append(true).open(&path) {
+            Ok(file) => held.push(file),
+            Err(err) => {
+                return Err(Error::msg(format!(
+                    "opened {} files, then: {err}",
+                    held.len()
+                )));
+            }
+        }
+    }
+}
+
+/// `disk_fill`: 1 MiB files, forever. The first file is rewritten in place
+/// and every fourth file removes the one before it, so the quota must
+/// credit what is replaced or freed.
+fn fill_disk() -> Result<Report> {
+    let block = vec![0x5Au8; 1 << 20];
+    let mut n = 0u64;
+    loop {
+        let written = fs::write(format!("fill-{n}"), &block)
+            .and_then(|()| fs::write("fill-0", &block))
+            .and_then(|()| match n % 4 {
+                3 => fs::remove_file(format!("fill-{}", n - 1)),
+                _ => Ok(()),
+            });
+        if let Err(err) = written {
+            return Err(Error::msg(format!("wrote {n} MiB, then: {err}")));
+        }
+        n += 1;
+    }
+}
+
+/// `file_flood`: empty files, forever.
+fn flood_files() -> Result<Report> {
+    let mut n = 0u64;
+    loop {
+        if let Err(err) = fs::File::create(format!("f-{n}")) {
+            return Err(Error::msg(format!("created {n} files, then: {err}")));
+        }
+        n += 1;
     }
 }
 
@@ -585,10 +698,10 @@ fn list_root() -> io::Result<()> {
     Ok(())
 }
 
-/// Symlinks `escape` plants in the trial's own directory and leaves there,
-/// each pointing outside it: `(link, target)`. Creating a dangling link is
-/// not an escape; following one out of the sandbox would be. The test
-/// checks afterwards that the host never followed them either.
+/// Symlinks `escape` tries to plant in the trial's own directory and leave
+/// there, each pointing outside it: `(link, target)`. Following one out of
+/// the sandbox would be an escape; leaving one behind would lead a later
+/// copy of the directory outside it, so the host refuses to make them.
 pub const PLANTED: [(&str, &str); 3] = [
     ("planted-params", "../params.json"),
     ("planted-up", ".."),
@@ -605,6 +718,19 @@ fn plant_links() -> Vec<(&'static str, std::result::Result<(), String>)> {
             (*link, symlink(target, link).map_err(|e| short_error(&e)))
         })
         .collect()
+}
+
+/// Runs `attempt` through a planted `link`, if the sandbox let it be made;
+/// without the link, writing its name would only make an ordinary file.
+fn via(
+    planted: &[(&str, std::result::Result<(), String>)],
+    link: &str,
+    attempt: impl FnOnce() -> io::Result<()>,
+) -> io::Result<()> {
+    match planted.iter().find(|(name, _)| *name == link) {
+        Some((_, Ok(()))) => attempt(),
+        _ => Err(io::Error::new(io::ErrorKind::NotFound, "link not planted")),
+    }
 }
 
 /// `escape`: every way out of the sandbox we could think of. Succeeds (with
@@ -633,17 +759,29 @@ fn escape(iteration: u64) -> Result<Report> {
         Attempt::run("hard link /data/digits/train.csv", || {
             fs::hard_link("/data/digits/train.csv", "hostile-hardlink-data")
         }),
-        Attempt::run("read via planted-params", || read("planted-params")),
+        Attempt::run("read via planted-params", || {
+            via(&planted, "planted-params", || read("planted-params"))
+        }),
         Attempt::run("write via planted-params", || {
-            write(Path::new("planted-params"))
+            via(&planted, "planted-params", || {
+                write(Path::new("planted-params"))
+            })
         }),
-        Attempt::run("list via planted-up", || names_in("planted-up").map(drop)),
+        Attempt::run("list via planted-up", || {
+            via(&planted, "planted-up", || names_in("planted-up").map(drop))
+        }),
         Attempt::run("write via planted-up/pwned", || {
-            write(Path::new("planted-up/pwned"))
+            via(&planted, "planted-up", || {
+                write(Path::new("planted-up/pwned"))
+            })
         }),
-        Attempt::run("read via planted-outside", || read("planted-outside")),
+        Attempt::run("read via planted-outside", || {
+            via(&planted, "planted-outside", || read("planted-outside"))
+        }),
         Attempt::run("write via planted-outside", || {
-            write(Path::new("planted-outside"))
+            via(&planted, "planted-outside", || {
+                write(Path::new("planted-outside"))
+            })
         }),
         Attempt::run("write /data/digits/pwned", || {
             write(Path::new("/data/digits/pwned"))
@@ -836,6 +974,7 @@ mod tests {
             at,
             iterations,
             port: default_port(),
+            pace_ms: 0,
         })
     }
 

@@ -88,9 +88,14 @@ impl Sandbox {
     /// linker with WASI preview 2 and the `wtune:trainable/host` imports.
     pub fn new(options: SandboxOptions) -> wasmtime::Result<Self> {
         let engine = Engine::new(&engine_config(options.max_wasm_stack))?;
+        // Trials' open files are host descriptors: make the whole hard limit
+        // available before any trial opens one (`Limits::open_files`).
+        super::limits::descriptor_limit();
 
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker)?;
+        super::waits::add_to_linker(&mut linker)?;
+        super::disk::add_to_linker(&mut linker)?;
         bindings::Trainable::add_to_linker::<TrialHost, HasSelf<TrialHost>>(&mut linker, |host| {
             host
         })?;

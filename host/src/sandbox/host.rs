@@ -28,6 +28,11 @@ pub(crate) struct TrialHost {
     pub(crate) compute: crate::compute::ComputeSession,
     /// Bytes of stdout and stderr already charged fuel.
     pub(crate) output_charged: u64,
+    /// When the current call must end; WASI waits give up then (see
+    /// [`super::waits`]).
+    pub(crate) call_deadline: Option<std::time::Instant>,
+    /// What the trial keeps in its directory (see [`super::disk`]).
+    pub(crate) disk: std::sync::Arc<super::disk::DiskQuota>,
 }
 
 impl TrialHost {

@@ -4,21 +4,25 @@ use std::time::{Duration, Instant};
 
 use std::sync::Arc;
 
-use wasmtime::component::Instance;
+use wasmtime::component::{Instance, ResourceTableError};
 use wasmtime::{Store, Trap};
 
 use super::bindings::{Trainable, TrainablePre};
 use super::engine::EPOCH_TICK;
 use super::fault::{At, Call, TrialFault};
 use super::host::TrialHost;
-use super::limits::Limits;
+use super::limits::{LimitHit, Limits};
 use super::snapshot::{Access, AccessIndex, SnapshotError};
+use super::waits::WaitedPastDeadline;
 use crate::snapshot::{GuestImage, SnapshotRefusal};
 
 /// Most metrics one report may carry.
 pub const MAX_METRICS: usize = 1024;
 /// Longest metric name accepted.
 pub const MAX_METRIC_NAME: usize = 256;
+/// Most bytes of metric names in one report: what one result may add to
+/// the result files is bounded, whatever the count and lengths.
+pub const MAX_REPORT_NAMES: usize = 64 << 10;
 /// Longest guest error message kept; the rest is cut.
 const MAX_GUEST_MESSAGE: usize = 4096;
 
@@ -51,6 +55,9 @@ pub struct TrialInstance {
     limits: Limits,
     fuel_total: u64,
     iterations: u64,
+    /// What this instance's reports have added to the result files (see
+    /// [`Limits::result_bytes`]).
+    result_bytes: u64,
     poisoned: bool,
 }
 
@@ -81,6 +88,7 @@ impl TrialInstance {
                 limits,
                 fuel_total,
                 iterations: 0,
+                result_bytes: 0,
                 poisoned: false,
             }),
             Err(err) => Err(classify(&store, &limits, at, allotted, fuel_total, err)),
@@ -127,6 +135,12 @@ impl TrialInstance {
             self.poisoned = true;
             TrialFault::BadOutput { at, reason }
         })?;
+        self.result_bytes = self.result_bytes.saturating_add(result_bytes(&report));
+        if self.result_bytes > self.limits.result_bytes {
+            self.poisoned = true;
+            let limit = self.limits.result_bytes;
+            return Err(TrialFault::limit(at, LimitHit::Results { limit }));
+        }
         Ok((report, stats))
     }
 
@@ -318,6 +332,7 @@ fn arm(store: &mut Store<TrialHost>, limits: &Limits, fuel: u64, at: At) -> Resu
     };
     store.set_epoch_deadline(ticks);
     let deadline = limits.call_timeout.map(|limit| Instant::now() + limit);
+    store.data_mut().call_deadline = deadline;
     store.data_mut().compute.begin_call(deadline);
     Ok(())
 }
@@ -334,6 +349,19 @@ fn classify(
     let host = store.data();
     if let Some(hit) = host.limiter.hit {
         return TrialFault::limit(at, hit);
+    }
+    if let Some(hit) = err
+        .chain()
+        .find_map(|cause| cause.downcast_ref::<LimitHit>())
+    {
+        return TrialFault::limit(at, *hit);
+    }
+    if err
+        .chain()
+        .any(|cause| matches!(cause.downcast_ref(), Some(ResourceTableError::Full)))
+    {
+        let limit = limits.open_files;
+        return TrialFault::limit(at, LimitHit::OpenFiles { limit });
     }
     match err.downcast_ref::<Trap>() {
         Some(Trap::OutOfFuel) => match limits.fuel_per_trial {
@@ -357,6 +385,10 @@ fn classify(
                 at,
                 trap: trap.to_string(),
             },
+        },
+        None if err.downcast_ref::<WaitedPastDeadline>().is_some() => TrialFault::Timeout {
+            at,
+            limit: limits.call_timeout.unwrap_or_default(),
         },
         None => not_a_trap(at, limits, err),
     }
@@ -446,6 +478,18 @@ pub fn check_train_return(
     }
 }
 
+/// What `report` adds to the trial's result files, as
+/// [`Limits::result_bytes`] counts it.
+fn result_bytes(report: &GuestReport) -> u64 {
+    use super::limits::{RESULT_BYTES_PER_METRIC, RESULT_BYTES_PER_REPORT};
+    report
+        .metrics
+        .iter()
+        .map(|(name, _)| name.len() as u64 + RESULT_BYTES_PER_METRIC)
+        .sum::<u64>()
+        + RESULT_BYTES_PER_REPORT
+}
+
 fn check_report(
     report: super::bindings::wtune::trainable::types::Report,
 ) -> Result<GuestReport, String> {
@@ -477,6 +521,13 @@ fn check_report(
             ));
         }
         metrics.push((metric.name, metric.value));
+    }
+    let names: usize = metrics.iter().map(|(name, _)| name.len()).sum();
+    if names > MAX_REPORT_NAMES {
+        return Err(format!(
+            "the metric names of one report add up to {names} bytes; at most \
+             {MAX_REPORT_NAMES} are accepted"
+        ));
     }
     Ok(GuestReport {
         metrics,

@@ -30,12 +30,114 @@ pub struct Limits {
     /// affected (their size follows the guest's memory).
     #[serde(default = "default_checkpoint_bytes")]
     pub checkpoint_bytes: u64,
+    /// Cap on the WASI handles a trial holds at once: its open files and
+    /// directories, their streams and its pollables. Every open file is a
+    /// host file descriptor, so without a cap one trial could take the
+    /// descriptors the host and the other trials need (see
+    /// [`descriptor_limit`] for the host's side). Crossing it ends the trial
+    /// with the limit named.
+    #[serde(default = "default_open_files")]
+    pub open_files: u64,
+    /// Cap on the results one trial's instance reports, in bytes as the
+    /// host writes them (each metric's name plus [`RESULT_BYTES_PER_METRIC`]
+    /// and [`RESULT_BYTES_PER_REPORT`] for the fields the host adds), so a
+    /// guest reporting the largest legal report at every call cannot fill
+    /// the disk with `result.jsonl` and `progress.csv`. Crossing it ends the
+    /// trial with the limit named. Counted from the instance's start: a
+    /// trial restored from a checkpoint starts a new count.
+    #[serde(default = "default_result_bytes")]
+    pub result_bytes: u64,
+    /// Cap on what the trial keeps in its own directory (`work/`), in bytes
+    /// of file length; counted from what is there when an instance starts.
+    /// The write, resize or stream write that would cross it ends the trial
+    /// with the limit named.
+    #[serde(default = "default_disk_bytes")]
+    pub disk_bytes: u64,
+    /// Cap on the entries (files, directories, links) in the trial's own
+    /// directory.
+    #[serde(default = "default_disk_files")]
+    pub disk_files: u64,
+}
+
+/// 1 GiB of scratch space per trial: data shards and outputs, not a disk.
+fn default_disk_bytes() -> u64 {
+    1 << 30
+}
+
+/// 10,000 entries per trial.
+fn default_disk_files() -> u64 {
+    10_000
+}
+
+/// What the host writes for one metric besides its name, in both result
+/// files: a value, quotes and separators.
+pub const RESULT_BYTES_PER_METRIC: u64 = 32;
+/// What the host writes for one report besides its metrics: the fields it
+/// adds (times, fuel, ids, the trial's config is not counted).
+pub const RESULT_BYTES_PER_REPORT: u64 = 512;
+
+/// 256 MiB: a hundred metrics for a hundred thousand iterations, far
+/// beyond the shipped trainables, far below what hurts a disk.
+fn default_result_bytes() -> u64 {
+    256 << 20
 }
 
 /// 64 MiB: far above what the shipped trainables save, far below what would
 /// hurt a disk when every trial checkpoints every few iterations.
 fn default_checkpoint_bytes() -> u64 {
     64 << 20
+}
+
+/// 1024: a trainable holds a handful of files (its data, a log, its
+/// outputs); a thousand leaves room for sharded data sets.
+fn default_open_files() -> u64 {
+    1024
+}
+
+/// Host file descriptors kept for the host itself whatever the trials
+/// hold: result, log and checkpoint files, the compile cache, the compute
+/// worker's pipes, the dashboard's sockets.
+pub const HOST_DESCRIPTORS: u64 = 256;
+
+/// Host file descriptors each running trial needs besides its guest's
+/// handles: its three log sinks, its result files and checkpoint writes.
+pub const DESCRIPTORS_PER_TRIAL: u64 = 16;
+
+/// How many file descriptors this process may hold, after raising its soft
+/// limit (`ulimit -n`) to the hard one, once. `max_concurrent` trials at
+/// `open_files` handles each fit when
+/// `max_concurrent * (open_files + DESCRIPTORS_PER_TRIAL) + HOST_DESCRIPTORS`
+/// is at most this, which is how `wtune run` checks an experiment before
+/// starting it.
+pub fn descriptor_limit() -> u64 {
+    static LIMIT: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *LIMIT.get_or_init(|| {
+        let mut limit = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit/setrlimit only read and write the struct passed.
+        unsafe {
+            if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
+                return 1024;
+            }
+            if limit.rlim_cur < limit.rlim_max {
+                let raised = libc::rlimit {
+                    rlim_cur: limit.rlim_max,
+                    rlim_max: limit.rlim_max,
+                };
+                if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                    limit = raised;
+                }
+            }
+        }
+        #[allow(
+            clippy::unnecessary_cast,
+            reason = "rlim_t is not u64 on every platform"
+        )]
+        let limit = limit.rlim_cur as u64;
+        limit
+    })
 }
 
 impl Default for Limits {
@@ -49,6 +151,10 @@ impl Default for Limits {
             call_timeout: Some(Duration::from_secs(120)),
             log_bytes: 10 << 20,
             checkpoint_bytes: default_checkpoint_bytes(),
+            open_files: default_open_files(),
+            result_bytes: default_result_bytes(),
+            disk_bytes: default_disk_bytes(),
+            disk_files: default_disk_files(),
         }
     }
 }
@@ -73,6 +179,10 @@ impl Limits {
 pub(crate) enum LimitHit {
     Memory { limit: u64, requested: u64 },
     Table { limit: u64, requested: u64 },
+    OpenFiles { limit: u64 },
+    Results { limit: u64 },
+    Disk { limit: u64, requested: u64 },
+    DiskFiles { limit: u64 },
 }
 
 impl fmt::Display for LimitHit {
@@ -87,6 +197,29 @@ impl fmt::Display for LimitHit {
             LimitHit::Table { limit, requested } => write!(
                 f,
                 "table limit of {limit} elements exceeded (the guest asked for {requested})"
+            ),
+            LimitHit::OpenFiles { limit } => write!(
+                f,
+                "open-file limit of {limit} handles exceeded (limits.open_files: files, \
+                 directories, streams and pollables held at once)"
+            ),
+            LimitHit::Results { limit } => write!(
+                f,
+                "result limit {} exceeded (limits.result_size: what one trial's reports may \
+                 add to its result files)",
+                human_bytes(*limit)
+            ),
+            LimitHit::Disk { limit, requested } => write!(
+                f,
+                "disk limit {} of the trial's directory exceeded (limits.disk; the write would \
+                 make it {})",
+                human_bytes(*limit),
+                human_bytes(*requested)
+            ),
+            LimitHit::DiskFiles { limit } => write!(
+                f,
+                "limit of {limit} files and directories in the trial's directory exceeded \
+                 (limits.disk_files)"
             ),
         }
     }

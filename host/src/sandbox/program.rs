@@ -5,13 +5,14 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use wasmtime::Store;
-use wasmtime::component::Component;
+use wasmtime::component::{Component, ResourceTable};
 use wasmtime_wasi::{FsPerms, WasiCtxBuilder};
 
 use super::bindings::TrainablePre;
 use super::capture::CappedSink;
 use super::compile::{self, CompileFailure};
 use super::contract::{self, ComponentDescription, ContractError};
+use super::disk::DiskQuota;
 use super::engine::{EpochTicker, Sandbox};
 use super::fault::{At, Call, TrialFault};
 use super::host::TrialHost;
@@ -262,9 +263,17 @@ impl Program {
                 .map_err(|e| host_err(&format!("opening data directory {}", dir.display()), &e))?;
         }
 
+        let disk = DiskQuota::measure(&env.work_dir, limits).map_err(|e| {
+            host_err(
+                &format!("measuring trial directory {}", env.work_dir.display()),
+                &e,
+            )
+        })?;
+        let mut table = ResourceTable::new();
+        table.set_max_capacity(usize::try_from(limits.open_files).unwrap_or(usize::MAX));
         let host = TrialHost {
             wasi: wasi.build(),
-            table: Default::default(),
+            table,
             limiter: TrialLimiter::new(limits),
             guest_log,
             stderr,
@@ -272,6 +281,8 @@ impl Program {
             sink: None,
             compute: self.compute.session_on(env.gpu.unwrap_or(0)),
             output_charged: 0,
+            call_deadline: None,
+            disk,
         };
         let mut store = Store::new(self.pre.engine(), host);
         store.limiter(|host| &mut host.limiter);

@@ -119,7 +119,7 @@ pub(crate) fn record(
     {
         let mut values = out.values_mut();
         for ((_, value), slot) in step.metrics.iter().zip(&mut values) {
-            *slot = float(*value);
+            *slot = metric_value(*value);
         }
         let mut previous_timestamp = None;
         for (field, slot) in AUTO_FIELDS.iter().zip(values) {
@@ -140,8 +140,7 @@ pub(crate) fn record(
     }
     let mut out = Map::with_capacity(step.metrics.len() + AUTO_FIELDS.len());
     for (name, value) in &step.metrics {
-        // JSON has no NaN or infinity; they become null (pandas reads NaN).
-        out.insert(name.clone(), float(*value));
+        out.insert(name.clone(), metric_value(*value));
     }
     for field in AUTO_FIELDS {
         out.insert(field.to_string(), auto(field));
@@ -164,6 +163,20 @@ fn seconds(d: Duration) -> Value {
     float(d.as_secs_f64())
 }
 
+/// A metric as a JSON value. JSON has no NaN or infinities, so they are
+/// written as the strings `"NaN"`, `"Infinity"` and `"-Infinity"` (as
+/// JavaScript and Python print them; pandas' `read_csv` parses them back),
+/// keeping the three apart. [`Trial::metric`] reads them as unreported:
+/// such a value ranks no trial.
+pub fn metric_value(x: f64) -> Value {
+    match Number::from_f64(x) {
+        Some(number) => Value::Number(number),
+        None if x.is_nan() => Value::from("NaN"),
+        None if x > 0.0 => Value::from("Infinity"),
+        None => Value::from("-Infinity"),
+    }
+}
+
 fn float(x: f64) -> Value {
     Number::from_f64(x).map_or(Value::Null, Value::Number)
 }
@@ -183,13 +196,25 @@ mod tests {
     #[test]
     fn records_carry_metrics_then_auto_fields() {
         let step = Step {
-            metrics: vec![("loss".into(), 0.5), ("weird".into(), f64::NAN)],
+            metrics: vec![
+                ("loss".into(), 0.5),
+                ("nan".into(), f64::NAN),
+                ("up".into(), f64::INFINITY),
+                ("down".into(), f64::NEG_INFINITY),
+            ],
             done: false,
             fuel: 10,
         };
         let r = record(&trial(), &step, Duration::from_millis(1500), true, None).unwrap();
         assert_eq!(r["loss"], json!(0.5));
-        assert_eq!(r["weird"], Value::Null);
+        assert_eq!(
+            (&r["nan"], &r["up"], &r["down"]),
+            (&json!("NaN"), &json!("Infinity"), &json!("-Infinity")),
+            "NaN and the infinities stay apart"
+        );
+        // Reused records write them the same way.
+        let again = record(&trial(), &step, Duration::ZERO, true, Some(r.clone())).unwrap();
+        assert_eq!(again["up"], json!("Infinity"));
         assert_eq!(r["training_iteration"], json!(3));
         assert_eq!(r["time_this_iter_s"], json!(1.5));
         assert_eq!(r["fuel_this_iter"], json!(10));

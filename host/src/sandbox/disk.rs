@@ -1,0 +1,580 @@
+//! A trial's disk quota, and no symbolic links, enforced in WASI's
+//! filesystem layer.
+//!
+//! WASI gives a trial its own directory, and the cap-std layer under it
+//! keeps every path inside; nothing there bounds how much it writes. Here
+//! `wasi:filesystem/types` is replaced by a view that passes every call to
+//! wasmtime-wasi's own implementation and, around the calls that make a
+//! file grow or a directory entry appear, charges a per-trial
+//! [`DiskQuota`]: bytes (the files' sizes) and entries (files, directories
+//! and links). The call that would cross a cap traps, ending the trial with
+//! the limit named; freed space (a file removed, truncated or replaced by a
+//! rename) is credited back.
+//!
+//! Sizes are the files' lengths, so a sparse write far past a file's end
+//! counts in full: the quota is conservative, never short. Writes through
+//! streams (`write-via-stream`, `append-via-stream`) are charged by
+//! [`QuotaStream`], which wraps the stream wasmtime-wasi made.
+//!
+//! Symbolic links are refused (`not-permitted`): a link left in the trial's
+//! directory, harmless while the sandbox resolves it, leads a later copy of
+//! the directory (`tar -h`, `rsync -L`, a backup) outside it. Trainables
+//! have no need for them.
+//!
+//! Not covered: the read-only data grants (no write reaches them), and a
+//! file grown by another process or trial (the count starts from what is on
+//! disk when the instance starts and follows only this trial's calls).
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use bytes::Bytes;
+use wasmtime::component::{HasData, Linker, Resource};
+use wasmtime_wasi::async_trait;
+use wasmtime_wasi::filesystem::WasiFilesystemCtxView;
+use wasmtime_wasi::p2::bindings::filesystem::types::ErrorCode;
+use wasmtime_wasi::p2::bindings::sync::filesystem::types::{
+    self as fs, Descriptor, DescriptorFlags, DescriptorStat, DescriptorType, DirectoryEntry,
+    DirectoryEntryStream, Filesize, MetadataHashValue, NewTimestamp, OpenFlags, PathFlags,
+};
+use wasmtime_wasi::p2::bindings::sync::io::streams;
+use wasmtime_wasi::p2::{DynOutputStream, FsError, FsResult, OutputStream, Pollable, StreamResult};
+
+use super::host::TrialHost;
+use super::limits::{LimitHit, Limits};
+
+/// What one trial may keep in its directory, and what it keeps now.
+#[derive(Debug)]
+pub(crate) struct DiskQuota {
+    limit_bytes: u64,
+    limit_entries: u64,
+    bytes: AtomicU64,
+    entries: AtomicU64,
+}
+
+impl DiskQuota {
+    /// The quota of `limits`, counting what `dir` already holds (a trial
+    /// that continues finds its earlier files there).
+    pub(crate) fn measure(dir: &Path, limits: &Limits) -> std::io::Result<Arc<Self>> {
+        let (bytes, entries) = usage(dir)?;
+        Ok(Arc::new(Self {
+            limit_bytes: limits.disk_bytes,
+            limit_entries: limits.disk_files,
+            bytes: AtomicU64::new(bytes),
+            entries: AtomicU64::new(entries),
+        }))
+    }
+
+    fn grow(&self, bytes: u64) -> Result<(), LimitHit> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        let limit = self.limit_bytes;
+        self.bytes
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                used.checked_add(bytes).filter(|&after| after <= limit)
+            })
+            .map(drop)
+            .map_err(|used| LimitHit::Disk {
+                limit,
+                requested: used.saturating_add(bytes),
+            })
+    }
+
+    fn shrink(&self, bytes: u64) {
+        let _ = self
+            .bytes
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                Some(used.saturating_sub(bytes))
+            });
+    }
+
+    fn add_entry(&self) -> Result<(), LimitHit> {
+        let limit = self.limit_entries;
+        self.entries
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                (used < limit).then_some(used + 1)
+            })
+            .map(drop)
+            .map_err(|_| LimitHit::DiskFiles { limit })
+    }
+
+    fn remove_entry(&self) {
+        let _ = self
+            .entries
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                Some(used.saturating_sub(1))
+            });
+    }
+}
+
+/// Bytes of regular files and entries under `dir`, links not followed.
+fn usage(dir: &Path) -> std::io::Result<(u64, u64)> {
+    let (mut bytes, mut entries) = (0u64, 0u64);
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir)? {
+            let entry = entry?;
+            let meta = entry.path().symlink_metadata()?;
+            entries += 1;
+            if meta.is_dir() {
+                stack.push(entry.path());
+            } else if meta.is_file() {
+                bytes += meta.len();
+            }
+        }
+    }
+    Ok((bytes, entries))
+}
+
+/// A trap naming the limit crossed.
+fn over(hit: LimitHit) -> FsError {
+    FsError::trap(wasmtime::Error::new(hit))
+}
+
+/// A second handle to the descriptor a call borrows.
+fn again(fd: &Resource<Descriptor>) -> Resource<Descriptor> {
+    Resource::new_borrow(fd.rep())
+}
+
+/// Bytes a removal frees: a regular file's size when this is its last link.
+fn freed(stat: &DescriptorStat) -> u64 {
+    match stat.type_ {
+        DescriptorType::RegularFile if stat.link_count <= 1 => stat.size,
+        _ => 0,
+    }
+}
+
+/// The trial's filesystem seen through its quota.
+pub(crate) struct GuardedFs<'a> {
+    inner: WasiFilesystemCtxView<'a>,
+    quota: &'a Arc<DiskQuota>,
+}
+
+struct HasGuardedFs;
+
+impl HasData for HasGuardedFs {
+    type Data<'a> = GuardedFs<'a>;
+}
+
+/// Replaces `wasi:filesystem/types` in a linker that already holds WASI
+/// preview 2 (`wasmtime_wasi::p2::add_to_linker_sync`) with the guarded
+/// view.
+pub(crate) fn add_to_linker(linker: &mut Linker<TrialHost>) -> wasmtime::Result<()> {
+    linker.allow_shadowing(true);
+    let added = fs::add_to_linker::<TrialHost, HasGuardedFs>(linker, |host| {
+        let (view, quota) = host.filesystem_and_quota();
+        GuardedFs { inner: view, quota }
+    });
+    linker.allow_shadowing(false);
+    added
+}
+
+impl TrialHost {
+    fn filesystem_and_quota(&mut self) -> (WasiFilesystemCtxView<'_>, &Arc<DiskQuota>) {
+        let quota = &self.disk;
+        let view = WasiFilesystemCtxView {
+            ctx: self.wasi.filesystem(),
+            table: &mut self.table,
+        };
+        (view, quota)
+    }
+}
+
+impl GuardedFs<'_> {
+    fn stat_at_now(&mut self, fd: &Resource<Descriptor>, path: &str) -> Option<DescriptorStat> {
+        fs::HostDescriptor::stat_at(&mut self.inner, again(fd), PathFlags::empty(), path.into())
+            .ok()
+    }
+
+    /// Runs `call` with `bytes` more charged; the charge is returned if the
+    /// call fails.
+    fn charged<R>(
+        &mut self,
+        bytes: u64,
+        call: impl FnOnce(&mut Self) -> FsResult<R>,
+    ) -> FsResult<R> {
+        self.quota.grow(bytes).map_err(over)?;
+        call(self).inspect_err(|_| self.quota.shrink(bytes))
+    }
+
+    /// Runs `call` with one more entry charged, returned if it fails.
+    fn new_entry<R>(&mut self, call: impl FnOnce(&mut Self) -> FsResult<R>) -> FsResult<R> {
+        self.quota.add_entry().map_err(over)?;
+        call(self).inspect_err(|_| self.quota.remove_entry())
+    }
+
+    /// Wraps a stream wasmtime-wasi made for `fd` so its writes are charged.
+    fn guard_stream(
+        &mut self,
+        stream: Resource<streams::OutputStream>,
+        position: Option<u64>,
+        size: u64,
+    ) -> FsResult<Resource<streams::OutputStream>> {
+        let inner: DynOutputStream = self.inner.table.delete(stream)?;
+        let guarded: DynOutputStream = Box::new(QuotaStream {
+            inner,
+            quota: Arc::clone(self.quota),
+            position,
+            high: size,
+        });
+        Ok(self.inner.table.push(guarded)?)
+    }
+}
+
+impl fs::Host for GuardedFs<'_> {
+    fn convert_error_code(&mut self, err: FsError) -> wasmtime::Result<fs::ErrorCode> {
+        fs::Host::convert_error_code(&mut self.inner, err)
+    }
+
+    fn filesystem_error_code(
+        &mut self,
+        err: Resource<streams::Error>,
+    ) -> wasmtime::Result<Option<fs::ErrorCode>> {
+        fs::Host::filesystem_error_code(&mut self.inner, err)
+    }
+}
+
+impl fs::HostDescriptor for GuardedFs<'_> {
+    fn advise(
+        &mut self,
+        fd: Resource<Descriptor>,
+        offset: Filesize,
+        len: Filesize,
+        advice: fs::Advice,
+    ) -> FsResult<()> {
+        self.inner.advise(fd, offset, len, advice)
+    }
+
+    fn sync_data(&mut self, fd: Resource<Descriptor>) -> FsResult<()> {
+        self.inner.sync_data(fd)
+    }
+
+    fn get_flags(&mut self, fd: Resource<Descriptor>) -> FsResult<DescriptorFlags> {
+        self.inner.get_flags(fd)
+    }
+
+    fn get_type(&mut self, fd: Resource<Descriptor>) -> FsResult<DescriptorType> {
+        self.inner.get_type(fd)
+    }
+
+    fn set_size(&mut self, fd: Resource<Descriptor>, size: Filesize) -> FsResult<()> {
+        let old = self.inner.stat(again(&fd))?.size;
+        if size > old {
+            self.charged(size - old, |this| this.inner.set_size(fd, size))
+        } else {
+            self.inner.set_size(fd, size)?;
+            self.quota.shrink(old - size);
+            Ok(())
+        }
+    }
+
+    fn set_times(
+        &mut self,
+        fd: Resource<Descriptor>,
+        atim: NewTimestamp,
+        mtim: NewTimestamp,
+    ) -> FsResult<()> {
+        self.inner.set_times(fd, atim, mtim)
+    }
+
+    fn read(
+        &mut self,
+        fd: Resource<Descriptor>,
+        len: Filesize,
+        offset: Filesize,
+    ) -> FsResult<(Vec<u8>, bool)> {
+        self.inner.read(fd, len, offset)
+    }
+
+    fn write(
+        &mut self,
+        fd: Resource<Descriptor>,
+        buf: Vec<u8>,
+        offset: Filesize,
+    ) -> FsResult<Filesize> {
+        let size = self.inner.stat(again(&fd))?.size;
+        let end = offset.saturating_add(buf.len() as u64);
+        let growth = end.saturating_sub(size);
+        let written = self.charged(growth, |this| this.inner.write(fd, buf, offset))?;
+        // A short write grew the file less than charged.
+        let grown = offset.saturating_add(written).saturating_sub(size);
+        self.quota.shrink(growth - grown.min(growth));
+        Ok(written)
+    }
+
+    fn read_directory(
+        &mut self,
+        fd: Resource<Descriptor>,
+    ) -> FsResult<Resource<DirectoryEntryStream>> {
+        self.inner.read_directory(fd)
+    }
+
+    fn sync(&mut self, fd: Resource<Descriptor>) -> FsResult<()> {
+        self.inner.sync(fd)
+    }
+
+    fn create_directory_at(&mut self, fd: Resource<Descriptor>, path: String) -> FsResult<()> {
+        self.new_entry(|this| this.inner.create_directory_at(fd, path))
+    }
+
+    fn stat(&mut self, fd: Resource<Descriptor>) -> FsResult<DescriptorStat> {
+        self.inner.stat(fd)
+    }
+
+    fn stat_at(
+        &mut self,
+        fd: Resource<Descriptor>,
+        path_flags: PathFlags,
+        path: String,
+    ) -> FsResult<DescriptorStat> {
+        self.inner.stat_at(fd, path_flags, path)
+    }
+
+    fn set_times_at(
+        &mut self,
+        fd: Resource<Descriptor>,
+        path_flags: PathFlags,
+        path: String,
+        atim: NewTimestamp,
+        mtim: NewTimestamp,
+    ) -> FsResult<()> {
+        self.inner.set_times_at(fd, path_flags, path, atim, mtim)
+    }
+
+    fn link_at(
+        &mut self,
+        fd: Resource<Descriptor>,
+        old_path_flags: PathFlags,
+        old_path: String,
+        new_descriptor: Resource<Descriptor>,
+        new_path: String,
+    ) -> FsResult<()> {
+        self.new_entry(|this| {
+            this.inner
+                .link_at(fd, old_path_flags, old_path, new_descriptor, new_path)
+        })
+    }
+
+    fn open_at(
+        &mut self,
+        fd: Resource<Descriptor>,
+        path_flags: PathFlags,
+        path: String,
+        oflags: OpenFlags,
+        flags: DescriptorFlags,
+    ) -> FsResult<Resource<Descriptor>> {
+        if !oflags.intersects(OpenFlags::CREATE | OpenFlags::TRUNCATE) {
+            return self.inner.open_at(fd, path_flags, path, oflags, flags);
+        }
+        let before = self.stat_at_now(&fd, &path);
+        let truncated = match &before {
+            Some(stat) if oflags.contains(OpenFlags::TRUNCATE) => freed(stat),
+            _ => 0,
+        };
+        let opened = if before.is_none() && oflags.contains(OpenFlags::CREATE) {
+            self.new_entry(|this| this.inner.open_at(fd, path_flags, path, oflags, flags))?
+        } else {
+            self.inner.open_at(fd, path_flags, path, oflags, flags)?
+        };
+        self.quota.shrink(truncated);
+        Ok(opened)
+    }
+
+    fn drop(&mut self, fd: Resource<Descriptor>) -> wasmtime::Result<()> {
+        fs::HostDescriptor::drop(&mut self.inner, fd)
+    }
+
+    fn readlink_at(&mut self, fd: Resource<Descriptor>, path: String) -> FsResult<String> {
+        self.inner.readlink_at(fd, path)
+    }
+
+    fn remove_directory_at(&mut self, fd: Resource<Descriptor>, path: String) -> FsResult<()> {
+        self.inner.remove_directory_at(fd, path)?;
+        self.quota.remove_entry();
+        Ok(())
+    }
+
+    fn rename_at(
+        &mut self,
+        fd: Resource<Descriptor>,
+        old_path: String,
+        new_fd: Resource<Descriptor>,
+        new_path: String,
+    ) -> FsResult<()> {
+        // A rename over another file frees the file it replaces, unless the
+        // two names are one file.
+        let replaced = self.stat_at_now(&new_fd, &new_path).filter(|_| {
+            let hash = |this: &mut Self, fd: &Resource<Descriptor>, path: &str| {
+                this.inner
+                    .metadata_hash_at(again(fd), PathFlags::empty(), path.into())
+                    .ok()
+                    .map(|h| (h.lower, h.upper))
+            };
+            let (old, new) = (hash(self, &fd, &old_path), hash(self, &new_fd, &new_path));
+            old.is_none() || old != new
+        });
+        self.inner.rename_at(fd, old_path, new_fd, new_path)?;
+        if let Some(stat) = replaced {
+            self.quota.shrink(freed(&stat));
+            self.quota.remove_entry();
+        }
+        Ok(())
+    }
+
+    fn symlink_at(
+        &mut self,
+        _fd: Resource<Descriptor>,
+        _src: String,
+        _dest: String,
+    ) -> FsResult<()> {
+        Err(ErrorCode::NotPermitted.into())
+    }
+
+    fn unlink_file_at(&mut self, fd: Resource<Descriptor>, path: String) -> FsResult<()> {
+        let before = self.stat_at_now(&fd, &path);
+        self.inner.unlink_file_at(fd, path)?;
+        if let Some(stat) = before {
+            self.quota.shrink(freed(&stat));
+            self.quota.remove_entry();
+        }
+        Ok(())
+    }
+
+    fn read_via_stream(
+        &mut self,
+        fd: Resource<Descriptor>,
+        offset: Filesize,
+    ) -> FsResult<Resource<streams::InputStream>> {
+        self.inner.read_via_stream(fd, offset)
+    }
+
+    fn write_via_stream(
+        &mut self,
+        fd: Resource<Descriptor>,
+        offset: Filesize,
+    ) -> FsResult<Resource<streams::OutputStream>> {
+        let size = self.inner.stat(again(&fd))?.size;
+        let stream = self.inner.write_via_stream(fd, offset)?;
+        self.guard_stream(stream, Some(offset), size)
+    }
+
+    fn append_via_stream(
+        &mut self,
+        fd: Resource<Descriptor>,
+    ) -> FsResult<Resource<streams::OutputStream>> {
+        let stream = self.inner.append_via_stream(fd)?;
+        self.guard_stream(stream, None, 0)
+    }
+
+    fn is_same_object(
+        &mut self,
+        a: Resource<Descriptor>,
+        b: Resource<Descriptor>,
+    ) -> wasmtime::Result<bool> {
+        self.inner.is_same_object(a, b)
+    }
+
+    fn metadata_hash(&mut self, fd: Resource<Descriptor>) -> FsResult<MetadataHashValue> {
+        self.inner.metadata_hash(fd)
+    }
+
+    fn metadata_hash_at(
+        &mut self,
+        fd: Resource<Descriptor>,
+        path_flags: PathFlags,
+        path: String,
+    ) -> FsResult<MetadataHashValue> {
+        self.inner.metadata_hash_at(fd, path_flags, path)
+    }
+}
+
+impl fs::HostDirectoryEntryStream for GuardedFs<'_> {
+    fn read_directory_entry(
+        &mut self,
+        stream: Resource<DirectoryEntryStream>,
+    ) -> FsResult<Option<DirectoryEntry>> {
+        self.inner.read_directory_entry(stream)
+    }
+
+    fn drop(&mut self, stream: Resource<DirectoryEntryStream>) -> wasmtime::Result<()> {
+        fs::HostDirectoryEntryStream::drop(&mut self.inner, stream)
+    }
+}
+
+/// A file's output stream whose writes are charged to the trial's quota:
+/// past the file's end for a positioned stream, every byte for an
+/// appending one.
+struct QuotaStream {
+    inner: DynOutputStream,
+    quota: Arc<DiskQuota>,
+    /// Where the next write lands; `None` when appending.
+    position: Option<u64>,
+    /// The furthest point already charged (the file's size at first).
+    high: u64,
+}
+
+impl QuotaStream {
+    fn charge(&mut self, len: u64) -> StreamResult<u64> {
+        let growth = match self.position {
+            None => len,
+            Some(position) => {
+                let end = position.saturating_add(len);
+                let growth = end.saturating_sub(self.high);
+                self.high = self.high.max(end);
+                self.position = Some(end);
+                growth
+            }
+        };
+        self.quota
+            .grow(growth)
+            .map_err(|hit| wasmtime_wasi::p2::StreamError::Trap(wasmtime::Error::new(hit)))?;
+        Ok(growth)
+    }
+}
+
+#[async_trait]
+impl OutputStream for QuotaStream {
+    fn write(&mut self, bytes: Bytes) -> StreamResult<()> {
+        let growth = self.charge(bytes.len() as u64)?;
+        self.inner
+            .write(bytes)
+            .inspect_err(|_| self.quota.shrink(growth))
+    }
+
+    fn flush(&mut self) -> StreamResult<()> {
+        self.inner.flush()
+    }
+
+    fn check_write(&mut self) -> StreamResult<usize> {
+        self.inner.check_write()
+    }
+
+    async fn blocking_write_and_flush(&mut self, bytes: Bytes) -> StreamResult<()> {
+        let growth = self.charge(bytes.len() as u64)?;
+        let quota = Arc::clone(&self.quota);
+        self.inner
+            .blocking_write_and_flush(bytes)
+            .await
+            .inspect_err(|_| quota.shrink(growth))
+    }
+
+    fn write_zeroes(&mut self, nelem: usize) -> StreamResult<()> {
+        let growth = self.charge(nelem as u64)?;
+        self.inner
+            .write_zeroes(nelem)
+            .inspect_err(|_| self.quota.shrink(growth))
+    }
+
+    async fn cancel(&mut self) {
+        self.inner.cancel().await
+    }
+}
+
+#[async_trait]
+impl Pollable for QuotaStream {
+    async fn ready(&mut self) {
+        self.inner.ready().await
+    }
+}
