@@ -32,6 +32,10 @@ fn tight_limits() -> Limits {
         call_timeout: Some(Duration::from_secs(60)),
         log_bytes: 64 << 10,
         checkpoint_bytes: 64 << 20,
+        open_files: 1024,
+        result_bytes: 256 << 20,
+        disk_bytes: 1 << 30,
+        disk_files: 10_000,
     }
 }
 
@@ -341,17 +345,22 @@ fn escapes_are_denied_and_nothing_outside_the_trial_changes() {
             // The data grant is read-only, so it cannot be linked into the
             // writable directory and written through the link.
             "hard link /data/digits/train.csv: Operation not permitted",
-            "read via planted-params: Operation not permitted",
-            "write via planted-params: Operation not permitted",
-            "list via planted-up: Operation not permitted",
-            "write via planted-up/pwned: Operation not permitted",
-            "read via planted-outside: Operation not permitted",
-            "write via planted-outside: Operation not permitted",
+            "symlink to /etc/passwd: Operation not permitted",
+            "symlink to ../params.json: Operation not permitted",
+            "read via planted-params: link not planted",
+            "write via planted-params: link not planted",
+            "list via planted-up: link not planted",
+            "write via planted-up/pwned: link not planted",
+            "read via planted-outside: link not planted",
+            "write via planted-outside: link not planted",
             "write /data/digits/pwned: Operation not permitted",
             "write ../pwned: Operation not permitted",
-            // Planting a dangling link in its own directory is allowed;
-            // following it out is what must fail.
-            "(planted links: planted-params created, planted-up created, planted-outside created)",
+            // No symbolic link can be made, even one that only dangles in
+            // the trial's own directory: left behind, it would lead a later
+            // copy of the directory (`tar -h`, `rsync -L`) outside it.
+            "(planted links: planted-params not created (Operation not permitted), \
+             planted-up not created (Operation not permitted), \
+             planted-outside not created (Operation not permitted))",
         ],
     );
     assert_eq!(
@@ -377,26 +386,11 @@ fn escapes_are_denied_and_nothing_outside_the_trial_changes() {
         std::fs::read_to_string(&outside).unwrap(),
         "the host's own file\n"
     );
-    // The planted links are still there, untouched: the host wrote the
-    // trial's files, ran its cleanup and ended it without following (or
-    // replacing) any of them, and no hard link was made.
+    // Nothing is left in the trial's directory: no link was made, symbolic
+    // or hard.
     let work = escape.dir.join("work");
-    for (link, target) in [
-        ("planted-params", "../params.json"),
-        ("planted-up", ".."),
-        ("planted-outside", "../../outside.txt"),
-    ] {
-        let path = work.join(link);
-        let meta = std::fs::symlink_metadata(&path).unwrap();
-        assert!(meta.file_type().is_symlink(), "{}", path.display());
-        assert_eq!(std::fs::read_link(&path).unwrap(), Path::new(target));
-    }
-    let mut left: Vec<String> = std::fs::read_dir(&work)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().into_string().unwrap())
-        .collect();
-    left.sort();
-    assert_eq!(left, ["planted-outside", "planted-params", "planted-up"]);
+    let left: Vec<_> = std::fs::read_dir(&work).unwrap().collect();
+    assert!(left.is_empty(), "{left:?}");
 
     let probe = &summary.trials[1];
     assert_eq!(probe.status, TrialStatus::Terminated, "{:?}", probe.error);
@@ -1047,4 +1041,275 @@ fn the_host_memory_stays_bounded_under_hostile_guests() {
         2,
         "{statuses:?}"
     );
+}
+
+// ----- containment under attack: blocking calls, the operator's terminal,
+// handles, disk ----------------------------------------------------------
+
+/// Limits whose only wall-clock bound is a short deadline: no fuel limit
+/// could end a guest that waits.
+fn short_deadline() -> Limits {
+    Limits {
+        fuel_per_call: None,
+        call_timeout: Some(Duration::from_secs(1)),
+        ..tight_limits()
+    }
+}
+
+#[test]
+fn a_guest_blocked_in_a_wasi_wait_is_ended_at_its_deadline() {
+    let out = tempfile::tempdir().unwrap();
+    let summary = run(
+        vec![attack("sleep_train"), attack("none")],
+        short_deadline(),
+        out.path(),
+    );
+    assert_error(
+        &summary.trials[0],
+        &["train() at iteration 2 exceeded its 1s deadline"],
+    );
+    assert_benign_finished(&summary.trials[1]);
+}
+
+#[test]
+fn every_export_that_waits_in_wasi_is_ended_at_its_deadline() {
+    let program = common::load("hostile");
+    let dir = tempfile::tempdir().unwrap();
+    let limits = short_deadline();
+    let config = |name: &str| json!({"attack": name, "at": 1}).to_string();
+
+    let env = common::trial_env(&dir.path().join("setup"), vec![]);
+    let mut setup = program.instantiate(&env, &limits).unwrap();
+    let fault = setup.setup(&config("sleep_setup")).unwrap_err();
+    assert!(matches!(fault, TrialFault::Timeout { .. }), "{fault:?}");
+    assert_eq!(fault.to_string(), "setup() exceeded its 1s deadline");
+
+    let env = common::trial_env(&dir.path().join("cleanup"), vec![]);
+    let mut cleanup = program.instantiate(&env, &limits).unwrap();
+    cleanup.setup(&config("sleep_cleanup")).unwrap();
+    cleanup.train().unwrap();
+    let fault = cleanup.cleanup().unwrap_err();
+    assert_eq!(fault.to_string(), "cleanup() exceeded its 1s deadline");
+    assert!(matches!(cleanup.train(), Err(TrialFault::Poisoned)));
+}
+
+#[test]
+fn a_sleeping_cleanup_is_ended_and_the_next_trial_runs() {
+    // One slot: the second trial starts only once the first one's cleanup,
+    // blocked in WASI, has been ended by its deadline.
+    let out = tempfile::tempdir().unwrap();
+    let mut spec = spec(
+        out.path(),
+        vec![attack("sleep_cleanup"), attack("none")],
+        50,
+    );
+    spec.max_concurrent = 1;
+    let summary = run_backend(backend(short_deadline(), CheckpointMode::Guest), spec);
+    assert_benign_finished(&summary.trials[0]);
+    assert_benign_finished(&summary.trials[1]);
+}
+
+/// What `examples/hostile`'s `terminal` attack returns as its error.
+const TERMINAL_ATTACK: &str =
+    "\x1b[2J\x1b]0;pwned\x07\x1b[8mhidden\x1b[0m\r\nBest trial: trial_9999 (forged)";
+
+/// Whether `text` holds a character a terminal would act on, other than
+/// the newlines that end lines.
+fn has_terminal_controls(text: &str) -> bool {
+    text.chars().any(|c| c != '\n' && c.is_control())
+}
+
+#[test]
+fn guest_text_reaches_files_raw_and_the_terminal_inert() {
+    // In the library: the reason keeps the guest's text for the files,
+    // the summary shows it escaped, on one line.
+    let out = tempfile::tempdir().unwrap();
+    let summary = run(
+        vec![attack("terminal"), attack("none")],
+        tight_limits(),
+        out.path(),
+    );
+    let reason = summary.trials[0].error.as_deref().unwrap();
+    assert!(reason.contains(TERMINAL_ATTACK), "{reason:?}");
+    assert_benign_finished(&summary.trials[1]);
+    let text = summary_text(&summary);
+    assert!(!has_terminal_controls(&text), "{text:?}");
+    assert!(
+        text.contains("\\u{1b}[2J\\u{1b}]0;pwned\\u{7}")
+            && text.contains("\\r\\nBest trial: trial_9999"),
+        "{text}"
+    );
+    assert!(
+        !text
+            .lines()
+            .any(|l| l.starts_with("Best trial: trial_9999")),
+        "a forged line: {text}"
+    );
+    let state = std::fs::read_to_string(out.path().join("experiment.json")).unwrap();
+    let saved: Value = serde_json::from_str(&state).unwrap();
+    assert!(
+        saved.to_string().contains("pwned"),
+        "the files keep the guest's text"
+    );
+
+    // Through the CLI: the progress lines, warnings, summary and errors on
+    // the operator's terminal carry no control character, with fail_fast's
+    // error too.
+    for fail_fast in ["false", "\"raise\""] {
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("experiment.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "metric = \"score\"\nmode = \"max\"\nmax_concurrent_trials = 1\n\
+                 fail_fast = {fail_fast}\n\
+                 [param_space]\nattack = {{ grid_search = [\"none\", \"terminal\"] }}\nat = 1\n\
+                 iterations = 2\n"
+            ),
+        )
+        .unwrap();
+        let run = common::wtune()
+            .arg("run")
+            .arg(common::guest("hostile"))
+            .arg("--config")
+            .arg(&config)
+            .arg("--output-dir")
+            .arg(dir.path().join("out"))
+            .env("WTUNE_LOG", "info")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8(run.stdout).unwrap();
+        let stderr = String::from_utf8(run.stderr).unwrap();
+        assert!(
+            stderr.contains("pwned") || stdout.contains("pwned"),
+            "the reason is shown: {stdout}{stderr}"
+        );
+        for text in [&stdout, &stderr] {
+            assert!(!has_terminal_controls(text), "{fail_fast}: {text:?}");
+            assert!(
+                !text
+                    .lines()
+                    .any(|l| l.starts_with("Best trial: trial_9999")),
+                "{fail_fast}: a forged line: {text}"
+            );
+        }
+    }
+}
+
+#[test]
+fn open_handles_are_capped_per_trial_with_the_limit_named() {
+    let out = tempfile::tempdir().unwrap();
+    let limits = Limits {
+        open_files: 64,
+        ..tight_limits()
+    };
+    let summary = run(
+        vec![attack("open_files"), attack("none"), attack("open_files")],
+        limits,
+        out.path(),
+    );
+    for hoarder in [&summary.trials[0], &summary.trials[2]] {
+        assert_error(
+            hoarder,
+            &[
+                "open-file limit of 64 handles exceeded (limits.open_files",
+                "during train() at iteration 2",
+            ],
+        );
+    }
+    assert_benign_finished(&summary.trials[1]);
+}
+
+/// Bytes of regular files and entries under `dir`.
+fn disk_usage(dir: &Path) -> (u64, usize) {
+    let files = files_under(dir);
+    (files.iter().map(|(_, size)| size).sum(), files.len())
+}
+
+#[test]
+fn a_trial_that_fills_its_directory_is_stopped_at_its_disk_quota() {
+    let out = tempfile::tempdir().unwrap();
+    let limits = Limits {
+        disk_bytes: 8 << 20,
+        fuel_per_call: Some(20_000_000_000),
+        ..tight_limits()
+    };
+    let summary = run(
+        vec![attack("disk_fill"), attack("none")],
+        limits,
+        out.path(),
+    );
+    let filler = &summary.trials[0];
+    assert_error(
+        filler,
+        &[
+            "disk limit 8 MiB of the trial's directory exceeded (limits.disk",
+            "during train() at iteration 2",
+        ],
+    );
+    assert_benign_finished(&summary.trials[1]);
+    // Nothing past the quota reached the disk, and files rewritten in place
+    // or removed were credited: the quota was spent on data that is there.
+    let (bytes, _) = disk_usage(&filler.dir.join("work"));
+    assert!(bytes <= 8 << 20, "{bytes} bytes kept");
+    assert!(
+        bytes >= 6 << 20,
+        "only {bytes} bytes kept: the quota counted phantom bytes"
+    );
+}
+
+#[test]
+fn a_trial_that_floods_its_directory_with_files_is_stopped_at_its_file_quota() {
+    let out = tempfile::tempdir().unwrap();
+    let limits = Limits {
+        disk_files: 100,
+        ..tight_limits()
+    };
+    let summary = run(
+        vec![attack("file_flood"), attack("none")],
+        limits,
+        out.path(),
+    );
+    let flooder = &summary.trials[0];
+    assert_error(
+        flooder,
+        &[
+            "limit of 100 files and directories in the trial's directory exceeded (limits.disk_files)",
+        ],
+    );
+    assert_benign_finished(&summary.trials[1]);
+    let (_, entries) = disk_usage(&flooder.dir.join("work"));
+    assert_eq!(entries, 100);
+}
+
+#[test]
+fn nan_and_infinities_stay_apart_in_the_result_files() {
+    // A report of three metrics at 256 (names at 512): nan = NaN,
+    // pos = +inf, neg = -inf.
+    let items = r#"(data (i32.const 16) "\00\00\00\00\00\01\00\00\03\00\00\00\01")
+    (data (i32.const 256)
+      "\00\02\00\00\03\00\00\00\00\00\00\00\00\00\f8\7f"
+      "\03\02\00\00\03\00\00\00\00\00\00\00\00\00\f0\7f"
+      "\06\02\00\00\03\00\00\00\00\00\00\00\00\00\f0\ff")
+    (data (i32.const 512) "nanposneg")"#;
+    let program = wat_program(&wat_trainable(1, items, OK, OK));
+    let out = tempfile::tempdir().unwrap();
+    let trial = run_one(program, tight_limits(), 1, out.path());
+    assert_eq!(trial.status, TrialStatus::Terminated, "{:?}", trial.error);
+    let line = std::fs::read_to_string(trial.dir.join("result.jsonl")).unwrap();
+    let result: Value = serde_json::from_str(line.lines().next().unwrap()).unwrap();
+    assert_eq!(
+        (&result["nan"], &result["pos"], &result["neg"]),
+        (&json!("NaN"), &json!("Infinity"), &json!("-Infinity"))
+    );
+    let csv = std::fs::read_to_string(trial.dir.join("progress.csv")).unwrap();
+    assert!(
+        csv.lines()
+            .nth(1)
+            .unwrap()
+            .starts_with("NaN,Infinity,-Infinity,"),
+        "{csv}"
+    );
+    // Not numbers a scheduler could rank by.
+    assert_eq!(trial.metric("pos"), None);
 }

@@ -1,12 +1,14 @@
 //! What an experiment leaves behind and shows: per-trial result files, the
 //! experiment summary file, the state `wtune resume` continues from, the
-//! live progress display and the final summary.
+//! live progress display and the final summary, and how a guest's text is
+//! made inert before a terminal shows it.
 
 mod experiment;
 mod files;
 mod progress;
 pub mod state;
 mod summary;
+pub mod terminal;
 
 pub use experiment::ExperimentFile;
 pub use files::TrialFiles;

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Map, Value};
 
 use super::summary::config_lines;
+use super::terminal::inert;
 use crate::tune::{Callback, ExperimentSummary, Mode, RunSpec, Trial, TrialStatus};
 
 /// Most trial rows the terminal table shows; the rest are counted.
@@ -250,7 +251,7 @@ impl Callback for Progress {
         }
         let t = &trials[index];
         let detail = match t.status {
-            TrialStatus::Error => t.error.clone().unwrap_or_default(),
+            TrialStatus::Error => inert(t.error.as_deref().unwrap_or_default()).into_owned(),
             _ => {
                 let metric = self
                     .metric
@@ -259,7 +260,7 @@ impl Callback for Progress {
                 format!(
                     "{}{}",
                     metric.unwrap_or_default(),
-                    t.stop_reason.as_deref().unwrap_or("")
+                    inert(t.stop_reason.as_deref().unwrap_or(""))
                 )
             }
         };
@@ -288,8 +289,10 @@ impl Callback for Progress {
             .map_or("unlimited".to_string(), |m| m.to_string());
         // The reason names the call and the iteration.
         let line = format!(
-            "{} failed: {reason}; continuing from {from} (failure {} of {of})",
-            t.trial_id, t.num_failures
+            "{} failed: {}; continuing from {from} (failure {} of {of})",
+            t.trial_id,
+            inert(reason),
+            t.num_failures
         );
         self.event(&line, trials);
         Ok(())

@@ -4,6 +4,7 @@ use std::fmt::Write;
 
 use serde_json::Value;
 
+use super::terminal::inert;
 use crate::tune::{ExperimentSummary, TrialStatus};
 
 /// Outcome, best trial and its config, and every error with its reason.
@@ -21,7 +22,7 @@ pub fn summary_text(summary: &ExperimentSummary) -> String {
     );
     let _ = writeln!(out, "Results: {}", summary.output_dir.display());
     if let Some(reason) = &summary.stopped {
-        let _ = writeln!(out, "Stopped early: {reason} (stop_experiment)");
+        let _ = writeln!(out, "Stopped early: {} (stop_experiment)", inert(reason));
     }
     let recovered: u64 = summary
         .trials
@@ -79,7 +80,7 @@ pub fn summary_text(summary: &ExperimentSummary) -> String {
                 out,
                 "  {}: {}",
                 trial.trial_id,
-                trial.error.as_deref().unwrap_or("unknown")
+                inert(trial.error.as_deref().unwrap_or("unknown"))
             );
         }
     }

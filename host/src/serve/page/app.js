@@ -28,6 +28,20 @@ const NOT_PLOTTED = new Set(['training_iteration', 'timestamp']);
 
 const $ = (id) => document.getElementById(id);
 
+// A trial's error and stop reason quote the guest. Shown as the terminal
+// shows them (report/terminal.rs): control characters and invisible
+// characters that reorder or hide text written out, at most 2048 kept.
+const INERT_MAX = 2048;
+const NEEDS_ESCAPE = /[\u0000-\u001f\u007f-\u009f\u061c\u200b-\u200f\u2028\u2029\u202a-\u202e\u2060-\u2064\u2066-\u2069\ufeff]/g;
+const NAMED_ESCAPES = { '\n': '\\n', '\r': '\\r', '\t': '\\t' };
+function inert(text) {
+  if (typeof text !== 'string') return '';
+  const chars = Array.from(text);
+  const cut = chars.length > INERT_MAX ? ` [... ${chars.length} characters in all]` : '';
+  return chars.slice(0, INERT_MAX).join('').replace(NEEDS_ESCAPE,
+    (c) => NAMED_ESCAPES[c] || `\\u{${c.codePointAt(0).toString(16)}}`) + cut;
+}
+
 const state = {
   exp: null,
   trials: [],
@@ -216,7 +230,7 @@ function renderStatus(td, t) {
     td.dataset.held = String(!!t.held);
     td.replaceChildren(el('span', { class: badgeClass(t.status), text: label }));
   }
-  const why = [t.error, t.stop_reason].filter(Boolean).join('\n');
+  const why = [t.error, t.stop_reason].filter(Boolean).map(inert).join('\n');
   if (td.title !== why) td.title = why;
 }
 
@@ -635,7 +649,7 @@ async function followLogs() {
 
 function showLogRange(view) {
   const t = state.trials.find((x) => x.trial_id === view.id);
-  const why = t ? [t.error, t.stop_reason].filter(Boolean).join('; ') : '';
+  const why = t ? [t.error, t.stop_reason].filter(Boolean).map(inert).join('; ') : '';
   setText($('logs-range'), `guest.log bytes ${view.start}–${view.next}${why ? ` · ${why}` : ''}`);
 }
 
