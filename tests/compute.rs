@@ -266,13 +266,14 @@ fn gpu_compute() -> wtune::compute::Compute {
     .unwrap_or_else(|e| panic!("{e}"))
 }
 
-/// Guest `name` on the wgpu backend.
+/// Guest `name` on the wgpu backend, with room for four trials' quotas
+/// (the tests run up to two trials at once).
 fn gpu_program(name: &str, trial_quota: u64) -> Program {
     let sandbox = Sandbox::new(SandboxOptions {
         compute: ComputeOptions {
             mode: ComputeMode::Gpu,
             trial_quota,
-            total_quota: 1 << 30,
+            total_quota: 4 * trial_quota,
         },
         ..SandboxOptions::default()
     })

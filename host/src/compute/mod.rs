@@ -92,6 +92,14 @@ pub struct ComputeOptions {
     pub total_quota: u64,
 }
 
+impl ComputeOptions {
+    /// How many trials' quotas the total holds: the most trials that use
+    /// host compute which may run at once, each sure of its whole quota.
+    pub fn shares(&self) -> u64 {
+        self.total_quota / self.trial_quota.max(1)
+    }
+}
+
 impl Default for ComputeOptions {
     fn default() -> Self {
         Self {
@@ -269,32 +277,40 @@ impl Compute {
             .map(|pool| pool.adapter().max_workgroups)
     }
 
-    /// Bytes all trials hold now.
+    /// Bytes set aside for trials now: a whole quota for every trial that
+    /// holds a buffer (see [`ComputeSession`]).
     pub fn used_bytes(&self) -> u64 {
         self.shared.used.load(Ordering::Acquire)
     }
 
-    fn reserve(&self, bytes: u64) -> Result<(), ComputeError> {
+    /// Sets a trial's whole quota aside in the experiment's total, at its
+    /// first buffer. Only this can fail on other trials' account, and not
+    /// under a runner that starts at most [`ComputeOptions::shares`] trials
+    /// of a compute-using program at once.
+    fn reserve_share(&self) -> Result<(), ComputeError> {
         let total = self.shared.total_quota;
+        let share = self.shared.info.quota_bytes;
         self.shared
             .used
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
-                used.checked_add(bytes).filter(|&after| after <= total)
+                used.checked_add(share).filter(|&after| after <= total)
             })
             .map(drop)
             .map_err(|used| {
                 ComputeError::Quota(format!(
-                    "all trials together hold {} of compute memory; {} more would pass the \
-                     experiment's total of {}",
-                    human_bytes(used),
-                    human_bytes(bytes),
+                    "{} trials already hold their compute memory quota of {} each, and \
+                     another would pass the experiment's total of {} \
+                     (limits.compute_memory_total); run fewer trials at once",
+                    used / share.max(1),
+                    human_bytes(share),
                     human_bytes(total)
                 ))
             })
     }
 
-    fn release(&self, bytes: u64) {
-        self.shared.used.fetch_sub(bytes, Ordering::AcqRel);
+    fn release_share(&self) {
+        let share = self.shared.info.quota_bytes;
+        self.shared.used.fetch_sub(share, Ordering::AcqRel);
     }
 }
 

@@ -88,8 +88,15 @@ pub struct ComputeSession {
     next_buffer: u32,
     pipelines: HashMap<u32, PipelineInfo>,
     next_pipeline: u32,
-    /// Bytes held by this trial (also counted in the shared pool).
+    /// Bytes held by this trial, within its quota.
     held: u64,
+    /// Whether this trial's whole quota is set aside in the shared pool:
+    /// from its first buffer until the session ends, so that what other
+    /// trials hold can never make one of its allocations fail.
+    share_reserved: bool,
+    /// Whether a buffer was ever made; until then a refused first buffer
+    /// gives the share back.
+    made_buffer: bool,
     meter: Meter,
 }
 
@@ -104,6 +111,8 @@ impl ComputeSession {
             pipelines: HashMap::new(),
             next_pipeline: 1,
             held: 0,
+            share_reserved: false,
+            made_buffer: false,
             meter: Meter::default(),
         }
     }
@@ -562,6 +571,7 @@ impl ComputeSession {
             return Err(err);
         }
         self.sizes.insert(id, buffer.len() as u64);
+        self.made_buffer = true;
         Ok(())
     }
 
@@ -569,8 +579,7 @@ impl ComputeSession {
         for id in std::mem::take(&mut self.sizes).into_keys() {
             let _ = self.device.free(id);
         }
-        let held = std::mem::take(&mut self.held);
-        self.compute.release(held);
+        self.held = 0;
     }
 
     // ----- checks --------------------------------------------------------
@@ -666,6 +675,7 @@ impl ComputeSession {
         }
         self.next_buffer += 1;
         self.sizes.insert(id, elements);
+        self.made_buffer = true;
         Ok(id)
     }
 
@@ -680,20 +690,28 @@ impl ComputeSession {
                 human_bytes(quota)
             )));
         }
-        self.compute.reserve(bytes)?;
+        if !self.share_reserved {
+            self.compute.reserve_share()?;
+            self.share_reserved = true;
+        }
         self.held += bytes;
         Ok(())
     }
 
     fn release(&mut self, bytes: u64) {
         self.held -= bytes;
-        self.compute.release(bytes);
+        if self.share_reserved && !self.made_buffer && self.held == 0 {
+            self.compute.release_share();
+            self.share_reserved = false;
+        }
     }
 }
 
 impl Drop for ComputeSession {
     fn drop(&mut self) {
-        self.compute.release(self.held);
+        if self.share_reserved {
+            self.compute.release_share();
+        }
     }
 }
 
@@ -852,27 +870,39 @@ mod tests {
     }
 
     #[test]
-    fn quotas_bound_each_trial_and_all_together() {
-        let shared = compute(1024, 1536);
+    fn quotas_bound_each_trial_and_no_trial_starves_another() {
+        let shared = compute(1024, 2048);
         let mut one = shared.session();
         let mut two = shared.session();
+        let mut three = shared.session();
         let a = one.create(1024).unwrap();
         let err = one.create(4).unwrap_err();
         assert!(
             matches!(&err, ComputeError::Quota(m) if m.contains("its quota of 1 KiB")),
             "{err}"
         );
-        two.create(512).unwrap();
-        let err = two.create(4).unwrap_err();
+        // The first buffer sets the trial's whole quota aside: a third
+        // trial is refused at its first buffer...
+        two.create(4).unwrap();
+        let err = three.create(4).unwrap_err();
         assert!(
-            matches!(&err, ComputeError::Quota(m) if m.contains("experiment's total")),
+            matches!(&err, ComputeError::Quota(m) if m.contains("2 trials already hold") && m.contains("experiment's total of 2 KiB")),
             "{err}"
         );
-        assert_eq!(shared.used_bytes(), 1536);
+        assert_eq!(shared.used_bytes(), 2048);
+        // ... while one that holds buffers can always use all of its quota,
+        // whatever the others hold.
+        two.create(1020).unwrap();
         one.free(a).unwrap();
-        two.create(512).unwrap();
-        drop(two);
+        assert_eq!(
+            shared.used_bytes(),
+            2048,
+            "a share is kept until its trial ends"
+        );
         drop(one);
+        three.create(1024).unwrap();
+        drop(two);
+        drop(three);
         assert_eq!(shared.used_bytes(), 0);
     }
 
@@ -904,7 +934,7 @@ mod tests {
         assert_eq!(t.image().unwrap(), image);
         assert_eq!(t.read_f32(a, 1, 1).unwrap(), [2.0]);
         assert!(t.create(4).unwrap() > b);
-        assert_eq!(shared.used_bytes(), 8 + 8 + 4);
+        assert_eq!(shared.used_bytes(), 2 << 20, "two trials' whole quotas");
 
         let small = compute(8, 4);
         let mut u = small.session();
