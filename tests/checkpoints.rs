@@ -630,3 +630,103 @@ fn permanent_failures_are_not_retried_even_under_minus_one() {
     assert_eq!(trial.num_failures, 0);
     assert_eq!(trial.error.as_deref(), Some("fuel budget of 1e9 spent"));
 }
+
+/// score = iteration × x; counts every `train()` call in `calls`.
+fn counted(calls: Arc<AtomicUsize>) -> FnBackend {
+    FnBackend::new(move |config: &Value| {
+        let x = config["x"].as_f64().unwrap_or(1.0);
+        let calls = calls.clone();
+        Ok(move |it: u64| {
+            calls.fetch_add(1, Ordering::SeqCst);
+            Ok(Step {
+                metrics: vec![("score".into(), x * it as f64)],
+                done: false,
+                fuel: 10,
+            })
+        })
+    })
+}
+
+/// Lines of `trial`'s `result.jsonl`, as `training_iteration`s.
+fn result_iterations(trial: &Trial) -> Vec<u64> {
+    std::fs::read_to_string(trial.dir.join("result.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<Value>(l).unwrap()["training_iteration"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect()
+}
+
+#[test]
+fn trials_a_resumed_run_finds_on_disk_are_continued_not_redone() {
+    // A finished run whose state was never written past its start (a
+    // process killed at once, as far as the state knows): resuming, the
+    // runner is handed no trial, and the searcher suggests them again.
+    let dir = tempfile::tempdir().unwrap();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let configs = vec![json!({"x": 1.0}), json!({"x": 2.0})];
+    let mut first = spec(dir.path(), configs.clone(), 6);
+    first.checkpoint = CheckpointPolicy {
+        freq: 2,
+        at_end: true,
+        ..CheckpointPolicy::default()
+    };
+    let done = run(counted(calls.clone()), first.clone());
+    assert!(
+        done.trials
+            .iter()
+            .all(|t| t.status == TrialStatus::Terminated)
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 12);
+
+    // The second trial's directory is also given another configuration's
+    // files, as when an adaptive searcher suggests differently this time.
+    let mut second = first.clone();
+    second.configs[1] = json!({"x": 3.0});
+    let policy = second.checkpoint.clone();
+    let adopter = counted(calls.clone());
+    let runner = Runner::new(counted(calls.clone()), second, Box::new(Fifo::default()))
+        .adopt_from_disk(move |trial| resume::adopt_reported(&adopter, trial, &policy))
+        .callback(TrialFiles::new());
+    let summary = tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(runner.run())
+        .unwrap();
+    let [kept, redone] = &summary.trials[..] else {
+        panic!("{:?}", summary.trials)
+    };
+    // The first trial was restored at its last checkpoint, which already
+    // met the stopping criteria: it ended there, untrained, its results
+    // once each.
+    assert_eq!(kept.status, TrialStatus::Terminated);
+    assert_eq!(kept.iterations, 6);
+    assert_eq!(
+        kept.stop_reason.as_deref(),
+        Some("training_iteration reached 6")
+    );
+    assert_eq!(kept.metric("score"), Some(6.0));
+    assert_eq!(result_iterations(kept), (1..=6).collect::<Vec<_>>());
+    // The second ran afresh in a directory of its own; the old one was
+    // moved aside, whole.
+    assert_eq!(redone.metric("score"), Some(18.0));
+    assert_eq!(result_iterations(redone), (1..=6).collect::<Vec<_>>());
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        12 + 6,
+        "only the new trial trained"
+    );
+    let aside: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|name| name.starts_with("trial_0001.stale-"))
+        .collect();
+    assert_eq!(aside.len(), 1, "{aside:?}");
+    let old: Value = serde_json::from_slice(
+        &std::fs::read(dir.path().join(&aside[0]).join("params.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(old, json!({"x": 2.0}));
+}

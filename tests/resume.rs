@@ -428,3 +428,121 @@ fn bad_resumes_and_short_keys_are_refused_and_change_nothing() {
     );
     assert!(!keyed_out.exists(), "nothing is written for a refused run");
 }
+
+/// `training_iteration` of every line of a trial's `result.jsonl`, and of
+/// every row of its `progress.csv`, in file order.
+fn iterations_in_files(trial: &Path) -> (Vec<u64>, Vec<u64>) {
+    let jsonl = std::fs::read_to_string(trial.join("result.jsonl")).unwrap();
+    let from_jsonl = jsonl
+        .lines()
+        .map(|line| {
+            let result: Value =
+                serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+            result["training_iteration"].as_u64().unwrap()
+        })
+        .collect();
+    let mut reader = csv::Reader::from_path(trial.join("progress.csv")).unwrap();
+    let column = reader
+        .headers()
+        .unwrap()
+        .iter()
+        .position(|h| h == "training_iteration")
+        .unwrap();
+    let from_csv = reader
+        .records()
+        .map(|row| row.unwrap()[column].parse().unwrap())
+        .collect();
+    (from_jsonl, from_csv)
+}
+
+#[test]
+fn random_kills_and_resumes_end_with_the_uninterrupted_results_once_each() {
+    use rand::{Rng, SeedableRng};
+
+    let dir = tempfile::tempdir().unwrap();
+    // About two seconds of training on this project's machines.
+    let (buffer_kib, iterations) = (4096, 16);
+    let clean = experiment(dir.path(), "", buffer_kib, iterations);
+    let began = Instant::now();
+    ok(&run(&clean, &dir.path().join("clean")));
+    let clean_time = began.elapsed().max(Duration::from_millis(200));
+    let expected = digests(&dir.path().join("clean"));
+
+    let config = experiment(dir.path(), "checkpoint_freq = 2", buffer_kib, iterations);
+    let out = dir.path().join("killed");
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(26);
+    let mut kills = 0;
+    let mut finished = false;
+    for attempt in 0..40 {
+        // Killed before its first state was written, an experiment has
+        // nothing to resume: it is run again.
+        let mut command = common::wtune();
+        if out.join("experiment_state.json").exists() {
+            command.arg("resume").arg(&out);
+        } else {
+            let _ = std::fs::remove_dir_all(&out);
+            command
+                .arg("run")
+                .arg(common::guest("stateful"))
+                .arg("--config")
+                .arg(&config)
+                .args(["--seed", "1", "--output-dir"])
+                .arg(&out);
+        }
+        let mut child = command
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        // The first kills land within the first second, some at once;
+        // later ones anywhere in a run's length; the last attempts run to
+        // the end.
+        let delay = match attempt {
+            0 => Duration::ZERO,
+            1..=3 => clean_time
+                .min(Duration::from_secs(1))
+                .mul_f64(rng.random_range(0.0..0.3)),
+            4..=11 => clean_time.mul_f64(rng.random_range(0.05..0.6)),
+            _ => Duration::from_secs(600),
+        };
+        let started = Instant::now();
+        let exited = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break Some(status);
+            }
+            if started.elapsed() >= delay {
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        };
+        match exited {
+            Some(status) => {
+                assert!(status.success(), "attempt {attempt} failed: {status}");
+                finished = true;
+                break;
+            }
+            None => {
+                child.kill().unwrap(); // SIGKILL
+                child.wait().unwrap();
+                kills += 1;
+            }
+        }
+    }
+    assert!(finished, "the experiment never finished");
+    assert!(kills >= 4, "only {kills} kills landed: make the run longer");
+
+    let outcomes = outcomes(&out);
+    assert_eq!(outcomes.len(), 4, "{outcomes:?}");
+    for (id, status, _, iters, _) in &outcomes {
+        assert_eq!(
+            (status.as_str(), *iters),
+            ("TERMINATED", iterations),
+            "{id}"
+        );
+        let (jsonl, csv) = iterations_in_files(&out.join(id));
+        let once: Vec<u64> = (1..=iterations).collect();
+        assert_eq!(jsonl, once, "{id}: result.jsonl after {kills} kills");
+        assert_eq!(csv, once, "{id}: progress.csv after {kills} kills");
+    }
+    assert_eq!(digests(&out), expected, "after {kills} kills");
+}

@@ -11,6 +11,7 @@ use serde_json::{Value, json};
 use crate::compute::ComputeOptions;
 use crate::config::{self, Overrides};
 use crate::exec::{CheckpointMode, WasmBackend};
+use crate::report::terminal::{TerminalWriter, inert};
 use crate::report::{ExperimentFile, Progress, StateFile, TrialFiles, state, summary_text};
 use crate::sandbox::{
     CompileOptions, Limits, Program, Sandbox, SandboxOptions, fuel_text, human_bytes,
@@ -350,7 +351,12 @@ pub fn main() -> ExitCode {
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(failure) => {
-            eprintln!("error: {}", failure.message);
+            // Each line escaped on its own: the host's message may span
+            // lines, and any guest text in it was escaped where it was put.
+            for (i, line) in failure.message.lines().enumerate() {
+                let prefix = if i == 0 { "error: " } else { "" };
+                eprintln!("{prefix}{}", inert(line));
+            }
             ExitCode::from(failure.status)
         }
     }
@@ -359,9 +365,12 @@ pub fn main() -> ExitCode {
 fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("WTUNE_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    // Warnings quote trials' reasons, which are the guests' text: lines go
+    // out escaped, so colours (which would be escaped too) are off.
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        .with_writer(TerminalWriter)
+        .with_ansi(false)
         .try_init();
 }
 
@@ -539,6 +548,19 @@ fn execute(
     {
         eprintln!("note: {note}");
     }
+    if backend.program().uses_compute() {
+        let shares = setup.compute.shares().max(1);
+        if spec.max_concurrent as u64 > shares {
+            eprintln!(
+                "note: running at most {shares} trials at once (not {}), so that each is sure \
+                 of its limits.compute_memory ({}) within limits.compute_memory_total ({})",
+                spec.max_concurrent,
+                human_bytes(setup.compute.trial_quota),
+                human_bytes(setup.compute.total_quota)
+            );
+            spec.max_concurrent = shares as usize;
+        }
+    }
     let pool = spec.resources.build().map_err(Failure::user)?;
     pool.check(&spec.resources_per_trial)
         .map_err(|e| Failure::user(format!("resources_per_trial: {e}")))?;
@@ -551,8 +573,15 @@ fn execute(
     let state = StateFile::new(setup_json);
     // The state first: it must be saved even if another callback fails at
     // the end.
+    // Resuming, a trial the saved state does not list yet may have left
+    // its directory, results and checkpoints behind: its work is picked up.
+    let adopt = {
+        let (backend, policy) = (backend.clone(), spec.checkpoint.clone());
+        move |trial: &mut Trial| resume::adopt_reported(&backend, trial, &policy)
+    };
     let mut runner = Runner::new(backend, spec, scheduler).searcher(searcher);
     if let Some(resumed) = resumed {
+        runner = runner.adopt_from_disk(adopt);
         runner = runner.fuel_burned(resumed.fuel_burned);
         if let Some(state) = resumed.stopper {
             runner = runner.stopper_state(state);
@@ -626,7 +655,8 @@ fn execute(
         }
         Err(err @ RunError::TrialFailed { .. }) => {
             return Err(Failure::runtime(format!(
-                "{err}\nthe experiment stopped; continue it with `wtune resume {}`",
+                "{}\nthe experiment stopped; continue it with `wtune resume {}`",
+                inert(&err.to_string()),
                 dir.display()
             )));
         }
@@ -643,7 +673,8 @@ fn execute(
     }
     if let Some(reason) = &summary.halted {
         let mut failure = Failure::runtime(format!(
-            "the experiment stopped early: {reason}; continue it with `wtune resume {}`",
+            "the experiment stopped early: {}; continue it with `wtune resume {}`",
+            inert(reason),
             summary.output_dir.display()
         ));
         if reason == "interrupted" {

@@ -6,9 +6,13 @@
 //!   `pandas.read_csv(path)`. Columns come from the first result; metrics
 //!   that first appear later are only in `result.jsonl`.
 //!
-//! A trial that continues (after a pause, a recovered failure or `wtune
-//! resume`) appends to its files, as Ray Tune does: iterations redone after a
-//! restore appear again with their new results.
+//! A trial that continues after a recovered failure appends to its files, as
+//! Ray Tune does: iterations redone after the restore appear again with
+//! their new results. A trial that starts again (after a pause, or in
+//! `wtune resume`) first has its files cut back to the iteration it
+//! continues from (0 when it starts over), atomically, so that after a
+//! process killed outright each iteration is in the files once and a
+//! partly written last line is gone.
 //!
 //! A trial's directory and files are made by its [`TrialSetup`], on the
 //! thread that launches it and outside the runner's lock, so that trials
@@ -145,10 +149,14 @@ impl Slot {
 
     /// Makes the trial's directory, writes its `params.json` and opens its
     /// result files to append to.
-    fn open(&self, config: &Value) -> Result<(), String> {
+    /// Opens the trial's files for appending, first cutting them back to
+    /// the results of iterations up to `continues_after`.
+    fn open(&self, config: &Value, continues_after: u64) -> Result<(), String> {
         let dir = &self.dir;
         persist::create_dir(dir)?;
         let name = |file: &str| dir.join(file);
+        cut_back(&name("result.jsonl"), continues_after, jsonl_kept)?;
+        cut_back(&name("progress.csv"), continues_after, csv_kept)?;
         // Written once into a fresh directory, so no fsync: two fsyncs per
         // trial would dominate the runner's bookkeeping (see BENCHMARKS.md).
         std::fs::write(name("params.json"), persist::json_bytes(config))
@@ -184,6 +192,80 @@ impl Slot {
         });
         Ok(())
     }
+}
+
+/// Rewrites `path` (atomically) with only what `kept` keeps of it for a
+/// trial continuing after iteration `after`; leaves it alone when that is
+/// all of it, when it does not exist, or when it is not a regular file
+/// (a device or a link someone put there is not the host's to rewrite).
+fn cut_back(path: &Path, after: u64, kept: fn(&[u8], u64) -> Vec<u8>) -> Result<(), String> {
+    let unreadable = |e: std::io::Error| format!("reading {}: {e}", path.display());
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.is_file() && meta.len() > 0 => {}
+        Ok(_) => return Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(unreadable(e)),
+    }
+    let bytes = std::fs::read(path).map_err(unreadable)?;
+    let keep = kept(&bytes, after);
+    if keep.len() == bytes.len() {
+        return Ok(());
+    }
+    persist::write_atomic(path, &keep).map_err(|e| format!("rewriting {}: {e}", path.display()))
+}
+
+/// The whole lines of `bytes` (a write cut short leaves a partial last one).
+fn whole_lines(bytes: &[u8]) -> impl Iterator<Item = &[u8]> {
+    let end = bytes.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+    bytes[..end].split_inclusive(|&b| b == b'\n')
+}
+
+/// The `result.jsonl` lines of iterations up to `after`.
+fn jsonl_kept(bytes: &[u8], after: u64) -> Vec<u8> {
+    #[derive(serde::Deserialize)]
+    struct Line {
+        training_iteration: u64,
+    }
+    whole_lines(bytes)
+        .filter(|line| {
+            serde_json::from_slice::<Line>(line).is_ok_and(|l| l.training_iteration <= after)
+        })
+        .flatten()
+        .copied()
+        .collect()
+}
+
+/// The `progress.csv` header and the rows of iterations up to `after`.
+fn csv_kept(bytes: &[u8], after: u64) -> Vec<u8> {
+    let mut lines = whole_lines(bytes);
+    let Some(header) = lines.next() else {
+        return Vec::new();
+    };
+    let column = csv::Reader::from_reader(header)
+        .headers()
+        .ok()
+        .and_then(|h| h.iter().position(|name| name == "training_iteration"));
+    let Some(column) = column else {
+        // Not a file of ours: only partial lines are dropped.
+        return whole_lines(bytes).flatten().copied().collect();
+    };
+    let mut kept = header.to_vec();
+    let mut reader = csv::ReaderBuilder::new()
+        .has_headers(false)
+        .from_reader(&bytes[header.len()..]);
+    let mut start = header.len();
+    let mut record = csv::ByteRecord::new();
+    while reader.read_byte_record(&mut record).unwrap_or(false) {
+        let end = header.len() + reader.position().byte() as usize;
+        let iteration = record
+            .get(column)
+            .and_then(|field| std::str::from_utf8(field).ok()?.parse::<u64>().ok());
+        if iteration.is_some_and(|i| i <= after) && bytes[..end].ends_with(b"\n") {
+            kept.extend_from_slice(&bytes[start..end]);
+        }
+        start = end;
+    }
+    kept
 }
 
 /// The background thread's queue: trials with buffered results.
@@ -631,8 +713,12 @@ impl Callback for TrialFiles {
 
     fn trial_setup(&mut self, trials: &[Trial], index: usize) -> Option<TrialSetup> {
         let slot = self.open.get(&index)?.slot.clone();
-        let config = trials[index].config.clone();
-        Some(Box::new(move || slot.open(&config)))
+        let trial = &trials[index];
+        let config = trial.config.clone();
+        // What the launch restores: its newest checkpoint, else nothing of
+        // its own (from scratch, or from a `restore_from` checkpoint).
+        let continues_after = trial.latest_checkpoint().map_or(0, |c| c.iteration);
+        Some(Box::new(move || slot.open(&config, continues_after)))
     }
 
     fn on_result(
@@ -919,7 +1005,7 @@ mod tests {
     #[test]
     fn a_continuing_trial_appends_under_the_same_columns() {
         let dir = tempfile::tempdir().unwrap();
-        let trials = vec![Trial::new(
+        let mut trials = vec![Trial::new(
             "trial_0000".into(),
             json!({}),
             dir.path().join("trial_0000"),
@@ -932,12 +1018,76 @@ mod tests {
                 .on_result(&trials, 0, r(i).as_object().unwrap())
                 .unwrap();
             files.on_trial_end(&trials, 0).unwrap();
+            trials[0].checkpoints.push(checkpoint_at(i));
         }
         let tdir = dir.path().join("trial_0000");
         let csv = std::fs::read_to_string(tdir.join("progress.csv")).unwrap();
         assert_eq!(csv, "loss,training_iteration\n1.0,1\n0.5,2\n");
         let jsonl = std::fs::read_to_string(tdir.join("result.jsonl")).unwrap();
         assert_eq!(jsonl.lines().count(), 2);
+    }
+
+    fn checkpoint_at(iteration: u64) -> crate::tune::Checkpoint {
+        crate::tune::Checkpoint {
+            path: format!("checkpoints/checkpoint_{iteration:06}.wtsnap").into(),
+            iteration,
+            time_total_s: 0.0,
+            fuel_total: 0,
+            score: None,
+            bytes: 0,
+        }
+    }
+
+    #[test]
+    fn a_trial_started_again_keeps_each_iteration_once() {
+        // A run killed after iteration 3 had written, the third line half:
+        // the trial continues from its checkpoint at iteration 1.
+        let dir = tempfile::tempdir().unwrap();
+        let tdir = dir.path().join("trial_0000");
+        std::fs::create_dir_all(&tdir).unwrap();
+        let line = |i: u64| format!("{{\"loss\":{i},\"training_iteration\":{i}}}\n");
+        std::fs::write(
+            tdir.join("result.jsonl"),
+            format!("{}{}{{\"loss\":3,\"train", line(1), line(2)),
+        )
+        .unwrap();
+        std::fs::write(
+            tdir.join("progress.csv"),
+            "loss,training_iteration\n1,1\n\"2\",2\n3,",
+        )
+        .unwrap();
+        let mut trials = vec![Trial::new("trial_0000".into(), json!({}), tdir.clone())];
+        trials[0].checkpoints.push(checkpoint_at(1));
+        let mut files = TrialFiles::new();
+        start(&mut files, &trials, 0).unwrap();
+        files
+            .on_result(
+                &trials,
+                0,
+                json!({"loss": 2, "training_iteration": 2})
+                    .as_object()
+                    .unwrap(),
+            )
+            .unwrap();
+        files.on_trial_end(&trials, 0).unwrap();
+        let jsonl = std::fs::read_to_string(tdir.join("result.jsonl")).unwrap();
+        assert_eq!(jsonl, format!("{}{}", line(1), line(2)));
+        let csv = std::fs::read_to_string(tdir.join("progress.csv")).unwrap();
+        assert_eq!(csv, "loss,training_iteration\n1,1\n2,2\n");
+
+        // Starting over (no checkpoint) keeps no row at all.
+        trials[0].checkpoints.clear();
+        let mut files = TrialFiles::new();
+        start(&mut files, &trials, 0).unwrap();
+        files.on_trial_end(&trials, 0).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(tdir.join("result.jsonl")).unwrap(),
+            ""
+        );
+        assert_eq!(
+            std::fs::read_to_string(tdir.join("progress.csv")).unwrap(),
+            "loss,training_iteration\n"
+        );
     }
 
     #[test]

@@ -134,6 +134,83 @@ pub fn retry_errored(
     }
 }
 
+/// What [`adopt`] made of a new trial's directory, found on disk.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Adopted {
+    /// No directory: the trial is new.
+    Nothing,
+    /// The directory holds this trial's configuration: the trial continues
+    /// from the newest intact checkpoint there (at this iteration), or from
+    /// scratch (`None`), its result files cut back to match.
+    Continued(Option<u64>),
+    /// The directory holds another configuration (the searcher suggested
+    /// differently this time): it was moved aside to this path.
+    MovedAside(PathBuf),
+}
+
+/// Picks up what an earlier run left in a new trial's directory. A run
+/// killed before its state listed a trial leaves the trial's directory,
+/// results and checkpoints behind; resuming, the searcher suggests that
+/// trial again (the same id, and with a seeded searcher the same
+/// configuration), and the work on disk is continued rather than redone.
+/// The trial stays PENDING; when a checkpoint is found it is recorded, so
+/// that the trial's launch restores it.
+pub fn adopt<B: TrialBackend>(
+    backend: &B,
+    trial: &mut Trial,
+    policy: &CheckpointPolicy,
+    damaged: &mut Vec<(PathBuf, String)>,
+) -> Adopted {
+    let params = match std::fs::read(trial.dir.join("params.json")) {
+        Ok(bytes) => serde_json::from_slice::<serde_json::Value>(&bytes).ok(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && !trial.dir.exists() => {
+            return Adopted::Nothing;
+        }
+        Err(_) => None,
+    };
+    if params.as_ref() != Some(&trial.config) {
+        let stamp = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let aside = trial
+            .dir
+            .with_file_name(format!("{}.stale-{stamp}", trial.trial_id));
+        if let Err(err) = std::fs::rename(&trial.dir, &aside) {
+            tracing::warn!("moving {} aside: {err}", trial.dir.display());
+        }
+        return Adopted::MovedAside(aside);
+    }
+    let restored = newest_intact(backend, trial, policy, damaged);
+    trial.status = TrialStatus::Pending;
+    Adopted::Continued(restored)
+}
+
+/// [`adopt`], saying what it found (for [`super::Runner::adopt_from_disk`]).
+pub fn adopt_reported<B: TrialBackend>(backend: &B, trial: &mut Trial, policy: &CheckpointPolicy) {
+    let mut damaged = Vec::new();
+    let adopted = adopt(backend, trial, policy, &mut damaged);
+    for (path, why) in damaged {
+        tracing::warn!(trial = %trial.trial_id, "skipping damaged checkpoint {}: {why}", path.display());
+    }
+    match adopted {
+        Adopted::Nothing => {}
+        Adopted::Continued(Some(iteration)) => tracing::info!(
+            trial = %trial.trial_id,
+            "found on disk from the interrupted run: continuing from its checkpoint at iteration \
+             {iteration}"
+        ),
+        Adopted::Continued(None) => tracing::info!(
+            trial = %trial.trial_id,
+            "found on disk from the interrupted run, with no checkpoint: starting over"
+        ),
+        Adopted::MovedAside(path) => tracing::warn!(
+            trial = %trial.trial_id,
+            "its directory from the interrupted run held another configuration; moved aside to {}",
+            path.display()
+        ),
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Action {
     Continue,

@@ -315,6 +315,9 @@ pub enum RunError {
     Internal(String),
 }
 
+/// What [`Runner::adopt_from_disk`] calls on each new trial.
+type Adopter = Box<dyn FnMut(&mut Trial) + Send>;
+
 /// Runs an experiment's trials on a backend.
 pub struct Runner<B: TrialBackend> {
     backend: Arc<B>,
@@ -325,6 +328,9 @@ pub struct Runner<B: TrialBackend> {
     custom_searcher: bool,
     /// The searcher finished (or `max_trials` was reached): no more trials.
     search_over: bool,
+    /// Looks at each new trial before it is added
+    /// ([`Runner::adopt_from_disk`]).
+    adopt: Option<Adopter>,
     /// Digits in new trial ids.
     id_width: usize,
     /// What the experiment's trials may hold in all.
@@ -459,6 +465,7 @@ impl<B: TrialBackend> Runner<B> {
             searcher: Box::new(Listed::default()),
             custom_searcher: false,
             search_over: false,
+            adopt: None,
             id_width: 4,
             pool: ResourcePool::detect(),
             waiting: VecDeque::new(),
@@ -505,6 +512,15 @@ impl<B: TrialBackend> Runner<B> {
     /// the searcher its saved state too, or one that is finished.
     pub fn with_trials(mut self, trials: Vec<Trial>) -> Self {
         self.trials = Some(trials);
+        self
+    }
+
+    /// Calls `adopt` on each new trial before it is added, so that it can
+    /// pick up what an earlier run of this experiment left in its directory
+    /// (`wtune resume` passes [`super::resume::adopt_reported`]: the saved
+    /// state may be older than the trials on disk).
+    pub fn adopt_from_disk(mut self, adopt: impl FnMut(&mut Trial) + Send + 'static) -> Self {
+        self.adopt = Some(Box::new(adopt));
         self
     }
 
@@ -873,9 +889,16 @@ impl<B: TrialBackend> Runner<B> {
                             runner.halt_trial(trials, index, reason);
                             tasks.stop(index, session, false);
                         }
-                        None => {
-                            tasks.train(index, session);
-                        }
+                        None => match runner.restored_past_stop(&trials[index]) {
+                            // Its checkpoint was taken at its last result (a
+                            // run killed before its end was saved): training
+                            // on would go past its stopping criteria.
+                            Some(reason) => {
+                                runner.end_restored(trials, index, reason);
+                                tasks.stop(index, session, false);
+                            }
+                            None => tasks.train(index, session),
+                        },
                     }
                     None
                 }
@@ -1376,6 +1399,9 @@ impl<B: TrialBackend> Runner<B> {
                 let dir = self.spec.output_dir.join(&trial_id);
                 let mut trial = Trial::new(trial_id, config, dir);
                 trial.restore_from = self.spec.restore_from.clone();
+                if let Some(adopt) = &mut self.adopt {
+                    adopt(&mut trial);
+                }
                 trials.push(trial);
                 self.scheduler.on_trial_add(&trials[trials.len() - 1]);
             }
@@ -1864,6 +1890,34 @@ impl<B: TrialBackend> Runner<B> {
     }
 
     /// Ends a trial as TERMINATED (its stop reason is already set).
+    /// Why a trial that was just restored from a checkpoint must not train
+    /// on: its last result (the checkpoint's) already ended it, by the
+    /// trainable's `done` or the stopping criteria.
+    fn restored_past_stop(&self, trial: &Trial) -> Option<String> {
+        if trial.iterations == 0 || trial.iterations_since_restore != 0 {
+            return None;
+        }
+        let result = trial.last_result.as_ref()?;
+        if let Ok(Some(reason)) = self.spec.stop.reached(result) {
+            return Some(reason);
+        }
+        // Ended otherwise (the trainable's `done`, the scheduler, a stop
+        // request): the record says so, not which.
+        (result.get("done") == Some(&Value::Bool(true)))
+            .then(|| "its checkpoint holds the result it ended with".into())
+    }
+
+    /// Ends a trial restored at its last result ([`Self::restored_past_stop`])
+    /// as if that result had just come.
+    fn end_restored(&mut self, trials: &mut [Trial], index: usize, reason: String) {
+        let trial = &mut trials[index];
+        trial.stop_reason = Some(reason);
+        if let Some(record) = trial.last_result.clone() {
+            self.scheduler.on_trial_complete(trial, &record);
+        }
+        self.end(trials, index);
+    }
+
     fn end(&mut self, trials: &mut [Trial], index: usize) {
         self.release_hold(trials, index);
         trials[index].status = TrialStatus::Terminated;
@@ -2107,13 +2161,16 @@ impl<B: TrialBackend> Shared<B> {
 
     /// Whether a trial just launched starts training on its launching
     /// thread, as the loop would have had it (`Event::Launched`): unless the
-    /// run is halting, stopped or over, when the loop releases it.
+    /// run is halting, stopped or over, when the loop releases it, or the
+    /// trial was restored at its last result, when the loop ends it.
     fn trains_here(&mut self, index: usize, session: &B::Session) -> bool {
         if self.closed || self.halted.is_some() || self.stopped.is_some() {
             return false;
         }
         book_launch(&mut self.trials[index], session);
-        true
+        self.runner
+            .restored_past_stop(&self.trials[index])
+            .is_none()
     }
 
     /// Whether the trial whose result was just settled ends here, on its
