@@ -4,7 +4,8 @@
 //! report (a metric list and the `done` flag) or an error string. Each goes
 //! through `wtune::sandbox::check_train_return`, the checks the sandbox
 //! applies after `train()` returns (metric count, name length, control
-//! characters, duplicates; error messages cut to size). The values it
+//! characters, duplicates, all names together; error messages cut to
+//! size). The values it
 //! accepts then drive a real experiment: the runner with a native backend
 //! whose trials return exactly those values, under a fuzzer-chosen scheduler
 //! (FIFO, ASHA, median stopping, HyperBand or PBT, optionally with a
@@ -39,6 +40,8 @@ use wtune::tune::{
 
 const MAX_METRICS: usize = 1024;
 const MAX_METRIC_NAME: usize = 256;
+/// Most bytes of metric names in one report.
+const MAX_REPORT_NAMES: usize = 64 << 10;
 const MAX_GUEST_MESSAGE: usize = 4096;
 const METRIC: &str = "loss";
 /// A guest metric a scheduler may take as its `time_attr`.
@@ -149,6 +152,7 @@ fn checked(returned: &Returned, iteration: u64) -> Result<Step, String> {
             assert_eq!(done, kept_done);
             assert_eq!(metrics.len(), kept.len());
             assert!(kept.len() <= MAX_METRICS);
+            assert!(kept.iter().map(|(name, _)| name.len()).sum::<usize>() <= MAX_REPORT_NAMES);
             let mut seen = HashSet::new();
             for ((name, value), (kept_name, kept_value)) in metrics.iter().zip(kept) {
                 assert_eq!(name, kept_name);
@@ -163,7 +167,9 @@ fn checked(returned: &Returned, iteration: u64) -> Result<Step, String> {
         }
         (Ok((metrics, _)), Err(TrialFault::BadOutput { .. })) => {
             let mut seen = HashSet::new();
+            let names: usize = metrics.iter().map(|(name, _)| name.len()).sum();
             let broken = metrics.len() > MAX_METRICS
+                || names > MAX_REPORT_NAMES
                 || metrics.iter().any(|(name, _)| {
                     name.is_empty()
                         || name.len() > MAX_METRIC_NAME
