@@ -318,3 +318,39 @@ fn a_gpu_share_is_counted_on_the_gpu_and_dropped_on_the_cpu() {
         "{declared}"
     );
 }
+
+/// Each trial of a program that uses host compute is sure of its whole
+/// compute quota: when the total holds fewer quotas than max_concurrent,
+/// fewer trials run at once (with a note), and none is refused memory.
+#[test]
+fn compute_trials_run_only_as_many_at_once_as_the_total_holds_quotas() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("experiment.toml");
+    std::fs::write(
+        &config,
+        "num_samples = 3\nmax_concurrent_trials = 3\ncompute = \"cpu\"\n\
+         [limits]\ncompute_memory = \"8MiB\"\ncompute_memory_total = \"16MiB\"\n\
+         [param_space]\nwidth = 64\niterations = 2\n",
+    )
+    .unwrap();
+    let output = common::wtune()
+        .arg("run")
+        .arg(common::guest("kernels"))
+        .arg("--config")
+        .arg(&config)
+        .arg("--output-dir")
+        .arg(dir.path().join("results"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains(
+            "note: running at most 2 trials at once (not 3), so that each is sure of its \
+             limits.compute_memory (8 MiB) within limits.compute_memory_total (16 MiB)"
+        ),
+        "{stderr}"
+    );
+    assert!(stdout.contains("3 TERMINATED, 0 ERROR"), "{stdout}");
+}
