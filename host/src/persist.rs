@@ -8,6 +8,15 @@ use std::path::Path;
 
 /// Replaces `path` with `bytes` atomically.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    write_atomic_with(path, |file| file.write_all(bytes))
+}
+
+/// Replaces `path` atomically with what `write` writes into the new file,
+/// so large contents can be streamed rather than held whole in memory.
+pub fn write_atomic_with(
+    path: &Path,
+    write: impl FnOnce(&mut File) -> io::Result<()>,
+) -> io::Result<()> {
     let dir = path
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
@@ -15,7 +24,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
     let mut tmp = tempfile::Builder::new()
         .prefix(".wtune-tmp-")
         .tempfile_in(dir)?;
-    tmp.write_all(bytes)?;
+    write(tmp.as_file_mut())?;
     tmp.as_file().sync_all()?;
     tmp.persist(path).map_err(|e| e.error)?;
     // The rename is durable only once the directory entry is on disk.

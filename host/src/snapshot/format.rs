@@ -19,6 +19,7 @@
 //! memory that is mostly untouched heap costs next to nothing on disk.
 
 use std::fmt;
+use std::io::Write;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
@@ -216,6 +217,15 @@ enum GlobalValueJson {
 
 /// Encodes a snapshot file's bytes.
 pub fn encode(meta: &SnapshotMeta, payload: &Payload, key: Option<&SnapshotKey>) -> Vec<u8> {
+    let mut out = Vec::new();
+    prepare(meta, payload, key)
+        .write_to(&mut out)
+        .expect("writing into a Vec cannot fail");
+    out
+}
+
+/// Compresses a snapshot's parts, ready to be laid out.
+fn prepare(meta: &SnapshotMeta, payload: &Payload, key: Option<&SnapshotKey>) -> Encoded {
     let empty = GuestImage::default();
     let (image, guest) = match payload {
         Payload::Memory(image) => (image, None),
@@ -255,9 +265,8 @@ pub fn encode(meta: &SnapshotMeta, payload: &Payload, key: Option<&SnapshotKey>)
     };
     let header = serde_json::to_vec(&header).expect("snapshot headers always serialize");
     let mut compressor = zstd::bulk::Compressor::new(ZSTD_LEVEL).expect("zstd level is valid");
-    let mut payload = Vec::new();
     // One frame per memory keeps peak memory at one memory's data.
-    let frames: Vec<&[u8]> = guest.map_or_else(
+    let data: Vec<&[u8]> = guest.map_or_else(
         || {
             let memories = image.memories.iter().map(|m| m.data.as_slice());
             let buffers = image
@@ -269,37 +278,91 @@ pub fn encode(meta: &SnapshotMeta, payload: &Payload, key: Option<&SnapshotKey>)
         },
         |bytes| vec![bytes],
     );
-    for data in frames {
-        let frame = compressor
-            .compress(data)
-            .expect("compressing into a growable buffer cannot fail");
-        payload.extend_from_slice(&(frame.len() as u64).to_le_bytes());
-        payload.extend_from_slice(&frame);
-    }
-
-    let mut out = Vec::with_capacity(24 + header.len() + payload.len() + TRAILER);
-    out.extend_from_slice(MAGIC);
+    let frames: Vec<Vec<u8>> = data
+        .into_iter()
+        .map(|data| {
+            compressor
+                .compress(data)
+                .expect("compressing into a growable buffer cannot fail")
+        })
+        .collect();
     let version = if image.compute.is_empty() {
         FORMAT_VERSION_PLAIN
     } else {
         FORMAT_VERSION
     };
-    out.extend_from_slice(&version.to_le_bytes());
     let mut flags = if key.is_some() { FLAG_KEYED } else { 0 };
     if guest.is_some() {
         flags |= FLAG_GUEST;
     }
-    out.extend_from_slice(&flags.to_le_bytes());
-    out.extend_from_slice(&(header.len() as u32).to_le_bytes());
-    out.extend_from_slice(&header);
-    out.extend_from_slice(&(payload.len() as u64).to_le_bytes());
-    out.extend_from_slice(&payload);
-    let trailer = match key {
-        Some(key) => blake3::keyed_hash(&key.0, &out),
-        None => blake3::hash(&out),
-    };
-    out.extend_from_slice(trailer.as_bytes());
-    out
+    Encoded {
+        version,
+        flags,
+        header,
+        frames,
+        key: key.map(|k| k.0),
+    }
+}
+
+/// A snapshot file's parts, compressed, before they are laid out; written
+/// by [`Encoded::write_to`] without ever being copied into one buffer.
+struct Encoded {
+    version: u32,
+    flags: u32,
+    header: Vec<u8>,
+    frames: Vec<Vec<u8>>,
+    key: Option<[u8; 32]>,
+}
+
+impl Encoded {
+    /// Writes the file's bytes to `out` (the checksum computed on the way)
+    /// and returns how many there were.
+    fn write_to(self, out: impl Write) -> std::io::Result<u64> {
+        let hasher = match &self.key {
+            Some(key) => blake3::Hasher::new_keyed(key),
+            None => blake3::Hasher::new(),
+        };
+        let mut out = Hashing {
+            out,
+            hasher,
+            written: 0,
+        };
+        let payload_len: u64 = self.frames.iter().map(|f| 8 + f.len() as u64).sum();
+        out.write_all(MAGIC)?;
+        out.write_all(&self.version.to_le_bytes())?;
+        out.write_all(&self.flags.to_le_bytes())?;
+        out.write_all(&(self.header.len() as u32).to_le_bytes())?;
+        out.write_all(&self.header)?;
+        out.write_all(&payload_len.to_le_bytes())?;
+        for frame in self.frames {
+            out.write_all(&(frame.len() as u64).to_le_bytes())?;
+            out.write_all(&frame)?;
+        }
+        let trailer = out.hasher.finalize();
+        out.out.write_all(trailer.as_bytes())?;
+        out.out.flush()?;
+        Ok(out.written + trailer.as_bytes().len() as u64)
+    }
+}
+
+/// A writer that hashes what passes through it.
+struct Hashing<W> {
+    out: W,
+    hasher: blake3::Hasher,
+    written: u64,
+}
+
+impl<W: Write> Write for Hashing<W> {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        let n = self.out.write(bytes)?;
+        self.hasher.update(&bytes[..n]);
+        self.written += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.out.flush()
+    }
 }
 
 /// Decodes and verifies a snapshot file. `component` is the digest of the
@@ -550,9 +613,15 @@ pub fn write(
     payload: &Payload,
     key: Option<&SnapshotKey>,
 ) -> std::io::Result<u64> {
-    let bytes = encode(meta, payload, key);
-    crate::persist::write_atomic(path, &bytes)?;
-    Ok(bytes.len() as u64)
+    // Streamed into the file: the compressed frames are the only copy of
+    // the snapshot's data the host holds besides the image itself.
+    let encoded = prepare(meta, payload, key);
+    let mut written = 0;
+    crate::persist::write_atomic_with(path, |file| {
+        written = encoded.write_to(std::io::BufWriter::new(file))?;
+        Ok(())
+    })?;
+    Ok(written)
 }
 
 /// Why a snapshot file could not be read.
