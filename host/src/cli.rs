@@ -571,14 +571,14 @@ fn execute(
     let total = searcher.total().map(|n| n.max(trials.len() as u64));
     let setup_json = serde_json::to_value(setup).expect("the setup serializes");
     let state = StateFile::new(setup_json);
-    // The state first: it must be saved even if another callback fails at
-    // the end.
     // Resuming, a trial the saved state does not list yet may have left
     // its directory, results and checkpoints behind: its work is picked up.
     let adopt = {
         let (backend, policy) = (backend.clone(), spec.checkpoint.clone());
         move |trial: &mut Trial| resume::adopt_reported(&backend, trial, &policy)
     };
+    // The state first: it must be saved even if another callback fails at
+    // the end.
     let mut runner = Runner::new(backend, spec, scheduler).searcher(searcher);
     if let Some(resumed) = resumed {
         runner = runner.adopt_from_disk(adopt);

@@ -1889,7 +1889,6 @@ impl<B: TrialBackend> Runner<B> {
         Ok(decision)
     }
 
-    /// Ends a trial as TERMINATED (its stop reason is already set).
     /// Why a trial that was just restored from a checkpoint must not train
     /// on: its last result (the checkpoint's) already ended it, by the
     /// trainable's `done` or the stopping criteria.
@@ -1918,6 +1917,7 @@ impl<B: TrialBackend> Runner<B> {
         self.end(trials, index);
     }
 
+    /// Ends a trial as TERMINATED (its stop reason is already set).
     fn end(&mut self, trials: &mut [Trial], index: usize) {
         self.release_hold(trials, index);
         trials[index].status = TrialStatus::Terminated;
