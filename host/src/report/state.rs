@@ -15,7 +15,9 @@
 //! thread (it must see one consistent moment) but written by a background
 //! thread, and writes are spaced so that serializing costs at most
 //! [`MAX_LOOP_SHARE`] of the runner's time, and never more often than
-//! [`MIN_INTERVAL`].
+//! [`MIN_INTERVAL`]; after a trial starts or ends, as soon as
+//! [`MIN_CHANGE_INTERVAL`] allows (within the same share), so that a process
+//! killed just after rarely loses a trial's start or end.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -37,6 +39,9 @@ pub const PREVIOUS_STATE_FILE: &str = "experiment_state.prev.json";
 pub const STATE_VERSION: u32 = 1;
 /// Shortest time between two mid-run writes.
 pub const MIN_INTERVAL: Duration = Duration::from_secs(1);
+/// Shortest time between two mid-run writes when a trial started or ended
+/// since the last one.
+pub const MIN_CHANGE_INTERVAL: Duration = Duration::from_millis(50);
 /// Largest share of the runner's time spent serializing state.
 pub const MAX_LOOP_SHARE: f64 = 0.005;
 const HEADER_PREFIX: &str = "wtune-experiment-state";
@@ -199,6 +204,10 @@ pub struct StateFile {
     dir: PathBuf,
     last_write: Instant,
     interval: Duration,
+    /// [`Self::interval`] when a trial started or ended since the last write.
+    change_interval: Duration,
+    /// A trial started or ended since the last write.
+    changed: bool,
     background: Option<persist::LatestWriter>,
     stats: Arc<StateStats>,
 }
@@ -225,6 +234,8 @@ impl StateFile {
             dir: PathBuf::new(),
             last_write: Instant::now(),
             interval: MIN_INTERVAL,
+            change_interval: MIN_CHANGE_INTERVAL,
+            changed: false,
             background: None,
             stats: Arc::default(),
         }
@@ -275,7 +286,8 @@ impl Callback for StateFile {
             self.background = Some(writer);
             return Ok(());
         }
-        if self.last_write.elapsed() < self.interval {
+        let since = self.last_write.elapsed();
+        if since < self.interval && !(self.changed && since >= self.change_interval) {
             return Ok(());
         }
         let started = Instant::now();
@@ -290,11 +302,24 @@ impl Callback for StateFile {
             .last_bytes
             .store(bytes.len() as u64, Ordering::Relaxed);
         // Space writes so serializing stays a small share of the run.
-        self.interval = MIN_INTERVAL.max(cost.div_f64(MAX_LOOP_SHARE));
+        let spacing = cost.div_f64(MAX_LOOP_SHARE);
+        self.interval = MIN_INTERVAL.max(spacing);
+        self.change_interval = MIN_CHANGE_INTERVAL.max(spacing);
+        self.changed = false;
         if let Some(writer) = &self.background {
             writer.send(bytes);
         }
         self.last_write = Instant::now();
+        Ok(())
+    }
+
+    fn on_trial_start(&mut self, _trials: &[Trial], _index: usize) -> Result<(), String> {
+        self.changed = true;
+        Ok(())
+    }
+
+    fn on_trial_end(&mut self, _trials: &[Trial], _index: usize) -> Result<(), String> {
+        self.changed = true;
         Ok(())
     }
 
@@ -358,6 +383,53 @@ mod tests {
             message.contains("experiment_state.json is damaged"),
             "{message}"
         );
+    }
+
+    #[test]
+    fn a_trial_starting_or_ending_is_written_within_the_change_interval() {
+        use crate::tune::{Fifo, Listed};
+        let dir = tempfile::tempdir().unwrap();
+        let mut file = StateFile::new(json!({"model": "m.wasm"}));
+        let spec = RunSpec::new("state", dir.path().to_path_buf());
+        let mut trials = Vec::new();
+        file.on_experiment_start(&spec, &trials).unwrap();
+        let (scheduler, searcher) = (Fifo::default(), Listed::default());
+        let deciders = Deciders {
+            scheduler: &scheduler,
+            searcher: &searcher,
+            stopper: None,
+            fuel_burned: 0,
+        };
+        // The first state is written at once, listing no trial.
+        file.on_state(&trials, &deciders).unwrap();
+        let stats = file.stats();
+        // Without a change, the next write waits for MIN_INTERVAL...
+        std::thread::sleep(MIN_CHANGE_INTERVAL);
+        file.on_state(&trials, &deciders).unwrap();
+        assert_eq!(stats.writes.load(Ordering::Relaxed), 0);
+        // ... but a trial that starts is written at the next chance after
+        // MIN_CHANGE_INTERVAL, and so is its end.
+        trials.push(Trial::new(
+            "trial_0000".into(),
+            json!({"lr": 0.1}),
+            dir.path().join("t"),
+        ));
+        file.on_trial_start(&trials, 0).unwrap();
+        file.on_state(&trials, &deciders).unwrap();
+        assert_eq!(stats.writes.load(Ordering::Relaxed), 1);
+        file.on_trial_end(&trials, 0).unwrap();
+        file.on_state(&trials, &deciders).unwrap();
+        assert_eq!(
+            stats.writes.load(Ordering::Relaxed),
+            1,
+            "not sooner than the change interval"
+        );
+        std::thread::sleep(MIN_CHANGE_INTERVAL);
+        file.on_state(&trials, &deciders).unwrap();
+        assert_eq!(stats.writes.load(Ordering::Relaxed), 2);
+        // The writer thread has the newest state on disk by the end.
+        file.background.take().unwrap().finish();
+        assert_eq!(load(dir.path(), false).unwrap().trials.len(), 1);
     }
 
     #[test]
