@@ -1038,6 +1038,63 @@ mod tests {
         }
     }
 
+    mod cut_back {
+        use super::super::{csv_kept, jsonl_kept};
+        use proptest::prelude::*;
+
+        /// `(iteration, damaged)` rows as a killed run may leave them: any
+        /// order, repeated, some lines garbage, the last one cut short.
+        fn rows() -> impl Strategy<Value = (Vec<(u64, bool)>, String, u64)> {
+            (
+                prop::collection::vec((1u64..20, prop::bool::weighted(0.2)), 0..30),
+                "[^\n]{0,40}",
+                0u64..20,
+            )
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(256))]
+
+            /// The cut-back keeps exactly the whole, readable rows of
+            /// iterations up to `after`, in their order, and keeping again
+            /// changes nothing.
+            #[test]
+            fn jsonl_keeps_whole_rows_up_to_the_iteration((rows, tail, after) in rows()) {
+                let line = |(i, damaged): &(u64, bool)| if *damaged {
+                    format!("{{\"loss\":{i},\"training_it\n")
+                } else {
+                    format!("{{\"loss\":{i},\"training_iteration\":{i}}}\n")
+                };
+                let bytes = format!("{}{tail}", rows.iter().map(line).collect::<String>());
+                let expected: String = rows
+                    .iter()
+                    .filter(|(i, damaged)| !damaged && *i <= after)
+                    .map(line)
+                    .collect();
+                let kept = jsonl_kept(bytes.as_bytes(), after);
+                prop_assert_eq!(String::from_utf8(kept.clone()).unwrap(), expected);
+                prop_assert_eq!(jsonl_kept(&kept, after), kept);
+            }
+
+            #[test]
+            fn csv_keeps_the_header_and_whole_rows_up_to_the_iteration((rows, tail, after) in rows()) {
+                let header = "loss,training_iteration,config/name\n";
+                let line = |(i, damaged): &(u64, bool)| if *damaged {
+                    format!("{i},x{i},\"a\nb\"\n")
+                } else {
+                    format!("{i},{i},\"a,\"\"b\"\"\"\n")
+                };
+                let bytes = format!("{header}{}{tail}", rows.iter().map(line).collect::<String>());
+                let expected: String = std::iter::once(header.to_string())
+                    .chain(rows.iter().filter(|(i, damaged)| !damaged && *i <= after).map(line))
+                    .collect();
+                let kept = csv_kept(bytes.as_bytes(), after);
+                prop_assert_eq!(String::from_utf8(kept.clone()).unwrap(), expected);
+                prop_assert_eq!(csv_kept(&kept, after), kept);
+            }
+        }
+    }
+
     #[test]
     fn a_trial_started_again_keeps_each_iteration_once() {
         // A run killed after iteration 3 had written, the third line half:
