@@ -94,9 +94,6 @@ pub struct ComputeSession {
     /// from its first buffer until the session ends, so that what other
     /// trials hold can never make one of its allocations fail.
     share_reserved: bool,
-    /// Whether a buffer was ever made; until then a refused first buffer
-    /// gives the share back.
-    made_buffer: bool,
     meter: Meter,
 }
 
@@ -112,7 +109,6 @@ impl ComputeSession {
             next_pipeline: 1,
             held: 0,
             share_reserved: false,
-            made_buffer: false,
             meter: Meter::default(),
         }
     }
@@ -571,7 +567,6 @@ impl ComputeSession {
             return Err(err);
         }
         self.sizes.insert(id, buffer.len() as u64);
-        self.made_buffer = true;
         Ok(())
     }
 
@@ -675,7 +670,6 @@ impl ComputeSession {
         }
         self.next_buffer += 1;
         self.sizes.insert(id, elements);
-        self.made_buffer = true;
         Ok(id)
     }
 
@@ -700,7 +694,10 @@ impl ComputeSession {
 
     fn release(&mut self, bytes: u64) {
         self.held -= bytes;
-        if self.share_reserved && !self.made_buffer && self.held == 0 {
+        // A refused first buffer (none numbered, none restored) gives the
+        // share back; once the trial has had a buffer it keeps its share.
+        let first = self.next_buffer == 1 && self.sizes.is_empty();
+        if self.share_reserved && first && self.held == 0 {
             self.compute.release_share();
             self.share_reserved = false;
         }

@@ -203,9 +203,10 @@ pub struct StateFile {
     setup: Value,
     dir: PathBuf,
     last_write: Instant,
-    interval: Duration,
-    /// [`Self::interval`] when a trial started or ended since the last write.
-    change_interval: Duration,
+    /// How far apart writes must be for serializing to stay within
+    /// [`MAX_LOOP_SHARE`]; [`MIN_INTERVAL`] and [`MIN_CHANGE_INTERVAL`] apply
+    /// on top.
+    spacing: Duration,
     /// A trial started or ended since the last write.
     changed: bool,
     background: Option<persist::LatestWriter>,
@@ -233,8 +234,7 @@ impl StateFile {
             setup,
             dir: PathBuf::new(),
             last_write: Instant::now(),
-            interval: MIN_INTERVAL,
-            change_interval: MIN_CHANGE_INTERVAL,
+            spacing: Duration::ZERO,
             changed: false,
             background: None,
             stats: Arc::default(),
@@ -287,7 +287,12 @@ impl Callback for StateFile {
             return Ok(());
         }
         let since = self.last_write.elapsed();
-        if since < self.interval && !(self.changed && since >= self.change_interval) {
+        let shortest = if self.changed {
+            MIN_CHANGE_INTERVAL
+        } else {
+            MIN_INTERVAL
+        };
+        if since < shortest.max(self.spacing) {
             return Ok(());
         }
         let started = Instant::now();
@@ -302,9 +307,7 @@ impl Callback for StateFile {
             .last_bytes
             .store(bytes.len() as u64, Ordering::Relaxed);
         // Space writes so serializing stays a small share of the run.
-        let spacing = cost.div_f64(MAX_LOOP_SHARE);
-        self.interval = MIN_INTERVAL.max(spacing);
-        self.change_interval = MIN_CHANGE_INTERVAL.max(spacing);
+        self.spacing = cost.div_f64(MAX_LOOP_SHARE);
         self.changed = false;
         if let Some(writer) = &self.background {
             writer.send(bytes);

@@ -515,32 +515,51 @@ struct QuotaStream {
     high: u64,
 }
 
+/// Bytes a write adds to the quota, charged before it and kept or given
+/// back by [`QuotaStream::settle`] once it is done.
+struct Charge {
+    growth: u64,
+    /// Where the stream stands after the write; `None` when appending.
+    end: Option<u64>,
+}
+
 impl QuotaStream {
-    fn charge(&mut self, len: u64) -> StreamResult<u64> {
-        let growth = match self.position {
-            None => len,
+    /// Charges writing `len` bytes at the stream's position.
+    fn charge(&self, len: u64) -> StreamResult<Charge> {
+        let (growth, end) = match self.position {
+            None => (len, None),
             Some(position) => {
                 let end = position.saturating_add(len);
-                let growth = end.saturating_sub(self.high);
-                self.high = self.high.max(end);
-                self.position = Some(end);
-                growth
+                (end.saturating_sub(self.high), Some(end))
             }
         };
         self.quota
             .grow(growth)
             .map_err(|hit| wasmtime_wasi::p2::StreamError::Trap(wasmtime::Error::new(hit)))?;
-        Ok(growth)
+        Ok(Charge { growth, end })
+    }
+
+    /// Moves the stream on after a write that worked; gives the charge
+    /// back after one that failed.
+    fn settle<T>(&mut self, charge: Charge, result: StreamResult<T>) -> StreamResult<T> {
+        match (&result, charge.end) {
+            (Ok(_), Some(end)) => {
+                self.position = Some(end);
+                self.high = self.high.max(end);
+            }
+            (Ok(_), None) => {}
+            (Err(_), _) => self.quota.shrink(charge.growth),
+        }
+        result
     }
 }
 
 #[async_trait]
 impl OutputStream for QuotaStream {
     fn write(&mut self, bytes: Bytes) -> StreamResult<()> {
-        let growth = self.charge(bytes.len() as u64)?;
-        self.inner
-            .write(bytes)
-            .inspect_err(|_| self.quota.shrink(growth))
+        let charge = self.charge(bytes.len() as u64)?;
+        let written = self.inner.write(bytes);
+        self.settle(charge, written)
     }
 
     fn flush(&mut self) -> StreamResult<()> {
@@ -552,19 +571,15 @@ impl OutputStream for QuotaStream {
     }
 
     async fn blocking_write_and_flush(&mut self, bytes: Bytes) -> StreamResult<()> {
-        let growth = self.charge(bytes.len() as u64)?;
-        let quota = Arc::clone(&self.quota);
-        self.inner
-            .blocking_write_and_flush(bytes)
-            .await
-            .inspect_err(|_| quota.shrink(growth))
+        let charge = self.charge(bytes.len() as u64)?;
+        let written = self.inner.blocking_write_and_flush(bytes).await;
+        self.settle(charge, written)
     }
 
     fn write_zeroes(&mut self, nelem: usize) -> StreamResult<()> {
-        let growth = self.charge(nelem as u64)?;
-        self.inner
-            .write_zeroes(nelem)
-            .inspect_err(|_| self.quota.shrink(growth))
+        let charge = self.charge(nelem as u64)?;
+        let written = self.inner.write_zeroes(nelem);
+        self.settle(charge, written)
     }
 
     async fn cancel(&mut self) {
