@@ -41,7 +41,6 @@ use wasmtime_wasi::p2::bindings::sync::filesystem::types::{
 use wasmtime_wasi::p2::bindings::sync::io::streams;
 use wasmtime_wasi::p2::{DynOutputStream, FsError, FsResult, OutputStream, Pollable, StreamResult};
 
-use super::host::TrialHost;
 use super::limits::{LimitHit, Limits};
 
 /// What one trial may keep in its directory, and what it keeps now.
@@ -152,6 +151,13 @@ pub(crate) struct GuardedFs<'a> {
     quota: &'a Arc<DiskQuota>,
 }
 
+impl<'a> GuardedFs<'a> {
+    /// WASI's filesystem view `inner`, charged to `quota`.
+    pub(crate) fn new(inner: WasiFilesystemCtxView<'a>, quota: &'a Arc<DiskQuota>) -> Self {
+        Self { inner, quota }
+    }
+}
+
 struct HasGuardedFs;
 
 impl HasData for HasGuardedFs {
@@ -160,26 +166,15 @@ impl HasData for HasGuardedFs {
 
 /// Replaces `wasi:filesystem/types` in a linker that already holds WASI
 /// preview 2 (`wasmtime_wasi::p2::add_to_linker_sync`) with the guarded
-/// view.
-pub(crate) fn add_to_linker(linker: &mut Linker<TrialHost>) -> wasmtime::Result<()> {
+/// view `get` gives of a store's data.
+pub(crate) fn add_to_linker<T: 'static>(
+    linker: &mut Linker<T>,
+    get: fn(&mut T) -> GuardedFs<'_>,
+) -> wasmtime::Result<()> {
     linker.allow_shadowing(true);
-    let added = fs::add_to_linker::<TrialHost, HasGuardedFs>(linker, |host| {
-        let (view, quota) = host.filesystem_and_quota();
-        GuardedFs { inner: view, quota }
-    });
+    let added = fs::add_to_linker::<T, HasGuardedFs>(linker, get);
     linker.allow_shadowing(false);
     added
-}
-
-impl TrialHost {
-    fn filesystem_and_quota(&mut self) -> (WasiFilesystemCtxView<'_>, &Arc<DiskQuota>) {
-        let quota = &self.disk;
-        let view = WasiFilesystemCtxView {
-            ctx: self.wasi.filesystem(),
-            table: &mut self.table,
-        };
-        (view, quota)
-    }
 }
 
 impl GuardedFs<'_> {

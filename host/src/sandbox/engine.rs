@@ -94,8 +94,8 @@ impl Sandbox {
 
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker)?;
-        super::waits::add_to_linker(&mut linker)?;
-        super::disk::add_to_linker(&mut linker)?;
+        super::waits::add_to_linker(&mut linker, TrialHost::waits)?;
+        super::disk::add_to_linker(&mut linker, TrialHost::guarded_fs)?;
         bindings::Trainable::add_to_linker::<TrialHost, HasSelf<TrialHost>>(&mut linker, |host| {
             host
         })?;

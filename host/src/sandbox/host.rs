@@ -50,6 +50,22 @@ impl TrialHost {
     }
 }
 
+impl TrialHost {
+    /// WASI's waits, bounded by the current call's deadline.
+    pub(crate) fn waits(&mut self) -> super::waits::Waits<'_> {
+        super::waits::Waits::new(&mut self.table, self.call_deadline)
+    }
+
+    /// WASI's filesystem, charged to the trial's disk quota.
+    pub(crate) fn guarded_fs(&mut self) -> super::disk::GuardedFs<'_> {
+        let view = wasmtime_wasi::filesystem::WasiFilesystemCtxView {
+            ctx: self.wasi.filesystem(),
+            table: &mut self.table,
+        };
+        super::disk::GuardedFs::new(view, &self.disk)
+    }
+}
+
 impl WasiView for TrialHost {
     fn ctx(&mut self) -> WasiCtxView<'_> {
         WasiCtxView {

@@ -25,8 +25,6 @@ use wasmtime_wasi::p2::bindings::io::poll as async_poll;
 use wasmtime_wasi::p2::bindings::sync::io::poll;
 use wasmtime_wasi::runtime::in_tokio;
 
-use super::host::TrialHost;
-
 /// The error a wait returns when the call's deadline passes first; the call
 /// then fails as a timeout.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,14 +50,22 @@ impl HasData for HasWaits {
     type Data<'a> = Waits<'a>;
 }
 
+impl<'a> Waits<'a> {
+    /// The waits on `table`'s pollables, bounded by `deadline`.
+    pub(crate) fn new(table: &'a mut ResourceTable, deadline: Option<Instant>) -> Self {
+        Self { table, deadline }
+    }
+}
+
 /// Replaces `wasi:io/poll` in a linker that already holds WASI preview 2
-/// (`wasmtime_wasi::p2::add_to_linker_sync`) with the bounded waits.
-pub(crate) fn add_to_linker(linker: &mut Linker<TrialHost>) -> wasmtime::Result<()> {
+/// (`wasmtime_wasi::p2::add_to_linker_sync`) with the bounded waits `get`
+/// gives of a store's data.
+pub(crate) fn add_to_linker<T: 'static>(
+    linker: &mut Linker<T>,
+    get: fn(&mut T) -> Waits<'_>,
+) -> wasmtime::Result<()> {
     linker.allow_shadowing(true);
-    let added = poll::add_to_linker::<TrialHost, HasWaits>(linker, |host| Waits {
-        table: &mut host.table,
-        deadline: host.call_deadline,
-    });
+    let added = poll::add_to_linker::<T, HasWaits>(linker, get);
     linker.allow_shadowing(false);
     added
 }
