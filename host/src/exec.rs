@@ -288,14 +288,6 @@ impl TrialSession for WasmSession {
     }
 
     fn save(&mut self, path: &Path, info: &CheckpointInfo<'_>) -> Result<u64, TrialFailure> {
-        let payload = match self.mode {
-            CheckpointMode::Snapshot => Payload::Memory(
-                self.instance
-                    .snapshot()
-                    .map_err(|e| TrialFailure::new(format!("host snapshot: {e}")))?,
-            ),
-            CheckpointMode::Guest => Payload::Guest(self.instance.save().map_err(failure)?.0),
-        };
         let meta = SnapshotMeta {
             component: self.digest.clone(),
             trial_id: info.trial_id.to_string(),
@@ -307,8 +299,25 @@ impl TrialSession for WasmSession {
                 .result
                 .map_or(Value::Null, |r| Value::Object(r.clone())),
         };
-        snapshot::write(path, &meta, &payload, self.key.as_ref())
-            .map_err(|e| TrialFailure::new(format!("writing {}: {e}", path.display())))
+        let writing =
+            |e: std::io::Error| TrialFailure::new(format!("writing {}: {e}", path.display()));
+        match self.mode {
+            CheckpointMode::Snapshot => {
+                // Straight from the guest's memory into a spool beside the
+                // file: the host never holds a copy of the guest's memory.
+                let spool = snapshot::Spool::beside(path).map_err(writing)?;
+                let (image, spool) = self
+                    .instance
+                    .snapshot_into(spool)
+                    .map_err(|e| TrialFailure::new(format!("host snapshot: {e}")))?;
+                snapshot::write_spooled(path, &meta, &image, spool, self.key.as_ref())
+                    .map_err(writing)
+            }
+            CheckpointMode::Guest => {
+                let payload = Payload::Guest(self.instance.save().map_err(failure)?.0);
+                snapshot::write(path, &meta, &payload, self.key.as_ref()).map_err(writing)
+            }
+        }
     }
 
     fn stop(mut self) -> Result<(), TrialFailure> {

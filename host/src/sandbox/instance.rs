@@ -14,7 +14,7 @@ use super::host::TrialHost;
 use super::limits::{LimitHit, Limits};
 use super::snapshot::{Access, AccessIndex, SnapshotError};
 use super::waits::WaitedPastDeadline;
-use crate::snapshot::{GuestImage, SnapshotRefusal};
+use crate::snapshot::{GuestImage, SnapshotRefusal, Spool};
 
 /// Most metrics one report may carry.
 pub const MAX_METRICS: usize = 1024;
@@ -215,6 +215,18 @@ impl TrialInstance {
             return Err(SnapshotError::Poisoned);
         }
         self.with_access(|access| access.take())
+    }
+
+    /// Takes a host snapshot as [`TrialInstance::snapshot`] does, but
+    /// compresses the memories' bytes straight into `spool` (one frame per
+    /// memory) instead of copying them: the returned image lists each
+    /// memory's runs and holds no data. For [`crate::snapshot::write_spooled`],
+    /// which keeps the host's memory near the guest's own.
+    pub fn snapshot_into(&mut self, spool: Spool) -> Result<(GuestImage, Spool), SnapshotError> {
+        if self.poisoned {
+            return Err(SnapshotError::Poisoned);
+        }
+        self.with_access(|access| access.take_into(spool))
     }
 
     /// Writes a snapshot into this instance, which must be fresh (no call

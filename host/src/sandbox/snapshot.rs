@@ -10,8 +10,8 @@ use wasmtime::{AsContextMut, Store, StoreContextMut};
 
 use crate::snapshot::{
     ACCESS_EXPORT, GlobalValue, GuestImage, HandleImport, LEDGER_OVERFLOW, LEDGER_SLOTS, Layout,
-    MemoryImage, PREOPEN_HANDLE, SINK_IMPORT, SnapshotRefusal, global_accessor, handle_accessor,
-    ledger, memory_accessor,
+    MemoryImage, PREOPEN_HANDLE, SINK_IMPORT, SnapshotRefusal, Spool, global_accessor,
+    handle_accessor, ledger, memory_accessor,
 };
 
 use super::host::TrialHost;
@@ -98,8 +98,18 @@ impl AccessIndex {
 pub(crate) struct Sink {
     image: MemoryImage,
     next: u64,
-    /// `false` records only where the memory is non-zero.
-    keep_bytes: bool,
+    keep: Keep,
+}
+
+/// What a dump keeps of the bytes it reads.
+pub(crate) enum Keep {
+    /// The non-zero chunks, with their bytes, in the image.
+    Bytes,
+    /// Only where the non-zero chunks are.
+    Runs,
+    /// Where the non-zero chunks are in the image, and their bytes written
+    /// to the spool's open frame.
+    Spool(Spool),
 }
 
 /// Adds the host side of the accessor's `chunk` import to the linker.
@@ -111,14 +121,14 @@ pub(crate) fn add_sink_to_linker(linker: &mut Linker<TrialHost>) -> wasmtime::Re
                 wasmtime::bail!("`{SINK_IMPORT}` called outside a host snapshot");
             };
             let bytes = data.as_le_slice(&store);
-            if sink.keep_bytes {
-                sink.image.push_contents(sink.next, bytes);
-            } else {
-                sink.image.push_runs(sink.next, bytes);
-            }
+            let written = match &mut sink.keep {
+                Keep::Bytes => Ok(sink.image.push_contents(sink.next, bytes)),
+                Keep::Runs => Ok(sink.image.push_runs(sink.next, bytes)),
+                Keep::Spool(spool) => sink.image.push_contents_to(sink.next, bytes, spool),
+            };
             sink.next += bytes.len() as u64;
             store.data_mut().sink = Some(sink);
-            Ok(())
+            written.map_err(|e| wasmtime::format_err!("writing the snapshot: {e}"))
         },
     )?;
     Ok(())
@@ -172,23 +182,22 @@ impl Access<'_> {
             .map_err(|e| SnapshotError::Failed(format!("accessor `{name}`: {e:#}")))
     }
 
-    /// Passes `from..to` of memory `k` through the sink into `image`: its
-    /// non-zero chunks with their bytes, or with `keep_bytes` false only
-    /// where they are.
+    /// Passes `from..to` of memory `k` through the sink into `image`,
+    /// keeping what `keep` says; gives `keep` back.
     fn dump(
         &mut self,
         k: usize,
         from: u64,
         to: u64,
         image: MemoryImage,
-        keep_bytes: bool,
-    ) -> Result<MemoryImage, SnapshotError> {
+        keep: Keep,
+    ) -> Result<(MemoryImage, Keep), SnapshotError> {
         let name = memory_accessor("dump", k);
         let dump = self.func::<(u32, u32), ()>(&name)?;
         self.store.data_mut().sink = Some(Sink {
             image,
             next: from,
-            keep_bytes,
+            keep,
         });
         let mut offset = from;
         let result = (|| {
@@ -202,21 +211,58 @@ impl Access<'_> {
         let sink = self.store.data_mut().sink.take();
         result?;
         let sink = sink.ok_or_else(|| SnapshotError::Failed("the sink vanished".into()))?;
-        Ok(sink.image)
+        Ok((sink.image, sink.keep))
     }
 
-    /// Reads every memory and global.
+    /// Reads every memory and global into an image.
     pub(crate) fn take(&mut self) -> Result<GuestImage, SnapshotError> {
+        let (image, _) = self.take_with(None)?;
+        Ok(image)
+    }
+
+    /// Reads every memory and global, the memories' bytes compressed into
+    /// `spool` (one frame per memory, in order) rather than kept: the
+    /// image's memories hold their runs but no data.
+    pub(crate) fn take_into(&mut self, spool: Spool) -> Result<(GuestImage, Spool), SnapshotError> {
+        let (image, spool) = self.take_with(Some(spool))?;
+        Ok((image, spool.expect("take_with gives the spool back")))
+    }
+
+    fn take_with(
+        &mut self,
+        mut spool: Option<Spool>,
+    ) -> Result<(GuestImage, Option<Spool>), SnapshotError> {
         let index = self.index;
+        let spool_failed =
+            |e: std::io::Error| SnapshotError::Failed(format!("writing the snapshot: {e}"));
         let mut image = GuestImage::default();
         for k in 0..index.layout.memories.len() {
             let (pages,): (u32,) = self.call(&memory_accessor("size", k), ())?;
-            let (memory, reused) = MemoryImage::with_room(pages);
-            let len = memory.byte_len();
-            let mut memory = self.dump(k, 0, len, memory, true)?;
-            if reused {
-                memory.fit_reused();
-            }
+            let len = u64::from(pages) * crate::snapshot::PAGE;
+            // The ledger is read back below, so its (small) bytes are kept.
+            let ledger = index.layout.replay.ledger_memory == Some(k);
+            let memory = match spool.take() {
+                Some(mut out) if !ledger => {
+                    out.open_frame().map_err(spool_failed)?;
+                    let memory = MemoryImage::with_pages(pages);
+                    let (memory, keep) = self.dump(k, 0, len, memory, Keep::Spool(out))?;
+                    let Keep::Spool(mut out) = keep else {
+                        unreachable!("dump gives back what it was given")
+                    };
+                    out.close_frame().map_err(spool_failed)?;
+                    spool = Some(out);
+                    memory
+                }
+                out => {
+                    let memory = MemoryImage::with_room(pages);
+                    let (memory, _) = self.dump(k, 0, len, memory, Keep::Bytes)?;
+                    if let Some(mut out) = out {
+                        out.frame(&memory.data).map_err(spool_failed)?;
+                        spool = Some(out);
+                    }
+                    memory
+                }
+            };
             image.memories.push(memory);
         }
         for (g, ty) in index.layout.globals.iter().enumerate() {
@@ -237,13 +283,19 @@ impl Access<'_> {
             image.globals.push(value);
         }
         self.check_handles(&image)?;
+        if spool.is_some() {
+            // Spooled images hold no data: the ledger's is in the spool too.
+            for memory in &mut image.memories {
+                memory.data = Vec::new();
+            }
+        }
         image.compute = self
             .store
             .data_mut()
             .compute
             .image()
             .map_err(|e| SnapshotError::Inexact(format!("compute state: {e}")))?;
-        Ok(image)
+        Ok((image, spool))
     }
 
     /// The handles the guest's ledger says it holds: index -> ledger code.
@@ -416,7 +468,7 @@ impl Access<'_> {
     /// written: zeroing a page the fresh instance never touched would fault
     /// it in, which costs far more than reading it.
     fn clear(&mut self, k: usize, from: u64, to: u64) -> Result<(), SnapshotError> {
-        let written = self.dump(k, from, to, MemoryImage::with_pages(0), false)?;
+        let (written, _) = self.dump(k, from, to, MemoryImage::with_pages(0), Keep::Runs)?;
         if written.runs.is_empty() {
             return Ok(());
         }

@@ -26,6 +26,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::image::{GlobalValue, GuestImage, MemoryImage};
+use super::spool::{Spool, SpoolStorage};
 use crate::compute::ComputeImage;
 
 /// First bytes of every snapshot file.
@@ -41,8 +42,6 @@ const MAX_COMPUTE: u64 = 16 << 30;
 const FLAG_KEYED: u32 = 1;
 const FLAG_GUEST: u32 = 2;
 const TRAILER: usize = 32;
-/// zstd level: fast enough to keep snapshots off the critical path.
-const ZSTD_LEVEL: i32 = 1;
 /// Largest header accepted (a header lists memory runs, so it can be long).
 const MAX_HEADER: usize = 256 << 20;
 /// Largest guest `save()` state accepted: a guest's state cannot exceed the
@@ -218,19 +217,80 @@ enum GlobalValueJson {
 /// Encodes a snapshot file's bytes.
 pub fn encode(meta: &SnapshotMeta, payload: &Payload, key: Option<&SnapshotKey>) -> Vec<u8> {
     let mut out = Vec::new();
-    prepare(meta, payload, key)
-        .write_to(&mut out)
-        .expect("writing into a Vec cannot fail");
+    spool_payload(meta, payload, key, Spool::in_memory())
+        .and_then(|parts| parts.write_to(&mut out))
+        .expect("encoding into memory cannot fail");
     out
 }
 
-/// Compresses a snapshot's parts, ready to be laid out.
-fn prepare(meta: &SnapshotMeta, payload: &Payload, key: Option<&SnapshotKey>) -> Encoded {
-    let empty = GuestImage::default();
-    let (image, guest) = match payload {
-        Payload::Memory(image) => (image, None),
-        Payload::Guest(bytes) => (&empty, Some(bytes.as_slice())),
+/// Compresses `payload`'s bytes into `spool` and describes them.
+fn spool_payload<S: SpoolStorage>(
+    meta: &SnapshotMeta,
+    payload: &Payload,
+    key: Option<&SnapshotKey>,
+    mut spool: Spool<S>,
+) -> std::io::Result<Parts<S>> {
+    match payload {
+        Payload::Memory(image) => {
+            // One frame per memory, as a spooled snapshot has them.
+            for memory in &image.memories {
+                spool.frame(&memory.data)?;
+            }
+            memory_parts(meta, image, key, spool)
+        }
+        Payload::Guest(bytes) => {
+            spool.frame(bytes)?;
+            Ok(Parts {
+                version: FORMAT_VERSION_PLAIN,
+                flags: flags(key, FLAG_GUEST),
+                header: header(meta, &GuestImage::default(), bytes.len() as u64),
+                spool,
+                key: key.map(|k| k.0),
+            })
+        }
+    }
+}
+
+/// Describes a host snapshot whose memories' bytes are in `spool` already
+/// (one frame per memory, in order), and adds its compute buffers' frames.
+fn memory_parts<S: SpoolStorage>(
+    meta: &SnapshotMeta,
+    image: &GuestImage,
+    key: Option<&SnapshotKey>,
+    mut spool: Spool<S>,
+) -> std::io::Result<Parts<S>> {
+    if spool.frames() != image.memories.len() {
+        return Err(std::io::Error::other(format!(
+            "the snapshot spool holds {} frame(s) for {} memories",
+            spool.frames(),
+            image.memories.len()
+        )));
+    }
+    for (_, buffer) in &image.compute.buffers {
+        spool.frame(bytemuck::cast_slice::<f32, u8>(buffer))?;
+    }
+    let data_len = image.memories.iter().map(MemoryImage::run_bytes).sum();
+    let version = if image.compute.is_empty() {
+        FORMAT_VERSION_PLAIN
+    } else {
+        FORMAT_VERSION
     };
+    Ok(Parts {
+        version,
+        flags: flags(key, 0),
+        header: header(meta, image, data_len),
+        spool,
+        key: key.map(|k| k.0),
+    })
+}
+
+fn flags(key: Option<&SnapshotKey>, payload: u32) -> u32 {
+    payload | if key.is_some() { FLAG_KEYED } else { 0 }
+}
+
+/// The JSON header: `meta`, the memories' sizes and runs, the globals and
+/// the compute buffers' sizes of `image`, and `data_len`.
+fn header(meta: &SnapshotMeta, image: &GuestImage, data_len: u64) -> Vec<u8> {
     let header = Header {
         meta: meta.clone(),
         memories: image
@@ -251,7 +311,7 @@ fn prepare(meta: &SnapshotMeta, payload: &Payload, key: Option<&SnapshotKey>) ->
                 GlobalValue::F64(v) => GlobalValueJson::F64(v),
             })
             .collect(),
-        data_len: guest.map_or(image.stored_bytes(), |bytes| bytes.len() as u64),
+        data_len,
         compute: (!image.compute.is_empty()).then(|| ComputeHeader {
             next_buffer: image.compute.next_buffer,
             next_pipeline: image.compute.next_pipeline,
@@ -263,58 +323,21 @@ fn prepare(meta: &SnapshotMeta, payload: &Payload, key: Option<&SnapshotKey>) ->
                 .collect(),
         }),
     };
-    let header = serde_json::to_vec(&header).expect("snapshot headers always serialize");
-    let mut compressor = zstd::bulk::Compressor::new(ZSTD_LEVEL).expect("zstd level is valid");
-    // One frame per memory keeps peak memory at one memory's data.
-    let data: Vec<&[u8]> = guest.map_or_else(
-        || {
-            let memories = image.memories.iter().map(|m| m.data.as_slice());
-            let buffers = image
-                .compute
-                .buffers
-                .iter()
-                .map(|(_, b)| bytemuck::cast_slice::<f32, u8>(b));
-            memories.chain(buffers).collect()
-        },
-        |bytes| vec![bytes],
-    );
-    let frames: Vec<Vec<u8>> = data
-        .into_iter()
-        .map(|data| {
-            compressor
-                .compress(data)
-                .expect("compressing into a growable buffer cannot fail")
-        })
-        .collect();
-    let version = if image.compute.is_empty() {
-        FORMAT_VERSION_PLAIN
-    } else {
-        FORMAT_VERSION
-    };
-    let mut flags = if key.is_some() { FLAG_KEYED } else { 0 };
-    if guest.is_some() {
-        flags |= FLAG_GUEST;
-    }
-    Encoded {
-        version,
-        flags,
-        header,
-        frames,
-        key: key.map(|k| k.0),
-    }
+    serde_json::to_vec(&header).expect("snapshot headers always serialize")
 }
 
-/// A snapshot file's parts, compressed, before they are laid out; written
-/// by [`Encoded::write_to`] without ever being copied into one buffer.
-struct Encoded {
+/// A snapshot file's parts before they are laid out: its header, and its
+/// payload's frames in a spool; written by [`Parts::write_to`] without the
+/// frames ever being held in memory together.
+struct Parts<S: SpoolStorage> {
     version: u32,
     flags: u32,
     header: Vec<u8>,
-    frames: Vec<Vec<u8>>,
+    spool: Spool<S>,
     key: Option<[u8; 32]>,
 }
 
-impl Encoded {
+impl<S: SpoolStorage> Parts<S> {
     /// Writes the file's bytes to `out` (the checksum computed on the way)
     /// and returns how many there were.
     fn write_to(self, out: impl Write) -> std::io::Result<u64> {
@@ -327,17 +350,13 @@ impl Encoded {
             hasher,
             written: 0,
         };
-        let payload_len: u64 = self.frames.iter().map(|f| 8 + f.len() as u64).sum();
         out.write_all(MAGIC)?;
         out.write_all(&self.version.to_le_bytes())?;
         out.write_all(&self.flags.to_le_bytes())?;
         out.write_all(&(self.header.len() as u32).to_le_bytes())?;
         out.write_all(&self.header)?;
-        out.write_all(&payload_len.to_le_bytes())?;
-        for frame in self.frames {
-            out.write_all(&(frame.len() as u64).to_le_bytes())?;
-            out.write_all(&frame)?;
-        }
+        out.write_all(&self.spool.laid_out_len().to_le_bytes())?;
+        self.spool.copy_frames_to(&mut out)?;
         let trailer = out.hasher.finalize();
         out.out.write_all(trailer.as_bytes())?;
         out.out.flush()?;
@@ -606,19 +625,37 @@ impl<'a> Cursor<'a> {
     }
 }
 
-/// Writes a snapshot file atomically (temporary file, fsync, rename).
+/// Writes a snapshot file atomically (temporary file, fsync, rename). The
+/// payload's bytes are compressed into a [`Spool`] beside `path` first, so
+/// the host holds no second copy of them.
 pub fn write(
     path: &Path,
     meta: &SnapshotMeta,
     payload: &Payload,
     key: Option<&SnapshotKey>,
 ) -> std::io::Result<u64> {
-    // Streamed into the file: the compressed frames are the only copy of
-    // the snapshot's data the host holds besides the image itself.
-    let encoded = prepare(meta, payload, key);
+    let parts = spool_payload(meta, payload, key, Spool::beside(path)?)?;
+    write_parts(path, parts)
+}
+
+/// Writes the host snapshot `image` atomically, as [`write`] does, when its
+/// memories' bytes are in `spool` already, one frame per memory in order
+/// (the memories' own `data` is not read): how the sandbox snapshots a
+/// live instance without copying its memory.
+pub fn write_spooled(
+    path: &Path,
+    meta: &SnapshotMeta,
+    image: &GuestImage,
+    spool: Spool,
+    key: Option<&SnapshotKey>,
+) -> std::io::Result<u64> {
+    write_parts(path, memory_parts(meta, image, key, spool)?)
+}
+
+fn write_parts<S: SpoolStorage>(path: &Path, parts: Parts<S>) -> std::io::Result<u64> {
     let mut written = 0;
     crate::persist::write_atomic_with(path, |file| {
-        written = encoded.write_to(std::io::BufWriter::new(file))?;
+        written = parts.write_to(std::io::BufWriter::new(file))?;
         Ok(())
     })?;
     Ok(written)
@@ -846,7 +883,7 @@ mod tests {
         header["globals"] = serde_json::json!([]);
         header["data_len"] = serde_json::json!(data_len);
         let header = serde_json::to_vec(&header).unwrap();
-        let frame = zstd::bulk::compress(b"x", ZSTD_LEVEL).unwrap();
+        let frame = zstd::bulk::compress(b"x", 1).unwrap();
         let mut payload = Vec::new();
         for _ in 0..frames {
             payload.extend_from_slice(&(frame.len() as u64).to_le_bytes());
@@ -914,14 +951,14 @@ mod tests {
                 "guest state length differs from the header".into()
             ))
         );
-        let frame = zstd::bulk::compress(b"x", ZSTD_LEVEL).unwrap();
+        let frame = zstd::bulk::compress(b"x", 1).unwrap();
         let data = decompress(&frame, MAX_GUEST_STATE).unwrap();
         assert_eq!(data, b"x");
         assert!(data.capacity() <= frame.len() * ZSTD_MAX_RATIO);
         // The bound leaves room for the most compressible data at the
         // strongest level.
         let zeros = vec![0u8; 16 << 20];
-        for level in [ZSTD_LEVEL, 19] {
+        for level in [1, 19] {
             let frame = zstd::bulk::compress(&zeros, level).unwrap();
             assert_eq!(decompress(&frame, zeros.len()).unwrap(), zeros);
         }

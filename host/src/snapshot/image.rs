@@ -1,7 +1,5 @@
 //! A guest's state as plain data: sparse memories and global values.
 
-use std::sync::{Mutex, PoisonError};
-
 /// Granularity of zero detection: runs of all-zero chunks are not stored.
 /// Smaller than a wasm page (64 KiB) so that a mostly untouched heap with a
 /// few live allocations stays small.
@@ -32,57 +30,6 @@ fn for_nonzero(bytes: &[u8], mut f: impl FnMut(usize, usize)) {
     }
 }
 
-/// Smallest buffer worth keeping for reuse: smaller ones come back resident
-/// from the allocator's own free lists.
-const MIN_SPARE: usize = 1 << 20;
-
-/// The data buffer of the last large image dropped, kept for the next
-/// snapshot. A fresh buffer costs a page fault (and the kernel zeroing the
-/// page) per 4 KiB on first touch, which makes filling it several times
-/// slower than copying into resident memory, and checkpoints drop one image
-/// before taking the next. At most one is kept, so what stays allocated
-/// between snapshots is bounded by the largest recent image.
-static SPARE: Mutex<Vec<u8>> = Mutex::new(Vec::new());
-
-fn spare() -> std::sync::MutexGuard<'static, Vec<u8>> {
-    // The slot holds plain bytes; a panic elsewhere cannot leave it invalid.
-    SPARE.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// An empty buffer with room for `len` bytes: the spare when it fits without
-/// pinning much more than `len`, a fresh allocation otherwise. The flag says
-/// which.
-fn buffer_for(len: usize) -> (Vec<u8>, bool) {
-    let mut slot = spare();
-    let capacity = slot.capacity();
-    if capacity >= len && capacity / 2 <= len {
-        let mut buffer = std::mem::take(&mut *slot);
-        buffer.clear();
-        return (buffer, true);
-    }
-    // A spare too small for this image is freed before the new allocation
-    // rather than after, keeping the peak lower; this image replaces it
-    // once dropped.
-    let stale = if capacity < len {
-        std::mem::take(&mut *slot)
-    } else {
-        Vec::new()
-    };
-    drop(slot);
-    drop(stale);
-    (Vec::with_capacity(len), false)
-}
-
-/// Offers `buffer` for reuse by the next snapshot.
-fn recycle(buffer: Vec<u8>) {
-    if buffer.capacity() < MIN_SPARE {
-        return;
-    }
-    let old = std::mem::replace(&mut *spare(), buffer);
-    // Freed outside the lock: unmapping a large buffer takes a while.
-    drop(old);
-}
-
 /// One linear memory: its size and the non-zero parts of its contents.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct MemoryImage {
@@ -108,13 +55,16 @@ impl MemoryImage {
 
     /// An empty image of a memory of `pages` pages with room for all of its
     /// bytes, so that filling it never copies the data again to grow;
-    /// untouched room costs no RAM. `true` when the room is a reused buffer,
-    /// which [`MemoryImage::fit_reused`] should trim once filled.
-    pub(crate) fn with_room(pages: u32) -> (Self, bool) {
+    /// untouched room costs no RAM.
+    pub(crate) fn with_room(pages: u32) -> Self {
         let mut image = Self::with_pages(pages);
-        let reused;
-        (image.data, reused) = buffer_for(image.byte_len() as usize);
-        (image, reused)
+        image.data = Vec::with_capacity(image.byte_len() as usize);
+        image
+    }
+
+    /// Bytes the runs cover: the length of `data` in a valid image.
+    pub fn run_bytes(&self) -> u64 {
+        self.runs.iter().map(|&(_, len)| len).sum()
     }
 
     /// Size in bytes.
@@ -131,6 +81,26 @@ impl MemoryImage {
         });
     }
 
+    /// Records where `bytes`, at `offset`, is non-zero as runs and writes
+    /// those bytes to `out` instead of storing them: what a snapshot taken
+    /// straight into a file does. Calls must come in ascending, contiguous
+    /// order.
+    pub fn push_contents_to(
+        &mut self,
+        offset: u64,
+        bytes: &[u8],
+        out: &mut impl std::io::Write,
+    ) -> std::io::Result<()> {
+        let mut result = Ok(());
+        for_nonzero(bytes, |start, end| {
+            if result.is_ok() {
+                self.extend_runs(offset + start as u64, (end - start) as u64);
+                result = out.write_all(&bytes[start..end]);
+            }
+        });
+        result
+    }
+
     /// Records where `bytes`, at `offset`, is non-zero as runs but stores no
     /// data: the result says what to clear, and is no valid image.
     pub(crate) fn push_runs(&mut self, offset: u64, bytes: &[u8]) {
@@ -145,15 +115,6 @@ impl MemoryImage {
         match self.runs.last_mut() {
             Some((start, run)) if *start + *run == offset => *run += len,
             _ => self.runs.push((offset, len)),
-        }
-    }
-
-    /// Gives a reused buffer's unneeded room back: a mostly zero memory
-    /// would otherwise keep a spare sized for a dense one alive.
-    pub(crate) fn fit_reused(&mut self) {
-        if self.data.capacity() - self.data.len() > self.data.len().max(MIN_SPARE) {
-            let fitted = self.data.to_vec();
-            recycle(std::mem::replace(&mut self.data, fitted));
         }
     }
 
@@ -245,12 +206,6 @@ impl MemoryImage {
     }
 }
 
-impl Drop for MemoryImage {
-    fn drop(&mut self) {
-        recycle(std::mem::take(&mut self.data));
-    }
-}
-
 /// A mutable global's value, as stored (floats by their bits, so NaN
 /// payloads survive).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -322,6 +277,29 @@ mod tests {
     }
 
     #[test]
+    fn contents_written_out_match_contents_kept() {
+        let mut bytes = vec![0u8; 6 * CHUNK + 100];
+        bytes[CHUNK + 3] = 1;
+        bytes[2 * CHUNK] = 2;
+        bytes[6 * CHUNK + 99] = 3;
+        let mut kept = MemoryImage::with_pages(1);
+        kept.push_contents(0, &bytes[..3 * CHUNK]);
+        kept.push_contents(3 * CHUNK as u64, &bytes[3 * CHUNK..]);
+        let mut written = MemoryImage::with_pages(1);
+        let mut out = Vec::new();
+        written
+            .push_contents_to(0, &bytes[..3 * CHUNK], &mut out)
+            .unwrap();
+        written
+            .push_contents_to(3 * CHUNK as u64, &bytes[3 * CHUNK..], &mut out)
+            .unwrap();
+        assert_eq!(written.runs, kept.runs);
+        assert_eq!(out, kept.data);
+        assert_eq!(written.run_bytes(), kept.data.len() as u64);
+        assert!(written.data.is_empty());
+    }
+
+    #[test]
     fn runs_alone_mark_the_non_zero_chunks() {
         let mut image = MemoryImage::with_pages(1);
         let mut bytes = vec![0u8; 4 * CHUNK + 10];
@@ -333,27 +311,6 @@ mod tests {
             vec![(CHUNK as u64, CHUNK as u64), (4 * CHUNK as u64, 10)]
         );
         assert!(image.data.is_empty());
-    }
-
-    #[test]
-    fn reused_buffers_hold_only_the_new_contents() {
-        let pages = 32;
-        let mut old = MemoryImage::with_pages(pages);
-        old.push_contents(0, &vec![7u8; pages as usize * PAGE as usize]);
-        drop(old);
-        let (mut image, reused) = MemoryImage::with_room(pages);
-        let mut bytes = vec![0u8; pages as usize * PAGE as usize];
-        bytes[3 * CHUNK + 1] = 9;
-        image.push_contents(0, &bytes);
-        if reused {
-            image.fit_reused();
-            assert!(image.data.capacity() < MIN_SPARE);
-        }
-        assert_eq!(image.runs, vec![(3 * CHUNK as u64, CHUNK as u64)]);
-        let mut expected = vec![0u8; CHUNK];
-        expected[1] = 9;
-        assert_eq!(image.data, expected);
-        image.validate().unwrap();
     }
 
     #[test]

@@ -17,6 +17,7 @@ mod component;
 mod format;
 mod image;
 mod module;
+mod spool;
 
 pub use component::{
     ACCESS_EXPORT, Instrumented, Layout, MemoryInfo, PREOPEN_HANDLE, Replay, SINK_IMPORT,
@@ -24,9 +25,10 @@ pub use component::{
 };
 pub use format::{
     FORMAT_VERSION, FormatError, MAGIC, Payload, ReadError, SnapshotKey, SnapshotMeta, decode,
-    encode, read, write,
+    encode, read, write, write_spooled,
 };
 pub use image::{CHUNK, GlobalValue, GuestImage, MemoryImage, PAGE};
+pub use spool::{Spool, SpoolStorage};
 pub use module::{HandleImport, LEDGER_OVERFLOW, LEDGER_SLOTS, ledger};
 
 use std::fmt;
