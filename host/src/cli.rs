@@ -10,7 +10,6 @@ use serde_json::{Value, json};
 
 use crate::compute::ComputeOptions;
 use crate::config::{self, Overrides};
-use crate::exec::{CheckpointMode, WasmBackend};
 use crate::report::terminal::{TerminalWriter, inert};
 use crate::report::{ExperimentFile, Progress, StateFile, TrialFiles, state, summary_text};
 use crate::sandbox::{
@@ -23,6 +22,7 @@ use crate::tune::{
     DecisionState, Listed, RunError, RunSpec, Runner, STOPPED_BY_REQUEST, Scheduler, SchedulerSpec,
     SearchSpec, Searcher, Trial, TrialStatus, control, fit_gpu,
 };
+use crate::wasm_backend::{CheckpointMode, WasmBackend};
 
 /// Tune hyperparameters of WebAssembly trainables, each trial in its own sandbox.
 #[derive(Debug, Parser)]

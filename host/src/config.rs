@@ -13,12 +13,13 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use crate::compute::ComputeOptions;
-use crate::exec::CheckpointMode;
-use crate::sandbox::{CompileIsolation, CompileOptions, Limits, human_bytes};
+use crate::sandbox::{CompileIsolation, CompileOptions, Limits};
 use crate::tune::{
     CheckpointPolicy, ExperimentStop, ExperimentStopper, FailFast, FailurePolicy, Mode, PoolSpec,
     Resources, RunSpec, SchedulerSpec, SearchSpace, SearchSpec, Searcher, StopCriteria,
 };
+use crate::units::{self, human_bytes};
+use crate::wasm_backend::CheckpointMode;
 
 /// Stop criterion applied when none is given, so `wtune run model.wasm`
 /// ends on its own.
@@ -762,92 +763,19 @@ fn descriptors_fit(
     Ok(max_concurrent)
 }
 
-/// `5e9`, `5_000_000_000`, `"5e9"`, or `"unlimited"`.
+/// [`units::fuel`], as a configuration error.
 pub(crate) fn fuel(value: &toml::Value, key: &str) -> Result<Option<u64>, ConfigError> {
-    let err = || {
-        bad(format!(
-            "{key} must be a positive amount of fuel such as 5e9, or \"unlimited\"; got {value}"
-        ))
-    };
-    let number = match value {
-        toml::Value::Integer(i) => *i as f64,
-        toml::Value::Float(f) => *f,
-        toml::Value::String(s) if matches!(s.trim(), "unlimited" | "none") => return Ok(None),
-        toml::Value::String(s) => s
-            .trim()
-            .replace('_', "")
-            .parse::<f64>()
-            .map_err(|_| err())?,
-        _ => return Err(err()),
-    };
-    if (1.0..1.8e19).contains(&number) {
-        Ok(Some(number as u64))
-    } else {
-        Err(err())
-    }
+    units::fuel(value, key).map_err(bad)
 }
 
-/// `268435456`, `"256MiB"`, `"1 GiB"`, `"500MB"`.
+/// [`units::size`], as a configuration error.
 fn size(value: &toml::Value, key: &str) -> Result<u64, ConfigError> {
-    let err = || {
-        bad(format!(
-            "{key} must be a size such as \"256MiB\", \"2GiB\" or a number of bytes; got {value}"
-        ))
-    };
-    let bytes = match value {
-        toml::Value::Integer(i) if *i > 0 => *i as u64,
-        toml::Value::String(s) => parse_size(s).ok_or_else(err)?,
-        _ => return Err(err()),
-    };
-    if bytes == 0 {
-        return Err(err());
-    }
-    Ok(bytes)
+    units::size(value, key).map_err(bad)
 }
 
-pub(crate) fn parse_size(text: &str) -> Option<u64> {
-    let text = text.trim();
-    let split = text
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let number: f64 = number.parse().ok()?;
-    let scale: u64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kb" => 1_000,
-        "kib" => 1 << 10,
-        "m" | "mb" => 1_000_000,
-        "mib" => 1 << 20,
-        "g" | "gb" => 1_000_000_000,
-        "gib" => 1 << 30,
-        _ => return None,
-    };
-    let bytes = number * scale as f64;
-    (1.0..1.8e19).contains(&bytes).then_some(bytes as u64)
-}
-
-/// `30` (seconds), `"30s"`, `"2m"`, `"1h 30m"`, or `"none"`.
+/// [`units::duration`], as a configuration error.
 pub(crate) fn duration(value: &toml::Value, key: &str) -> Result<Option<Duration>, ConfigError> {
-    let err = || {
-        bad(format!(
-            "{key} must be a duration such as \"30s\" or \"5m\", a number of seconds, or \"none\"; got {value}"
-        ))
-    };
-    let d = match value {
-        toml::Value::Integer(i) if *i > 0 => Duration::from_secs(*i as u64),
-        toml::Value::Float(f) if f.is_finite() && *f > 0.0 => Duration::from_secs_f64(*f),
-        toml::Value::String(s) if s.trim() == "none" => return Ok(None),
-        toml::Value::String(s) => match s.trim().parse::<f64>() {
-            Ok(secs) if secs.is_finite() && secs > 0.0 => Duration::from_secs_f64(secs),
-            Ok(_) => return Err(err()),
-            Err(_) => humantime::parse_duration(s.trim()).map_err(|_| err())?,
-        },
-        _ => return Err(err()),
-    };
-    if d.is_zero() {
-        return Err(err());
-    }
-    Ok(Some(d))
+    units::duration(value, key).map_err(bad)
 }
 
 fn data_grant(name: &str, dir: &Path) -> Result<(String, PathBuf), ConfigError> {
@@ -1374,16 +1302,5 @@ mod tests {
             ..Default::default()
         };
         assert!(plan_of_overrides(&overrides).contains("already exists and is not empty"));
-    }
-
-    #[test]
-    fn sizes_parse_with_units() {
-        assert_eq!(parse_size("256MiB"), Some(256 << 20));
-        assert_eq!(parse_size("1 GiB"), Some(1 << 30));
-        assert_eq!(parse_size("500MB"), Some(500_000_000));
-        assert_eq!(parse_size("1.5KiB"), Some(1536));
-        assert_eq!(parse_size("12"), Some(12));
-        assert_eq!(parse_size("12 parsecs"), None);
-        assert_eq!(parse_size(""), None);
     }
 }

@@ -13,13 +13,17 @@
 //!   loop, independent of how trials execute.
 //! - [`compute`]: the native kernels behind the guests' `compute` interface,
 //!   with per-trial buffers, quotas and fuel charges.
-//! - [`exec`]: the backend that runs the runner's trials in the sandbox.
+//! - [`wasm_backend`]: the backend that runs the runner's trials in the
+//!   sandbox (also reachable as `exec`, its earlier name).
 //! - [`report`]: result files, `experiment.json`, progress and summaries.
 //! - [`config`]: the experiment file and command-line overrides.
+//! - [`units`] and [`machine`]: the ground floor every layer may use (sizes,
+//!   fuel and durations as people write them; the GPUs and memory this
+//!   process can use).
 //!
 //! Embedding, in short:
 //! ```no_run
-//! use wtune::{config, exec::WasmBackend, report, sandbox::{Sandbox, SandboxOptions}, tune::{self, Fifo, Runner}};
+//! use wtune::{config, wasm_backend::WasmBackend, report, sandbox::{Sandbox, SandboxOptions}, tune::{self, Fifo, Runner}};
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! let model = std::path::Path::new("model.wasm");
 //! let plan = config::plan(model, Some("experiment.toml".as_ref()), &Default::default())?;
@@ -40,7 +44,7 @@
 pub mod cli;
 pub mod compute;
 pub mod config;
-pub mod exec;
+pub mod machine;
 pub mod persist;
 pub mod process;
 pub mod report;
@@ -48,3 +52,11 @@ pub mod sandbox;
 pub mod serve;
 pub mod snapshot;
 pub mod tune;
+pub mod units;
+pub mod wasm_backend;
+
+/// The wasm trial backend under its earlier name, kept so that code written
+/// against it still builds.
+pub mod exec {
+    pub use crate::wasm_backend::*;
+}

@@ -16,6 +16,10 @@ use super::cpu::{self, Operands};
 use super::error::ComputeError;
 use super::ops::{Axis, Binary, Matmul, Reduce, Unary, f32_bits};
 
+/// Largest single buffer: WebGPU's default `max_buffer_size`, so a model
+/// that fits one backend fits the other.
+pub const MAX_BUFFER_BYTES: u64 = 256 << 20;
+
 /// A kernel whose handles and shapes the session has checked. Element
 /// counts are exact: inputs may be longer, only the first elements count.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

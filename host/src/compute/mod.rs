@@ -32,13 +32,10 @@ use serde::{Deserialize, Serialize};
 pub use error::ComputeError;
 pub use session::{ComputeImage, ComputeSession, MAX_PIPELINES, MAX_WGSL_BYTES};
 
-use crate::sandbox::human_bytes;
+use crate::units::human_bytes;
 use device::CpuDevice;
+pub use device::MAX_BUFFER_BYTES;
 use gpu::{GpuDevice, WorkerPool};
-
-/// Largest single buffer: WebGPU's default `max_buffer_size`, so a model
-/// that fits one backend fits the other.
-pub const MAX_BUFFER_BYTES: u64 = 256 << 20;
 
 /// Which backend an experiment asks for (`compute = "..."`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -156,7 +153,7 @@ impl Compute {
                 )),
             },
             ComputeMode::Auto => {
-                let gpus = crate::tune::machine_gpus();
+                let gpus = crate::machine::machine_gpus();
                 if gpus == 0 {
                     return Ok(Self::cpu(options));
                 }

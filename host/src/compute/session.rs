@@ -11,7 +11,7 @@ use super::error::{ComputeError, invalid};
 use super::gpu;
 use super::ops::{Axis, Binary, Matmul, Reduce, Unary};
 use super::{BackendInfo, Compute};
-use crate::sandbox::human_bytes;
+use crate::units::human_bytes;
 
 /// A trial's buffers as plain data, carried in host snapshots so that a
 /// restored trial finds its device state where it left it.

@@ -1,4 +1,5 @@
-//! Capped capture of a guest's output streams into per-trial log files.
+//! Capped capture of a guest's output streams into per-trial log files, and
+//! the sink that takes a guest's memory while a host snapshot reads it.
 //!
 //! A guest that floods stdout must not fill the disk or slow the host: once a
 //! stream reaches its cap, one truncation marker is written and the rest is
@@ -23,6 +24,8 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::p2::{OutputStream, Pollable, StreamError, StreamResult};
+
+use crate::snapshot::{MemoryImage, Spool};
 
 /// How much of the stream's end is kept in memory for error messages.
 const TAIL_BYTES: usize = 4096;
@@ -199,6 +202,54 @@ impl tokio::io::AsyncWrite for CappedSink {
 
     fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
         Poll::Ready(Ok(()))
+    }
+}
+
+/// Where the accessor's `chunk` calls put a memory's bytes while a host
+/// snapshot reads it: offered in order, from `next` on.
+pub(crate) struct MemorySink {
+    image: MemoryImage,
+    next: u64,
+    keep: Keep,
+}
+
+/// What a [`MemorySink`] keeps of the bytes it is offered.
+pub(crate) enum Keep {
+    /// The non-zero chunks, with their bytes, in the image.
+    Bytes,
+    /// Only where the non-zero chunks are.
+    Runs,
+    /// Where the non-zero chunks are in the image, and their bytes written
+    /// to the spool's open frame.
+    Spool(Spool),
+}
+
+impl MemorySink {
+    /// A sink that adds to `image` what lies at `from` onward.
+    pub(crate) fn new(image: MemoryImage, from: u64, keep: Keep) -> Self {
+        Self {
+            image,
+            next: from,
+            keep,
+        }
+    }
+
+    /// Takes the next `bytes` of the memory. Fails only when a spool
+    /// cannot be written.
+    pub(crate) fn push(&mut self, bytes: &[u8]) -> io::Result<()> {
+        let at = self.next;
+        self.next += bytes.len() as u64;
+        match &mut self.keep {
+            Keep::Bytes => self.image.push_contents(at, bytes),
+            Keep::Runs => self.image.push_runs(at, bytes),
+            Keep::Spool(spool) => return self.image.push_contents_to(at, bytes, spool),
+        }
+        Ok(())
+    }
+
+    /// The image, and the `keep` given (with its spool).
+    pub(crate) fn into_parts(self) -> (MemoryImage, Keep) {
+        (self.image, self.keep)
     }
 }
 

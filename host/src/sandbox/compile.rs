@@ -13,13 +13,12 @@ use std::io::{Read, Write};
 use std::process::{Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::thread;
-use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
 use wasmtime::Engine;
 
-use super::limits::human_bytes;
+use super::engine::{CompileIsolation, CompileOptions};
 use crate::process::{OutputTail, worker_executable};
+use crate::units::human_bytes;
 
 /// The exit status of a compile worker whose input is not a valid
 /// component; its stderr holds wasmtime's message.
@@ -33,54 +32,6 @@ const STDERR_TAIL: usize = 16 << 10;
 /// an unbounded pool would exhaust a modest limit before compiling
 /// anything, and make the limit mean something different on every machine.
 const MAX_COMPILE_THREADS: usize = 8;
-
-/// Where and under which limits components are compiled.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct CompileOptions {
-    /// Whether compilation runs in a separate, limited process.
-    pub isolation: CompileIsolation,
-    /// Wall-clock limit for compiling one component.
-    pub timeout: Duration,
-    /// Address-space limit of the compile process, in bytes.
-    pub memory: u64,
-}
-
-impl Default for CompileOptions {
-    fn default() -> Self {
-        Self {
-            isolation: CompileIsolation::Process,
-            timeout: Duration::from_secs(120),
-            memory: 4 << 30,
-        }
-    }
-}
-
-/// Where components are compiled.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum CompileIsolation {
-    /// In `wtune compile-worker`, under the time and memory limits.
-    #[default]
-    Process,
-    /// In the host process, without limits: only for components that are
-    /// trusted (a compile bomb then stalls or exhausts the host).
-    InProcess,
-}
-
-impl std::str::FromStr for CompileIsolation {
-    type Err = String;
-
-    fn from_str(text: &str) -> Result<Self, String> {
-        match text {
-            "process" => Ok(Self::Process),
-            "in-process" => Ok(Self::InProcess),
-            other => Err(format!(
-                "compile isolation must be \"process\" or \"in-process\"; got {other:?}"
-            )),
-        }
-    }
-}
 
 /// Why a component produced no artifact.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -5,7 +5,7 @@
 use wasmtime::{CallHook, StoreContextMut, Trap};
 
 use super::bindings::wtune::trainable::compute as wit;
-use super::host::TrialHost;
+use super::store_data::TrialHost;
 use crate::compute::cost::Stop;
 use crate::compute::ops::{Axis, Binary, Matmul, Reduce, Unary};
 use crate::compute::{BackendInfo, ComputeError};

@@ -8,14 +8,62 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
 use wasmtime::component::{HasSelf, Linker};
 use wasmtime::{Config, Engine};
 
 use super::bindings;
 use super::cache::ArtifactCache;
-use super::compile::CompileOptions;
-use super::host::TrialHost;
+use super::store_data::TrialHost;
 use crate::compute::{Compute, ComputeOptions};
+
+/// Where and under which limits components are compiled.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CompileOptions {
+    /// Whether compilation runs in a separate, limited process.
+    pub isolation: CompileIsolation,
+    /// Wall-clock limit for compiling one component.
+    pub timeout: Duration,
+    /// Address-space limit of the compile process, in bytes.
+    pub memory: u64,
+}
+
+impl Default for CompileOptions {
+    fn default() -> Self {
+        Self {
+            isolation: CompileIsolation::Process,
+            timeout: Duration::from_secs(120),
+            memory: 4 << 30,
+        }
+    }
+}
+
+/// Where components are compiled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CompileIsolation {
+    /// In `wtune compile-worker`, under the time and memory limits.
+    #[default]
+    Process,
+    /// In the host process, without limits: only for components that are
+    /// trusted (a compile bomb then stalls or exhausts the host).
+    InProcess,
+}
+
+impl std::str::FromStr for CompileIsolation {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        match text {
+            "process" => Ok(Self::Process),
+            "in-process" => Ok(Self::InProcess),
+            other => Err(format!(
+                "compile isolation must be \"process\" or \"in-process\"; got {other:?}"
+            )),
+        }
+    }
+}
 
 /// How often the engine's epoch advances; deadlines are counted in these.
 pub(crate) const EPOCH_TICK: Duration = Duration::from_millis(10);
@@ -99,7 +147,7 @@ impl Sandbox {
         bindings::Trainable::add_to_linker::<TrialHost, HasSelf<TrialHost>>(&mut linker, |host| {
             host
         })?;
-        super::snapshot::add_sink_to_linker(&mut linker)?;
+        super::accessor::add_sink_to_linker(&mut linker)?;
 
         let cache = options
             .cache_dir

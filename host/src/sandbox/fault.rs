@@ -4,6 +4,7 @@ use std::fmt;
 use std::time::Duration;
 
 use super::limits::LimitHit;
+use crate::units::fuel_text;
 
 /// A call the host makes into a trainable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -175,29 +176,9 @@ impl fmt::Display for TrialFault {
 
 impl std::error::Error for TrialFault {}
 
-/// Fuel amounts as people write them in configs: `5e9`, `2.5e10`, `1000`.
-pub fn fuel_text(fuel: u64) -> String {
-    if fuel < 100_000 {
-        return fuel.to_string();
-    }
-    let exponent = (fuel as f64).log10().floor() as i32;
-    let mantissa = fuel as f64 / 10f64.powi(exponent);
-    let mantissa = format!("{mantissa:.2}");
-    let mantissa = mantissa.trim_end_matches('0').trim_end_matches('.');
-    format!("{mantissa}e{exponent}")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn fuel_is_written_the_way_configs_write_it() {
-        assert_eq!(fuel_text(5_000_000_000), "5e9");
-        assert_eq!(fuel_text(25_000_000_000), "2.5e10");
-        assert_eq!(fuel_text(1234), "1234");
-        assert_eq!(fuel_text(123_456_789), "1.23e8");
-    }
 
     #[test]
     fn a_cut_guest_message_says_how_long_it_was() {

@@ -7,12 +7,12 @@ use std::sync::Arc;
 use wasmtime::component::{Instance, ResourceTableError};
 use wasmtime::{Store, Trap};
 
+use super::accessor::{Access, AccessIndex, SnapshotError};
 use super::bindings::{Trainable, TrainablePre};
 use super::engine::EPOCH_TICK;
 use super::fault::{At, Call, TrialFault};
-use super::host::TrialHost;
 use super::limits::{LimitHit, Limits};
-use super::snapshot::{Access, AccessIndex, SnapshotError};
+use super::store_data::TrialHost;
 use super::waits::WaitedPastDeadline;
 use crate::snapshot::{GuestImage, SnapshotRefusal, Spool};
 
@@ -162,7 +162,7 @@ impl TrialInstance {
                     "{} bytes of state; guest checkpoints may hold at most {} \
                      (limits.checkpoint_size)",
                     state.len(),
-                    super::limits::human_bytes(cap)
+                    crate::units::human_bytes(cap)
                 ),
             });
         }
@@ -437,7 +437,7 @@ fn not_a_trap(at: At, limits: &Limits, err: wasmtime::Error) -> TrialFault {
         format!(
             "more than {} in one value, the guest's memory limit (limits.memory); \
              strings and lists count once for every reference to them",
-            super::limits::human_bytes(limits.transfer_bytes())
+            crate::units::human_bytes(limits.transfer_bytes())
         )
     } else {
         cut(text)

@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::units::human_bytes;
+
 /// What one trial may consume. Every field has a safe default; `None` means
 /// unlimited where that is allowed.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -284,39 +286,9 @@ impl wasmtime::ResourceLimiter for TrialLimiter {
     }
 }
 
-/// `268435456` -> `"256 MiB"`, `1536` -> `"1.5 KiB"`: the largest binary unit
-/// that fits, exact when it divides evenly.
-pub fn human_bytes(bytes: u64) -> String {
-    const UNITS: [(&str, u64); 4] = [
-        ("GiB", 1 << 30),
-        ("MiB", 1 << 20),
-        ("KiB", 1 << 10),
-        ("B", 1),
-    ];
-    let (name, size) = UNITS
-        .iter()
-        .copied()
-        .find(|(_, size)| bytes >= *size)
-        .unwrap_or(("B", 1));
-    if bytes.is_multiple_of(size) {
-        format!("{} {name}", bytes / size)
-    } else {
-        format!("{:.1} {name}", bytes as f64 / size as f64)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn human_bytes_prefers_exact_units() {
-        assert_eq!(human_bytes(256 << 20), "256 MiB");
-        assert_eq!(human_bytes(1536), "1.5 KiB");
-        assert_eq!(human_bytes(0), "0 B");
-        assert_eq!(human_bytes(3 << 30), "3 GiB");
-        assert_eq!(human_bytes(7), "7 B");
-    }
 
     #[test]
     fn limit_messages_name_the_limit() {

@@ -10,6 +10,7 @@
 //! Everything a guest can do wrong comes back as a [`TrialFault`] whose
 //! message names the call and the cause; the host is never disturbed.
 
+mod accessor;
 mod bindings;
 mod cache;
 mod capture;
@@ -19,21 +20,21 @@ mod contract;
 mod disk;
 mod engine;
 mod fault;
-mod host;
 mod instance;
 mod limits;
 mod memory;
 mod program;
-mod snapshot;
+mod store_data;
 mod waits;
 mod wit_text;
 
+pub use crate::units::{fuel_text, human_bytes};
+pub use accessor::SnapshotError;
 pub use cache::ArtifactCache;
-pub use compile::{CompileIsolation, CompileOptions, worker_main as compile_worker_main};
+pub use compile::worker_main as compile_worker_main;
 pub use contract::{ComponentDescription, ContractError, WORLD};
-pub use engine::{Sandbox, SandboxOptions};
-pub use fault::{At, Call, TrialFault, fuel_text};
+pub use engine::{CompileIsolation, CompileOptions, Sandbox, SandboxOptions};
+pub use fault::{At, Call, TrialFault};
 pub use instance::{CallStats, GuestReport, TrialInstance, check_train_return};
-pub use limits::{DESCRIPTORS_PER_TRIAL, HOST_DESCRIPTORS, Limits, descriptor_limit, human_bytes};
+pub use limits::{DESCRIPTORS_PER_TRIAL, HOST_DESCRIPTORS, Limits, descriptor_limit};
 pub use program::{LoadError, Program, TrialEnv};
-pub use snapshot::SnapshotError;

@@ -8,6 +8,7 @@ use wasmtime::Store;
 use wasmtime::component::{Component, ResourceTable};
 use wasmtime_wasi::{FsPerms, WasiCtxBuilder};
 
+use super::accessor::{AccessIndex, SnapshotError};
 use super::bindings::TrainablePre;
 use super::capture::CappedSink;
 use super::compile::{self, CompileFailure};
@@ -15,10 +16,9 @@ use super::contract::{self, ComponentDescription, ContractError};
 use super::disk::DiskQuota;
 use super::engine::{EpochTicker, Sandbox};
 use super::fault::{At, Call, TrialFault};
-use super::host::TrialHost;
 use super::instance::TrialInstance;
 use super::limits::{Limits, TrialLimiter};
-use super::snapshot::{AccessIndex, SnapshotError};
+use super::store_data::TrialHost;
 use crate::snapshot::{self, GuestImage, SnapshotRefusal};
 
 /// Why a component file could not be loaded.

@@ -33,8 +33,8 @@ use wasmparser::{
     CanonicalFunction, ComponentExternalKind, ExternalKind, Parser, Payload, ValType,
 };
 
-use super::SnapshotRefusal;
 use super::module::{self, HandleImport, ModuleLayout};
+use super::refusal::SnapshotRefusal;
 
 /// Name of the exported accessor instance.
 pub const ACCESS_EXPORT: &str = "wtune:snapshot/access";

@@ -19,7 +19,7 @@ use std::collections::HashMap;
 use wasm_encoder::reencode::{Reencode, RoundtripReencoder};
 use wasmparser::{ExternalKind, Operator, Parser, Payload, TypeRef, ValType};
 
-use super::SnapshotRefusal;
+use super::refusal::SnapshotRefusal;
 
 /// Export name of a module's `i`-th defined memory.
 pub(crate) fn memory_export(i: usize) -> String {

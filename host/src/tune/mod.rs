@@ -3,52 +3,50 @@
 //! [`TrialBackend`], so the runner can be tested and benchmarked with any
 //! backend, including plain Rust functions ([`FnBackend`]).
 
-pub mod asha;
 mod backend;
 pub mod control;
 mod decisions;
-pub mod hyperband;
-pub mod median;
-mod native;
-pub mod pbt;
+pub mod experiment_stop;
 pub mod replay;
 pub mod resources;
 mod result;
 pub mod resume;
 mod runner;
-mod scheduler;
+mod saved;
+mod schedulers;
 pub mod search;
 pub mod space;
-mod stop;
-pub mod stopper;
 mod trial;
+mod trial_stop;
 
+pub use crate::machine::{detect_gpus, machine_gpus};
 pub use asha::{Asha, AshaConfig, AshaVariant};
+pub use backend::closure::{FnBackend, StatefulStep};
 pub use backend::{
     CheckpointInfo, CheckpointMeta, Step, TrialBackend, TrialFailure, TrialLaunch, TrialSession,
 };
 pub use control::{Command, ControlError, Controller, Reply, Requests};
 pub use decisions::{Deciders, DecisionState, SavedState};
+/// [`experiment_stop`] under its earlier name.
+pub use experiment_stop as stopper;
+pub use experiment_stop::{ExperimentStop, ExperimentStopper, PlateauConfig, Totals};
 pub use hyperband::{HyperBand, HyperBandConfig};
 pub use median::{MedianStopping, MedianStoppingConfig};
-pub use native::{FnBackend, StatefulStep};
 pub use pbt::{PbtConfig, PopulationBasedTraining};
 pub use replay::{CurveSet, replay_backend};
-pub use resources::{
-    Acquire, PoolSpec, ResourcePool, Resources, detect_gpus, fit_gpu, machine_gpus,
-};
+pub use resources::{Acquire, PoolSpec, ResourcePool, Resources, fit_gpu};
 pub use result::{AUTO_FIELDS, Mode};
 pub(crate) use runner::best_trial;
 pub use runner::{
     CHECKPOINT_DIR, Callback, CheckpointPolicy, ExperimentSummary, FailFast, FailurePolicy,
     RunError, RunSpec, Runner, STOPPED_BY_REQUEST, TrialSetup,
 };
-pub use scheduler::{Decision, Fifo, Scheduler, SchedulerSpec};
+pub use schedulers::{Decision, Fifo, Scheduler, SchedulerSpec};
+pub use schedulers::{asha, hyperband, median, pbt};
 pub use search::{
     BasicVariant, ConcurrencyLimiter, GridConfig, Listed, SearchAlgorithm, SearchSpec, Searcher,
     Suggestion, Tpe, TpeConfig,
 };
 pub use space::{SearchSpace, SpaceError};
-pub use stop::{Bound, StopCriteria, Threshold};
-pub use stopper::{ExperimentStop, ExperimentStopper, PlateauConfig, Totals};
 pub use trial::{Checkpoint, Trial, TrialStatus};
+pub use trial_stop::{Bound, StopCriteria, Threshold};

@@ -41,8 +41,8 @@ use std::sync::Arc;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
+use super::backend::closure::FnBackend;
 use super::backend::{Step, TrialFailure};
-use super::native::FnBackend;
 use super::result::{AUTO_FIELDS, Mode};
 
 /// The metric every replayed step adds: the tabulated epoch it reports. It

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 use super::backend::TrialBackend;
 use super::runner::{CHECKPOINT_DIR, CheckpointPolicy, checkpoint_iteration, checkpoint_path};
-use super::scheduler::Scheduler;
+use super::schedulers::Scheduler;
 use super::search::Searcher;
 use super::trial::{Checkpoint, Trial, TrialStatus};
 

@@ -21,13 +21,13 @@ use tokio::task::JoinSet;
 use super::backend::{CheckpointInfo, Step, TrialBackend, TrialFailure, TrialLaunch, TrialSession};
 use super::control::{Command, ControlError, ControlRequest, Reply, Requests};
 use super::decisions::{Deciders, DecisionState};
+use super::experiment_stop::{ExperimentStop, ExperimentStopper, Totals};
 use super::resources::{Acquire, PoolSpec, ResourcePool, Resources};
 use super::result::{self, Mode};
-use super::scheduler::{Decision, Scheduler};
+use super::schedulers::{Decision, Scheduler};
 use super::search::{Listed, Searcher, Suggestion};
-use super::stop::StopCriteria;
-use super::stopper::{ExperimentStop, ExperimentStopper, Totals};
 use super::trial::{Checkpoint, Trial, TrialStatus};
+use super::trial_stop::StopCriteria;
 
 /// When trials are checkpointed and which checkpoints are kept.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

@@ -16,60 +16,11 @@
 //! [`crate::process::worker_executable`]); [`worker_main`] is what it calls
 //! for `gpu-worker`.
 
+mod bounds;
 pub mod client;
 pub mod protocol;
 mod worker;
 
+pub use bounds::{SOFTWARE_LOOP_CAP, check_workgroups, loop_iterations};
 pub use client::{GpuDevice, JOB_TIMEOUT, WorkerPool};
 pub use worker::{LocalGpu, main as worker_main};
-
-use super::ComputeError;
-use super::device::Kernel;
-use super::ops::Axis;
-
-/// Refuses a dispatch of more than `limit` workgroups along any dimension:
-/// the session checks before it charges fuel, the worker again before it
-/// submits.
-pub fn check_workgroups(groups: [u32; 3], limit: u32) -> Result<(), ComputeError> {
-    match groups.iter().find(|&&g| g > limit) {
-        Some(too_many) => Err(ComputeError::Invalid(format!(
-            "a dispatch of {too_many} workgroups along one dimension is more than this GPU \
-             allows ({limit})"
-        ))),
-        None => Ok(()),
-    }
-}
-
-/// Most loop iterations (as [`loop_iterations`] counts them) a built-in
-/// kernel may run per invocation on software Vulkan. llvmpipe (lavapipe)
-/// ends loops after 65,535 iterations without a word, so a longer kernel
-/// returns wrong numbers: a sum over 2^24 ones came back as 131,070, and a
-/// softmax row of 5.6 million left its end unwritten. Exactly how its
-/// count meets ours is not pinned down (a softmax row of 21,839 x 256, at
-/// 65,533 here, still came out wrong; 20,000 x 256, at 60,016, right), so
-/// the budget keeps a margin below 65,535.
-pub const SOFTWARE_LOOP_CAP: u64 = 60_000;
-
-/// Loop iterations one invocation of a built-in kernel runs, as
-/// `kernels.wgsl` writes them: counted across all of its loops, as llvmpipe
-/// counts them; loops with a constant bound (matmul's inner 16) are
-/// unrolled and do not count, and the 8 steps of a workgroup fold do.
-pub fn loop_iterations(kernel: &Kernel) -> u64 {
-    /// Invocations per workgroup of the reductions, and a fold's steps.
-    const LANES: u64 = 256;
-    const FOLD: u64 = 8;
-    match *kernel {
-        Kernel::Matmul { spec, .. } => (spec.k as u64).div_ceil(16),
-        Kernel::Reduce {
-            along, rows, cols, ..
-        } => {
-            let line = match along {
-                Axis::Rows => cols,
-                Axis::Cols => rows,
-            };
-            (line as u64).div_ceil(LANES) + FOLD
-        }
-        Kernel::Softmax { cols, .. } => 3 * (cols as u64).div_ceil(LANES) + 2 * FOLD,
-        _ => 0,
-    }
-}

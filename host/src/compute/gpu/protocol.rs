@@ -19,7 +19,7 @@ use crate::compute::device::{Kernel, PipelineInfo};
 const MAX_HEADER: u32 = 16 << 20;
 
 /// Largest payload: one buffer.
-const MAX_PAYLOAD: u64 = crate::compute::MAX_BUFFER_BYTES;
+const MAX_PAYLOAD: u64 = crate::compute::device::MAX_BUFFER_BYTES;
 
 /// The worker's first frame: the adapter it opened, or why it has none.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -739,7 +739,7 @@ impl LocalGpu {
         let custom = self.pipelines.get(&id).ok_or_else(|| {
             ComputeError::BadHandle(format!("the GPU worker holds no pipeline {id}"))
         })?;
-        super::check_workgroups(groups, self.adapter.max_workgroups)?;
+        super::bounds::check_workgroups(groups, self.adapter.max_workgroups)?;
         let buffers = bindings
             .iter()
             .map(|&b| self.buffer(b))

@@ -10,8 +10,8 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use super::{Searcher, Suggestion};
-use crate::tune::decisions::read_saved;
+use super::searcher::{Searcher, Suggestion};
+use crate::tune::saved::read_saved;
 use crate::tune::space::{Configs, SearchSpace, SpaceError};
 
 /// Random or grid search: configurations drawn lazily, one per suggestion.

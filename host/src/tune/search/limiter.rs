@@ -11,8 +11,8 @@ use std::collections::BTreeSet;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use super::{Searcher, Suggestion};
-use crate::tune::decisions::read_saved;
+use super::searcher::{Searcher, Suggestion};
+use crate::tune::saved::read_saved;
 
 /// Wraps a searcher so that at most `max_concurrent` of the trials it
 /// suggested are not yet complete; beyond that it answers

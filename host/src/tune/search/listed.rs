@@ -2,7 +2,7 @@
 
 use serde_json::{Map, Value};
 
-use super::{Searcher, Suggestion};
+use super::searcher::{Searcher, Suggestion};
 
 /// Hands out the given configurations in order, then finishes. What a
 /// [`RunSpec`](crate::tune::RunSpec)'s `configs` become when no other

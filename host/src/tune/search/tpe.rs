@@ -45,9 +45,9 @@ use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Number, Value};
 
-use super::{Searcher, Suggestion};
-use crate::tune::decisions::read_saved;
+use super::searcher::{Searcher, Suggestion};
 use crate::tune::result::Mode;
+use crate::tune::saved::read_saved;
 use crate::tune::space::{Domain, SearchSpace};
 
 /// TPE's parameters, with the defaults of hyperopt and Optuna (which call

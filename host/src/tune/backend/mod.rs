@@ -4,8 +4,11 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use super::resources::Resources;
 use serde_json::Value;
+
+use crate::tune::resources::Resources;
+
+pub(crate) mod closure;
 
 /// Everything a backend needs to start one trial.
 #[derive(Debug, Clone)]

@@ -42,10 +42,11 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use super::decisions::read_saved;
-use super::result::Mode;
-use super::scheduler::{Decision, Fifo, Scheduler};
-use super::trial::{Trial, TrialStatus};
+use super::fifo::Fifo;
+use super::scheduler::{Decision, Scheduler};
+use crate::tune::result::Mode;
+use crate::tune::saved::read_saved;
+use crate::tune::trial::{Trial, TrialStatus};
 
 /// Which ASHA: early stopping at rungs, or pausing and promoting.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -844,7 +845,7 @@ impl Scheduler for Asha {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tune::scheduler::sim::Sim;
+    use crate::tune::schedulers::sim::Sim;
     use serde_json::json;
 
     fn trial(id: usize) -> Trial {

@@ -43,10 +43,10 @@ use std::collections::BTreeSet;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use super::decisions::read_saved;
-use super::result::Mode;
 use super::scheduler::{Decision, Scheduler};
-use super::trial::{Trial, TrialStatus};
+use crate::tune::result::Mode;
+use crate::tune::saved::read_saved;
+use crate::tune::trial::{Trial, TrialStatus};
 
 /// HyperBand's parameters, with Ray Tune's names and defaults.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -567,7 +567,7 @@ impl Scheduler for HyperBand {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tune::scheduler::sim::Sim;
+    use crate::tune::schedulers::sim::Sim;
     use serde_json::json;
 
     fn hyperband(max_t: f64, eta: f64) -> HyperBand {

@@ -7,7 +7,7 @@ use wasmtime::component::ResourceTable;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use super::bindings::wtune::trainable::{host, types};
-use super::capture::CappedSink;
+use super::capture::{CappedSink, MemorySink};
 use super::limits::TrialLimiter;
 
 /// Longest log line kept; longer ones are cut with a marker.
@@ -23,7 +23,7 @@ pub(crate) struct TrialHost {
     pub(crate) stderr: CappedSink,
     pub(crate) stdout: CappedSink,
     /// Receives memory contents while a host snapshot is taken.
-    pub(crate) sink: Option<super::snapshot::Sink>,
+    pub(crate) sink: Option<MemorySink>,
     /// The trial's host compute buffers and fuel meter.
     pub(crate) compute: crate::compute::ComputeSession,
     /// Bytes of stdout and stderr already charged fuel.

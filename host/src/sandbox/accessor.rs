@@ -14,7 +14,8 @@ use crate::snapshot::{
     handle_accessor, ledger, memory_accessor,
 };
 
-use super::host::TrialHost;
+use super::capture::{Keep, MemorySink};
+use super::store_data::TrialHost;
 
 /// Why a snapshot could not be taken or restored.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -94,24 +95,6 @@ impl AccessIndex {
     }
 }
 
-/// Where `chunk` calls put the bytes while a memory is being dumped.
-pub(crate) struct Sink {
-    image: MemoryImage,
-    next: u64,
-    keep: Keep,
-}
-
-/// What a dump keeps of the bytes it reads.
-pub(crate) enum Keep {
-    /// The non-zero chunks, with their bytes, in the image.
-    Bytes,
-    /// Only where the non-zero chunks are.
-    Runs,
-    /// Where the non-zero chunks are in the image, and their bytes written
-    /// to the spool's open frame.
-    Spool(Spool),
-}
-
 /// Adds the host side of the accessor's `chunk` import to the linker.
 pub(crate) fn add_sink_to_linker(linker: &mut Linker<TrialHost>) -> wasmtime::Result<()> {
     linker.instance(SINK_IMPORT)?.func_wrap(
@@ -120,13 +103,7 @@ pub(crate) fn add_sink_to_linker(linker: &mut Linker<TrialHost>) -> wasmtime::Re
             let Some(mut sink) = store.data_mut().sink.take() else {
                 wasmtime::bail!("`{SINK_IMPORT}` called outside a host snapshot");
             };
-            let bytes = data.as_le_slice(&store);
-            let written = match &mut sink.keep {
-                Keep::Bytes => Ok(sink.image.push_contents(sink.next, bytes)),
-                Keep::Runs => Ok(sink.image.push_runs(sink.next, bytes)),
-                Keep::Spool(spool) => sink.image.push_contents_to(sink.next, bytes, spool),
-            };
-            sink.next += bytes.len() as u64;
+            let written = sink.push(data.as_le_slice(&store));
             store.data_mut().sink = Some(sink);
             written.map_err(|e| wasmtime::format_err!("writing the snapshot: {e}"))
         },
@@ -194,11 +171,7 @@ impl Access<'_> {
     ) -> Result<(MemoryImage, Keep), SnapshotError> {
         let name = memory_accessor("dump", k);
         let dump = self.func::<(u32, u32), ()>(&name)?;
-        self.store.data_mut().sink = Some(Sink {
-            image,
-            next: from,
-            keep,
-        });
+        self.store.data_mut().sink = Some(MemorySink::new(image, from, keep));
         let mut offset = from;
         let result = (|| {
             while offset < to {
@@ -211,7 +184,7 @@ impl Access<'_> {
         let sink = self.store.data_mut().sink.take();
         result?;
         let sink = sink.ok_or_else(|| SnapshotError::Failed("the sink vanished".into()))?;
-        Ok((sink.image, sink.keep))
+        Ok(sink.into_parts())
     }
 
     /// Reads every memory and global into an image.

@@ -12,10 +12,11 @@ use std::collections::{BTreeMap, HashMap};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use super::decisions::read_saved;
-use super::result::Mode;
-use super::scheduler::{Decision, Fifo, Scheduler};
-use super::trial::Trial;
+use super::fifo::Fifo;
+use super::scheduler::{Decision, Scheduler};
+use crate::tune::result::Mode;
+use crate::tune::saved::read_saved;
+use crate::tune::trial::Trial;
 
 /// The rule's parameters, with Ray Tune's names and defaults.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

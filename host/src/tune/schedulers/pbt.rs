@@ -62,11 +62,11 @@ use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Number, Value, json};
 
-use super::decisions::read_saved;
-use super::result::Mode;
 use super::scheduler::{Decision, Scheduler};
-use super::space::{Domain, SearchSpace};
-use super::trial::{Trial, TrialStatus};
+use crate::tune::result::Mode;
+use crate::tune::saved::read_saved;
+use crate::tune::space::{Domain, SearchSpace};
+use crate::tune::trial::{Trial, TrialStatus};
 
 /// How one parameter may change when a trial explores.
 #[derive(Debug, Clone, PartialEq)]
@@ -942,7 +942,7 @@ mod tests {
 
     #[test]
     fn experiments_name_it_pbt() {
-        use crate::tune::scheduler::SchedulerSpec;
+        use crate::tune::SchedulerSpec;
         assert!(SchedulerSpec::NAMES.contains(&"pbt"));
         let spec: SchedulerSpec = serde_json::from_value(json!({
             "type": "pbt",

@@ -29,7 +29,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
 use super::result::Mode;
-use crate::config;
+use crate::units;
 
 /// The `[stop_experiment]` table. Every limit is optional.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -454,15 +454,15 @@ impl Visitor<'_> for Written {
 /// Seconds or a duration string, parsed as `limits.call_timeout` is.
 fn max_time<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<f64>, D::Error> {
     let value = deserializer.deserialize_any(Written)?;
-    config::duration(&value, "stop_experiment.max_time")
+    units::duration(&value, "stop_experiment.max_time")
         .map(|d| d.map(|d| d.as_secs_f64()))
-        .map_err(|e| de::Error::custom(e.0))
+        .map_err(de::Error::custom)
 }
 
 /// An amount of fuel, parsed as `limits.fuel_per_trial` is.
 fn max_fuel<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<u64>, D::Error> {
     let value = deserializer.deserialize_any(Written)?;
-    config::fuel(&value, "stop_experiment.max_fuel").map_err(|e| de::Error::custom(e.0))
+    units::fuel(&value, "stop_experiment.max_fuel").map_err(de::Error::custom)
 }
 
 #[cfg(test)]
