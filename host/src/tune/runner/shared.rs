@@ -1,0 +1,262 @@
+//! The trial-thread side of the runner: the state the loop and the trial
+//! threads share behind one lock, and the blocking tasks that train, save
+//! and stop sessions.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Mutex, MutexGuard};
+use tokio::task::JoinSet;
+
+use super::Runner;
+use super::event::Event;
+use crate::tune::backend::{Step, TrialBackend, TrialSession};
+use crate::tune::schedulers::Decision;
+use crate::tune::trial::Trial;
+
+/// What the loop and the trial threads share, behind one lock: the runner,
+/// its trials and the run's state. Trial threads settle their own results
+/// under it (see [`train`]), so that a result which changes nothing but the
+/// files costs no handoff to the loop's thread and back: two cross-thread
+/// wakes per result were most of the host's cost per result.
+pub(super) struct Shared<B: TrialBackend> {
+    pub(super) runner: Runner<B>,
+    pub(super) trials: Vec<Trial>,
+    /// Trials holding a slot: launching, training, saving or stopping.
+    pub(super) live: usize,
+    /// Why the run is ending early (an interrupt, a request, `fail_fast`):
+    /// no new trials, and running ones are checkpointed and paused.
+    pub(super) halted: Option<String>,
+    /// Why the experiment-level stopper ended the experiment.
+    pub(super) stopped: Option<String>,
+    pub(super) started: Instant,
+    /// `Runner::run` returned (an error, say, with trials still running):
+    /// their threads drop their sessions at the next result instead of
+    /// training on for nobody.
+    pub(super) closed: bool,
+}
+
+impl<B: TrialBackend> Shared<B> {
+    /// Books a step on its trial, records its result and decides what
+    /// follows (stopping criteria, the scheduler, the experiment stopper, a
+    /// resize). `Err` is a reason to fail the trial.
+    pub(super) fn settle(
+        &mut self,
+        index: usize,
+        step: &Step,
+        elapsed: Duration,
+        fuel_total: u64,
+    ) -> Result<Decision, String> {
+        let Shared {
+            runner,
+            trials,
+            stopped,
+            started,
+            ..
+        } = self;
+        let trial = &mut trials[index];
+        let secs = elapsed.as_secs_f64();
+        trial.iterations += 1;
+        trial.iterations_since_restore += 1;
+        trial.time_total_s += secs;
+        trial.time_since_restore += secs;
+        trial.fuel_since_restore += fuel_total.saturating_sub(trial.fuel_total);
+        runner.burn(trial, fuel_total);
+        let decision = runner.record(trials, index, step, elapsed)?;
+        Ok(runner.after_result(trials, index, decision, *started, stopped))
+    }
+
+    /// Whether a trial just launched starts training on its launching
+    /// thread, as the loop would have had it (`Event::Launched`): unless the
+    /// run is halting, stopped or over, when the loop releases it, or the
+    /// trial was restored at its last result, when the loop ends it.
+    pub(super) fn trains_here(&mut self, index: usize, session: &B::Session) -> bool {
+        if self.closed || self.halted.is_some() || self.stopped.is_some() {
+            return false;
+        }
+        book_launch(&mut self.trials[index], session);
+        self.runner
+            .restored_past_stop(&self.trials[index])
+            .is_none()
+    }
+
+    /// Whether the trial whose result was just settled ends here, on its
+    /// own thread, as the loop would have ended it (`Runner::after_step`):
+    /// it stops with no checkpoint due. Ends it if so; the caller then
+    /// stops its session and hands the loop only the freed slot.
+    pub(super) fn ends_here(&mut self, index: usize, decision: &Result<Decision, String>) -> bool {
+        let Shared { runner, trials, .. } = self;
+        if !matches!(decision, Ok(Decision::Stop))
+            || runner.checkpoint_due(&trials[index], &Decision::Stop)
+        {
+            return false;
+        }
+        runner.end(trials, index);
+        true
+    }
+
+    /// Whether the trial whose result was just settled trains on at once,
+    /// on its own thread: it continues, needs no checkpoint, and the loop
+    /// has nothing to do that this result could have started (a free slot
+    /// to fill, freed resources, a stopped experiment, a halt). Does the
+    /// chores the loop would have done before its next wait, but for the
+    /// experiment stopper's time and fuel check: `settle` has just run it
+    /// on this result (`after_result`).
+    pub(super) fn continues_here(
+        &mut self,
+        index: usize,
+        decision: &Result<Decision, String>,
+    ) -> bool {
+        let Shared {
+            runner,
+            trials,
+            live,
+            halted,
+            stopped,
+            ..
+        } = self;
+        if !matches!(decision, Ok(Decision::Continue))
+            || halted.is_some()
+            || stopped.is_some()
+            || runner.pool_changed
+            || runner.checkpoint_due(&trials[index], &Decision::Continue)
+        {
+            return false;
+        }
+        runner.take_stops(trials);
+        runner.persist(trials);
+        // With a slot free and nobody waiting for resources, the scheduler
+        // or the searcher may have a trial to start after this result.
+        *live >= runner.spec.max_concurrent.max(1) || !runner.waiting.is_empty()
+    }
+
+    /// Marks the checkpoint that the loop will write for a handed-off
+    /// decision as in flight now, under the lock the decision was made in.
+    /// Until the loop gets to it, a PBT exploit of this trial (decided on
+    /// another thread, by a scheduler that has seen this result) must wait
+    /// for that checkpoint, as it would have had the loop decided both (see
+    /// `Runner::exploit`), rather than clone an older one or none.
+    pub(super) fn mark_saving(&mut self, index: usize, decision: &Result<Decision, String>) {
+        let Ok(decision) = decision else {
+            return;
+        };
+        // As the loop carries decisions out (`Event::Settled`).
+        let decision = match decision {
+            Decision::Stop => decision,
+            _ if self.halted.is_some() => &Decision::Pause,
+            Decision::Exploit { .. } => return,
+            _ => decision,
+        };
+        if self.runner.checkpoint_due(&self.trials[index], decision) {
+            self.runner.saving.insert(index);
+        }
+    }
+}
+
+/// Locks the runner's state.
+///
+/// `parking_lot`'s lock, not the standard one: trial threads that do
+/// little work between results take it back to back, and the standard
+/// lock's short spin sent them to sleep on the futex and into convoys
+/// (sandboxed results/s 112–138k against 163–214k, `wtune-bench
+/// throughput`). It has no poisoning: a panic under the lock is a bug in
+/// wtune that the loop reports as such (the task's `JoinError`), and the
+/// state is still the best record of the trials, so it is saved.
+pub(super) fn lock<B: TrialBackend>(shared: &Mutex<Shared<B>>) -> MutexGuard<'_, Shared<B>> {
+    shared.lock()
+}
+
+/// The loop's blocking tasks, and the state their trial threads settle
+/// results in.
+pub(super) struct Tasks<B: TrialBackend> {
+    pub(super) set: JoinSet<(usize, Event<B::Session>)>,
+    pub(super) shared: Arc<Mutex<Shared<B>>>,
+}
+
+/// However `Runner::run` returns, trial threads still training stop at
+/// their next result (see `Shared::closed`).
+impl<B: TrialBackend> Drop for Tasks<B> {
+    fn drop(&mut self) {
+        lock(&self.shared).closed = true;
+    }
+}
+
+impl<B: TrialBackend> Tasks<B> {
+    /// Trains `session` on a blocking thread until a result needs the loop
+    /// (see [`train`]).
+    pub(super) fn train(&mut self, index: usize, session: B::Session) {
+        let shared = self.shared.clone();
+        self.set
+            .spawn_blocking(move || train(&shared, index, session));
+    }
+
+    /// Stops `session` on a blocking thread: for good, or `pausing`.
+    pub(super) fn stop(&mut self, index: usize, session: B::Session, pausing: bool) {
+        self.set
+            .spawn_blocking(move || (index, stop(session, pausing)));
+    }
+}
+
+/// Calls `train()` and settles each result on this thread, under the lock,
+/// for as long as the trial simply continues
+/// ([`Shared::continues_here`]). A trial that stops with no checkpoint due
+/// is ended and its session stopped here too ([`Shared::ends_here`]), so
+/// the loop only frees its slot; a failure, or any other result whose
+/// decision needs the loop, goes to the loop as an event.
+pub(super) fn train<B: TrialBackend>(
+    shared: &Mutex<Shared<B>>,
+    index: usize,
+    mut session: B::Session,
+) -> (usize, Event<B::Session>) {
+    loop {
+        let begun = Instant::now();
+        let step = session.train();
+        let elapsed = begun.elapsed();
+        let fuel_total = session.fuel_total();
+        let step = match step {
+            Ok(step) => step,
+            Err(failure) => {
+                let failed = Event::Failed {
+                    session,
+                    failure,
+                    fuel_total,
+                };
+                return (index, failed);
+            }
+        };
+        let mut shared = lock(shared);
+        if shared.closed {
+            // Nobody reads this: the loop is gone.
+            let decision = Err("the run has ended".to_string());
+            return (index, Event::Settled { session, decision });
+        }
+        let decision = shared.settle(index, &step, elapsed, fuel_total);
+        if shared.continues_here(index, &decision) {
+            continue;
+        }
+        if shared.ends_here(index, &decision) {
+            drop(shared);
+            return (index, stop(session, false));
+        }
+        shared.mark_saving(index, &decision);
+        return (index, Event::Settled { session, decision });
+    }
+}
+
+/// Books a launched session on its trial: where it starts (a restored
+/// checkpoint's iteration, time and fuel), with nothing yet since.
+pub(super) fn book_launch<S: TrialSession>(trial: &mut Trial, session: &S) {
+    trial.fuel_total = session.fuel_total();
+    trial.iterations = session.iteration();
+    trial.time_total_s = session.time_restored_s();
+    trial.iterations_since_restore = 0;
+    trial.time_since_restore = 0.0;
+    trial.fuel_since_restore = 0;
+}
+
+pub(super) fn stop<S: TrialSession>(session: S, pausing: bool) -> Event<S> {
+    Event::Stopped {
+        pausing,
+        cleanup: session.stop().err(),
+    }
+}
