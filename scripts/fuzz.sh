@@ -14,7 +14,7 @@ seconds="${1:-600}"
 shift || true
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
-  targets=(config snapshot state guest_values)
+  targets=(config snapshot state guest_values resume)
 fi
 
 if ! rustup run nightly rustc --version >/dev/null 2>&1; then

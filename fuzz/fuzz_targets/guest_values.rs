@@ -24,9 +24,10 @@
 
 #![no_main]
 
+mod common;
+
 use std::collections::HashSet;
-use std::path::Path;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
@@ -106,15 +107,6 @@ struct Input {
     calls: Vec<Returned>,
 }
 
-fn runtime() -> &'static tokio::runtime::Runtime {
-    static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
-    RUNTIME.get_or_init(|| {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("a tokio runtime")
-    })
-}
 
 fuzz_target!(|input: Input| {
     let steps: Vec<Result<Step, String>> = input
@@ -224,13 +216,7 @@ fn run(input: &Input, steps: Vec<Result<Step, String>>) {
         })
     });
 
-    let root = Path::new("/dev/shm");
-    let dir = if root.is_dir() {
-        tempfile::tempdir_in(root)
-    } else {
-        tempfile::tempdir()
-    }
-    .expect("a temporary directory");
+    let dir = common::scratch();
     let mode = if input.minimize { Mode::Min } else { Mode::Max };
     let mut stop = Map::new();
     stop.insert("training_iteration".into(), json!(iterations));
@@ -284,7 +270,7 @@ fn run(input: &Input, steps: Vec<Result<Step, String>>) {
     if input.files {
         runner = runner.callback(TrialFiles::new());
     }
-    let summary = match runtime().block_on(runner.run()) {
+    let summary = match common::runtime().block_on(runner.run()) {
         Ok(summary) => summary,
         Err(RunError::Internal(e)) => panic!("the runner failed: {e}"),
         Err(_) => return,
