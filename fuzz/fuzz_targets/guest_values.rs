@@ -107,7 +107,6 @@ struct Input {
     calls: Vec<Returned>,
 }
 
-
 fuzz_target!(|input: Input| {
     let steps: Vec<Result<Step, String>> = input
         .calls

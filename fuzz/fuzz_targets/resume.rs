@@ -200,7 +200,6 @@ fn leave(out: &Path, trial: usize, trials: usize, left: &Left) {
     }
 }
 
-
 fuzz_target!(|input: Input| {
     let trials = 1 + usize::from(input.trials % 3);
     let iterations = 1 + u64::from(input.iterations % 10);
@@ -213,11 +212,8 @@ fuzz_target!(|input: Input| {
     let backend = FnBackend::new(|config: &Value| {
         let trial = config["trial"].as_u64().unwrap_or(0);
         Ok(move |iteration: u64| {
-            let metrics: Map<String, Value> = [(METRIC.to_string(), json!(loss(trial, iteration)))]
-                .into_iter()
-                .collect();
             Ok(Step {
-                metrics,
+                metrics: vec![(METRIC.to_string(), loss(trial, iteration))],
                 done: false,
                 fuel: 1,
             })
