@@ -1,0 +1,134 @@
+//! What decides: the scheduler, the search (over the parameter space) and
+//! each trial's stopping criteria.
+
+use serde_json::{Map, Value};
+
+use super::error::{ConfigError, bad};
+use super::file::{ExperimentToml, by_name, one_line, to_json};
+use super::overrides::Overrides;
+use crate::tune::{Mode, SchedulerSpec, SearchSpace, SearchSpec, StopCriteria};
+
+/// Stop criterion applied when none is given, so `wtune run model.wasm`
+/// ends on its own.
+pub const DEFAULT_ITERATIONS: u64 = 10;
+
+/// The scheduler `--scheduler` or the file names (FIFO by default).
+pub(super) fn scheduler_spec(
+    file: &ExperimentToml,
+    overrides: &Overrides,
+) -> Result<SchedulerSpec, ConfigError> {
+    scheduler(by_name(&overrides.scheduler, &file.scheduler, "fifo").as_ref())
+}
+
+/// `scheduler = "asha"` or `[scheduler]` with `type = "asha"` and parameters.
+fn scheduler(value: Option<&toml::Value>) -> Result<SchedulerSpec, ConfigError> {
+    let table = match value {
+        None => return Ok(SchedulerSpec::Fifo),
+        Some(toml::Value::String(name)) => {
+            let mut table = toml::Table::new();
+            table.insert("type".into(), toml::Value::String(name.clone()));
+            table
+        }
+        Some(toml::Value::Table(table)) => table.clone(),
+        Some(other) => {
+            return Err(bad(format!(
+                "scheduler must be a name such as \"asha\" or a [scheduler] table; got {other}"
+            )));
+        }
+    };
+    let name = match table.get("type") {
+        Some(toml::Value::String(name)) => name.clone(),
+        _ => return Err(bad("[scheduler] needs `type`, e.g. type = \"asha\"")),
+    };
+    if !SchedulerSpec::NAMES.contains(&name.as_str()) {
+        return Err(bad(format!(
+            "scheduler {name:?} is not known; available: {}",
+            SchedulerSpec::NAMES.map(|n| format!("{n:?}")).join(", ")
+        )));
+    }
+    serde_json::from_value(to_json(&table))
+        .map_err(|e| bad(format!("scheduler: {}", one_line(&e.to_string()))))
+}
+
+/// The search over the parameter space, checked by building it once.
+pub(super) struct SearchPlan {
+    /// `param_space` as JSON (`{}` when absent).
+    pub(super) param_space: Value,
+    /// How many trials the space and `num_samples` make.
+    pub(super) trial_count: u64,
+    /// The search algorithm and its parameters.
+    pub(super) search: SearchSpec,
+}
+
+/// `[param_space]` and the search (`--search` or the file's; random by
+/// default), built once here so that their parameters are checked before
+/// anything runs.
+pub(super) fn search_plan(
+    file: &ExperimentToml,
+    overrides: &Overrides,
+    num_samples: u64,
+    metric: Option<&str>,
+    mode: Mode,
+    seed: u64,
+) -> Result<SearchPlan, ConfigError> {
+    let param_space = file
+        .param_space
+        .as_ref()
+        .map_or_else(|| Value::Object(Map::new()), to_json);
+    let space = SearchSpace::from_json(&param_space).map_err(|e| bad(e.to_string()))?;
+    let trial_count = space
+        .trial_count(num_samples)
+        .map_err(|e| bad(e.to_string()))?;
+    // A [search] table without `type` is random search.
+    let search = match &by_name(&overrides.search, &file.search, "random") {
+        None => SearchSpec::default(),
+        Some(value) => SearchSpec::from_json(&serde_json::to_value(value).unwrap_or(Value::Null))
+            .map_err(bad)?,
+    };
+    search
+        .build(&space, num_samples, metric, mode, seed)
+        .map_err(bad)?;
+    Ok(SearchPlan {
+        param_space,
+        trial_count,
+        search,
+    })
+}
+
+/// `[stop]` with the `--stop KEY=VALUE` flags over it; with neither, and a
+/// scheduler that does not end trials itself, [`DEFAULT_ITERATIONS`] (and
+/// a note saying so).
+pub(super) fn stop_criteria(
+    file: &ExperimentToml,
+    overrides: &Overrides,
+    scheduler: &SchedulerSpec,
+    notes: &mut Vec<String>,
+) -> Result<StopCriteria, ConfigError> {
+    let mut stop_table = file
+        .stop
+        .as_ref()
+        .map(to_json)
+        .and_then(|v| v.as_object().cloned())
+        .unwrap_or_default();
+    for item in &overrides.stop {
+        let (key, value) = item.split_once('=').ok_or_else(|| {
+            bad(format!(
+                "--stop {item:?}: expected KEY=VALUE, e.g. --stop training_iteration=20"
+            ))
+        })?;
+        let value: Value = value
+            .trim()
+            .parse::<f64>()
+            .map(Value::from)
+            .map_err(|_| bad(format!("--stop {item:?}: {value:?} is not a number")))?;
+        stop_table.insert(key.trim().to_string(), value);
+    }
+    let mut stop = StopCriteria::from_json(&stop_table).map_err(bad)?;
+    if stop == StopCriteria::default() && !scheduler.ends_trials() {
+        stop.training_iteration = Some(DEFAULT_ITERATIONS);
+        notes.push(format!(
+            "no stopping criteria given; each trial stops after {DEFAULT_ITERATIONS} iterations"
+        ));
+    }
+    Ok(stop)
+}

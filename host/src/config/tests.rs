@@ -1,0 +1,446 @@
+//! The plan's checks, through [`plan`] as users reach them.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::*;
+use crate::compute::ComputeOptions;
+use crate::tune::{
+    CheckpointPolicy, FailFast, FailurePolicy, Mode, SchedulerSpec, SearchSpec, StopCriteria,
+};
+use crate::wasm_backend::CheckpointMode;
+
+fn write(dir: &Path, text: &str) -> PathBuf {
+    let path = dir.join("experiment.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn plan_of(text: &str) -> Result<Plan, ConfigError> {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("data")).unwrap();
+    let path = write(dir.path(), text);
+    let overrides = Overrides {
+        output_dir: Some(dir.path().join("out")),
+        ..Default::default()
+    };
+    plan(Path::new("model.wasm"), Some(&path), &overrides)
+}
+
+#[test]
+fn compute_backend_and_quotas_are_read_and_checked() {
+    let plan = plan_of("").unwrap();
+    assert_eq!(plan.compute, ComputeOptions::default());
+    let plan = plan_of(
+        r#"
+        compute = "cpu"
+        [limits]
+        compute_memory = "8GiB"
+        "#,
+    )
+    .unwrap();
+    assert_eq!(plan.compute.mode, crate::compute::ComputeMode::Cpu);
+    assert_eq!(plan.compute.trial_quota, 8 << 30);
+    assert_eq!(
+        plan.compute.total_quota,
+        8 << 30,
+        "the total grows to one trial's"
+    );
+
+    let err = plan_of("compute = \"tpu\"").unwrap_err().to_string();
+    assert!(err.contains("compute = \"tpu\" is not a backend"), "{err}");
+    let gpu = plan_of("compute = \"gpu\"").unwrap();
+    assert_eq!(gpu.compute.mode, crate::compute::ComputeMode::Gpu);
+    let err = plan_of("[limits]\ncompute_memory = \"2GiB\"\ncompute_memory_total = \"1GiB\"")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("is more than limits.compute_memory_total"),
+        "{err}"
+    );
+    let err = plan_of("[limits]\ncompute_memory = \"lots\"")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("limits.compute_memory must be a size"),
+        "{err}"
+    );
+}
+
+#[test]
+fn full_file_is_read() {
+    let plan = plan_of(
+        r#"
+        name = "x"
+        metric = "acc"
+        mode = "max"
+        num_samples = 3
+        seed = 1
+        max_concurrent_trials = 2
+        [stop]
+        training_iteration = 4
+        [limits]
+        fuel_per_call = 5e9
+        fuel_per_trial = "1e11"
+        memory = "128MiB"
+        call_timeout = "30s"
+        [data]
+        d = "data"
+        [param_space]
+        lr = { grid_search = [0.1, 0.2] }
+        "#,
+    )
+    .unwrap();
+    assert_eq!(plan.searcher().unwrap().total(), Some(6));
+    assert_eq!(plan.spec.max_concurrent, 2);
+    assert_eq!(plan.limits.fuel_per_call, Some(5_000_000_000));
+    assert_eq!(plan.limits.fuel_per_trial, Some(100_000_000_000));
+    assert_eq!(plan.limits.memory_bytes, 128 << 20);
+    assert_eq!(plan.limits.call_timeout, Some(Duration::from_secs(30)));
+    assert_eq!(plan.data[0].0, "d");
+    assert!(plan.data[0].1.is_absolute());
+    assert!(plan.notes.is_empty());
+    assert_eq!(plan.spec.checkpoint, CheckpointPolicy::default());
+    assert_eq!(plan.spec.failure, FailurePolicy::default());
+}
+
+#[test]
+fn checkpoint_and_failure_keys_are_read() {
+    let plan = plan_of(
+        r#"
+        seed = 1
+        checkpoint = "guest"
+        checkpoint_freq = 5
+        checkpoint_at_end = true
+        keep_checkpoints_num = 2
+        checkpoint_score_attr = "min-loss"
+        max_failures = -1
+        fail_fast = "raise"
+        "#,
+    )
+    .unwrap();
+    assert_eq!(plan.checkpoint_mode, Some(CheckpointMode::Guest));
+    assert_eq!(
+        plan.spec.checkpoint,
+        CheckpointPolicy {
+            freq: 5,
+            at_end: true,
+            keep_num: Some(2),
+            score_attr: Some("min-loss".into()),
+        }
+    );
+    assert_eq!(plan.spec.failure.max_failures, None);
+    assert_eq!(plan.spec.failure.fail_fast, FailFast::Raise);
+    let stop = plan_of("seed = 1\nfail_fast = true\nmax_failures = 3").unwrap();
+    assert_eq!(stop.spec.failure.fail_fast, FailFast::Stop);
+    assert_eq!(stop.spec.failure.max_failures, Some(3));
+}
+
+#[test]
+fn search_resources_and_experiment_stoppers_are_read_and_checked() {
+    let plan = plan_of(
+        r#"
+        seed = 1
+        metric = "a"
+        num_samples = 20
+        search = { type = "tpe", n_initial_points = 5, max_concurrent = 2 }
+        scheduler = { type = "hyperband", max_t = 27 }
+        resources_per_trial = { cpu = 0.5, gpu = 0.25, memory = "64MiB" }
+        resources = { cpu = 2, gpu = 1 }
+        stop_experiment = { max_trials = 10, max_time = "5m", max_fuel = 1e12 }
+        [param_space]
+        lr = { loguniform = [1e-4, 1e-1] }
+        "#,
+    )
+    .unwrap();
+    assert_eq!(plan.searcher().unwrap().name(), "tpe");
+    assert_eq!(plan.searcher().unwrap().total(), Some(20));
+    assert!(matches!(plan.scheduler, SchedulerSpec::HyperBand(_)));
+    assert_eq!(plan.spec.resources_per_trial.gpu, 0.25);
+    assert_eq!(plan.spec.resources_per_trial.memory, 64 << 20);
+    assert_eq!(plan.spec.resources.gpu, Some(1.0));
+    let stop = &plan.spec.stop_experiment;
+    assert_eq!(
+        (stop.max_trials, stop.max_time, stop.max_fuel),
+        (Some(10), Some(300.0), Some(1_000_000_000_000))
+    );
+
+    let err = |text: &str| {
+        plan_of(&format!("seed = 1\nmetric = \"a\"\n{text}"))
+            .unwrap_err()
+            .to_string()
+    };
+    let message = err("search = \"bayes\"");
+    assert!(
+        message.contains("random") && message.contains("tpe"),
+        "{message}"
+    );
+    let message = err("search = { type = \"tpe\", gama = 0.3 }");
+    assert!(message.contains("unknown key `gama`"), "{message}");
+    let message = err("search = \"grid\"\n[param_space]\nlr = { uniform = [0, 1] }");
+    assert!(message.contains("param_space.lr"), "{message}");
+    let message = err("resources_per_trial = { gpus = 1 }");
+    assert!(
+        message.contains("[resources_per_trial]") && message.contains("gpus"),
+        "{message}"
+    );
+    let message = err("resources_per_trial = { gpu = 2 }\nresources = { gpu = 1 }");
+    assert!(
+        message.contains("asks for 2 GPUs but the experiment has 1"),
+        "{message}"
+    );
+    let message = err("stop_experiment = { max_trials = 0 }");
+    assert!(message.contains("stop_experiment.max_trials"), "{message}");
+    let message = err("stop_experiment = { max_trails = 3 }");
+    assert!(
+        message.contains("[stop_experiment]") && message.contains("max_trails"),
+        "{message}"
+    );
+}
+
+#[test]
+fn scheduler_and_search_flags_override_the_file_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(
+        dir.path(),
+        "seed = 1\nmetric = \"a\"\n[scheduler]\ntype = \"asha\"\nmax_t = 27\n\
+         [search]\ntype = \"tpe\"\nn_initial_points = 3",
+    );
+    let with = |scheduler: &str, search: &str| {
+        let overrides = Overrides {
+            output_dir: Some(dir.path().join("out")),
+            scheduler: Some(scheduler.into()),
+            search: Some(search.into()),
+            ..Default::default()
+        };
+        plan(Path::new("m.wasm"), Some(&path), &overrides)
+    };
+    // Same names: the file's parameters apply.
+    let plan = with("asha", "tpe").unwrap();
+    let SchedulerSpec::Asha(asha) = &plan.scheduler else {
+        panic!("asha expected")
+    };
+    assert_eq!(asha.max_t, 27.0);
+    assert_eq!(
+        plan.search,
+        SearchSpec::from_json(&serde_json::json!({"type": "tpe", "n_initial_points": 3})).unwrap()
+    );
+    // Other names: their defaults.
+    let plan = with("hyperband", "random").unwrap();
+    assert!(matches!(plan.scheduler, SchedulerSpec::HyperBand(_)));
+    assert_eq!(plan.search, SearchSpec::default());
+    let message = with("bohb", "random").unwrap_err().to_string();
+    assert!(
+        message.contains("bohb") && message.contains("hyperband"),
+        "{message}"
+    );
+}
+
+#[test]
+fn pbt_notes_a_population_that_cannot_train_side_by_side() {
+    let text = |concurrent: u32| {
+        format!(
+            "seed = 1\nmetric = \"a\"\nnum_samples = 8\nmax_concurrent_trials = {concurrent}\n\
+             resources = {{ cpu = 8 }}\n[scheduler]\ntype = \"pbt\"\n\
+             hyperparam_mutations = {{ lr = [0.1, 0.2] }}\n[param_space]\nlr = 0.1"
+        )
+    };
+    let plan = plan_of(&text(2)).unwrap();
+    assert!(
+        plan.notes
+            .iter()
+            .any(|n| n.starts_with("pbt: only 2 of the 8 trials")),
+        "{:?}",
+        plan.notes
+    );
+    let plan = plan_of(&text(8)).unwrap();
+    assert!(
+        !plan.notes.iter().any(|n| n.starts_with("pbt:")),
+        "{:?}",
+        plan.notes
+    );
+}
+
+#[test]
+fn schedulers_by_name_or_table() {
+    let plan = plan_of("seed = 1\nmetric = \"a\"\nscheduler = \"asha\"").unwrap();
+    assert_eq!(plan.scheduler, SchedulerSpec::Asha(Default::default()));
+    assert_eq!(
+        plan.spec.stop,
+        StopCriteria::default(),
+        "max_t bounds trials, not the default stop"
+    );
+    let plan = plan_of(
+        "seed = 1\nmetric = \"a\"\n[scheduler]\ntype = \"asha\"\nmax_t = 27\n\
+         reduction_factor = 3\ntime_attr = \"fuel_total\"\nbrackets = 2",
+    )
+    .unwrap();
+    let SchedulerSpec::Asha(asha) = plan.scheduler else {
+        panic!("asha expected")
+    };
+    assert_eq!(
+        (asha.max_t, asha.reduction_factor, asha.brackets),
+        (27.0, 3.0, 2)
+    );
+    assert_eq!(asha.time_attr, "fuel_total");
+    assert_eq!(plan_of("seed = 1").unwrap().scheduler, SchedulerSpec::Fifo);
+    let plan = plan_of(
+        "seed = 1\nmetric = \"a\"\n[scheduler]\ntype = \"median_stopping\"\n\
+         grace_period = 5\ntime_attr = \"training_iteration\"",
+    )
+    .unwrap();
+    let SchedulerSpec::MedianStopping(median) = plan.scheduler else {
+        panic!("median_stopping expected")
+    };
+    assert_eq!((median.grace_period, median.min_samples_required), (5.0, 3));
+}
+
+#[test]
+fn defaults_make_a_bare_run_useful() {
+    let plan = plan(
+        Path::new("dir/model.wasm"),
+        None,
+        &Overrides {
+            seed: Some(3),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(plan.spec.name, "model");
+    assert_eq!(plan.searcher().unwrap().total(), Some(1));
+    assert_eq!(plan.spec.stop.training_iteration, Some(DEFAULT_ITERATIONS));
+    assert!(plan.spec.output_dir.starts_with("wtune_results"));
+    assert_eq!(plan.notes.len(), 1, "{:?}", plan.notes);
+}
+
+#[test]
+fn every_bad_value_gets_a_message_naming_its_key() {
+    let cases = [
+        ("num_sample = 3", "unknown field `num_sample`"),
+        ("num_samples = 0", "num_samples must be at least 1"),
+        (
+            "max_concurrent_trials = 0",
+            "max_concurrent_trials must be at least 1",
+        ),
+        (
+            "metric = \"a\"\nmode = \"best\"",
+            "mode must be \"min\" or \"max\"",
+        ),
+        ("mode = \"min\"", "mode is set but metric is not"),
+        ("scheduler = \"magic\"", "scheduler \"magic\" is not known"),
+        (
+            "metric = \"a\"\n[scheduler]\ntype = \"asha\"\nreduction_factor = 1",
+            "scheduler.reduction_factor must be greater than 1",
+        ),
+        (
+            "metric = \"a\"\n[scheduler]\ntype = \"asha\"\nmax_tt = 1",
+            "unknown field `max_tt`",
+        ),
+        ("scheduler = \"asha\"", "set `metric`"),
+        ("[scheduler]\nmax_t = 3", "[scheduler] needs `type`"),
+        (
+            "[limits]\nmemory = \"lots\"",
+            "limits.memory must be a size",
+        ),
+        (
+            "[limits]\nfuel_per_call = -5",
+            "limits.fuel_per_call must be a positive amount",
+        ),
+        (
+            "[limits]\ncall_timeout = \"soon\"",
+            "limits.call_timeout must be a duration",
+        ),
+        ("[limits]\nstack = 10", "limits.stack must be between"),
+        ("[limits]\nmemroy = 1", "unknown field `memroy`"),
+        ("[data]\nd = \"missing\"", "data directory `d`"),
+        ("[data]\n\"../x\" = \"data\"", "data grant name \"../x\""),
+        (
+            "[stop]\ntraining_iteration = 0",
+            "stop.training_iteration must be a positive whole number",
+        ),
+        (
+            "[param_space]\nlr = { loguniform = [0, 1] }",
+            "param_space.lr: loguniform",
+        ),
+        ("num_samples = ", "experiment.toml"),
+        ("checkpoint = \"memory\"", "checkpoint must be \"snapshot\""),
+        (
+            "keep_checkpoints_num = 0",
+            "keep_checkpoints_num must be at least 1",
+        ),
+        ("max_failures = -2", "max_failures must be 0 or more, or -1"),
+        (
+            "fail_fast = \"yes\"",
+            "fail_fast must be true, false or \"raise\"",
+        ),
+        ("restore_from = \"nope.wtsnap\"", "restore_from: "),
+        (
+            "checkpoint_score_attr = \"min-\"",
+            "checkpoint_score_attr must name a result field",
+        ),
+        ("snapshot_key_file = \"nokey\"", "snapshot_key_file: "),
+        ("checkpoint_freq = -1", "checkpoint_freq"),
+    ];
+    for (text, expected) in cases {
+        let message = plan_of(text).unwrap_err().to_string();
+        assert!(
+            message.contains(expected),
+            "{text:?} gave {message:?}, expected {expected:?}"
+        );
+        assert!(!message.contains('\n'), "one line: {message:?}");
+    }
+}
+
+#[test]
+fn overrides_win_over_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(
+        dir.path(),
+        "num_samples = 5\nmetric = \"a\"\n[stop]\ntraining_iteration = 3\n",
+    );
+    let overrides = Overrides {
+        num_samples: Some(2),
+        metric: Some("b".into()),
+        mode: Some("min".into()),
+        stop: vec!["training_iteration=7".into(), "b=0.5".into()],
+        fuel: Some("2e9".into()),
+        memory: Some("64MiB".into()),
+        timeout: Some("5s".into()),
+        seed: Some(1),
+        output_dir: Some(dir.path().join("out")),
+        ..Default::default()
+    };
+    let plan = plan(Path::new("m.wasm"), Some(&path), &overrides).unwrap();
+    assert_eq!(plan.searcher().unwrap().total(), Some(2));
+    assert_eq!(plan.spec.metric.as_deref(), Some("b"));
+    assert_eq!(plan.spec.mode, Mode::Min);
+    assert_eq!(plan.spec.stop.training_iteration, Some(7));
+    assert_eq!(plan.spec.stop.thresholds.len(), 1);
+    assert_eq!(plan.limits.fuel_per_trial, Some(2_000_000_000));
+    assert_eq!(plan.limits.memory_bytes, 64 << 20);
+    assert_eq!(plan.limits.call_timeout, Some(Duration::from_secs(5)));
+    let bad_stop = Overrides {
+        stop: vec!["nonsense".into()],
+        seed: Some(1),
+        ..Default::default()
+    };
+    assert!(plan_of_overrides(&bad_stop).contains("expected KEY=VALUE"));
+}
+
+fn plan_of_overrides(overrides: &Overrides) -> String {
+    plan(Path::new("m.wasm"), None, overrides)
+        .unwrap_err()
+        .to_string()
+}
+
+#[test]
+fn a_non_empty_output_dir_is_never_reused() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("experiment.json"), "{}").unwrap();
+    let overrides = Overrides {
+        output_dir: Some(dir.path().to_path_buf()),
+        seed: Some(1),
+        ..Default::default()
+    };
+    assert!(plan_of_overrides(&overrides).contains("already exists and is not empty"));
+}
