@@ -433,7 +433,7 @@ fn the_checker_sees_the_imports_it_must() {
     for (from, to) in [
         ("sandbox::instance", "sandbox::fault"),
         ("report::files", "tune::runner"),
-        ("cli", "config"),
+        ("cli::run", "config"),
     ] {
         let targets = edges
             .iter()

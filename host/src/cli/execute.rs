@@ -1,0 +1,241 @@
+//! Running an experiment's trials to the end, for `run` and `resume` alike.
+
+use crate::report::terminal::inert;
+use crate::report::{ExperimentFile, Progress, StateFile, TrialFiles, summary_text};
+use crate::sandbox::human_bytes;
+use crate::serve;
+use crate::tune::resume;
+use crate::tune::{
+    DecisionState, ExperimentSummary, RunError, RunSpec, Runner, STOPPED_BY_REQUEST, Scheduler,
+    Searcher, Trial, TrialStatus, control, fit_gpu,
+};
+use crate::wasm_backend::WasmBackend;
+use tokio::sync::mpsc::UnboundedSender;
+
+use super::Failure;
+use super::common::print_out;
+use super::setup::Setup;
+
+/// What `wtune resume` carries on from: the saved trials and decisions.
+pub(super) struct Resumed {
+    pub(super) trials: Vec<Trial>,
+    pub(super) decisions: DecisionState,
+}
+
+/// Runs trials to the end and reports, for `run` and `resume` alike, while
+/// holding the experiment directory's `lock`; with `serve`, beside a
+/// control server.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn execute(
+    backend: WasmBackend,
+    spec: RunSpec,
+    scheduler: Box<dyn Scheduler>,
+    searcher: Box<dyn Searcher>,
+    resumed: Option<Resumed>,
+    setup: &Setup,
+    lock: std::fs::File,
+    serve: Option<serve::ServeOptions>,
+) -> Result<(), Failure> {
+    let _lock = lock;
+    let mut spec = spec;
+    fit_to_machine(&mut spec, &backend, setup)?;
+    let runner = assemble(backend, spec, scheduler, searcher, resumed, setup);
+    let runtime = tokio::runtime::Runtime::new()
+        .map_err(|e| Failure::runtime(format!("cannot start the runtime: {e}")))?;
+    let (interrupt, interrupts) = tokio::sync::mpsc::unbounded_channel();
+    let mut runner = runner.interrupts(interrupts);
+    let dir = setup.spec.output_dir.clone();
+    // Dropped after the run: the page keeps answering until then.
+    let _server = match serve {
+        Some(options) => {
+            let (served, server) = start_server(&runtime, runner, &dir, &options)?;
+            runner = served;
+            Some(server)
+        }
+        None => None,
+    };
+    forward_ctrl_c(&runtime, interrupt);
+    let outcome = runtime.block_on(runner.run());
+    if outcome.is_err() {
+        // Blocking threads may still be inside other trials' calls; the
+        // state is saved, so do not wait for them.
+        runtime.shutdown_background();
+    }
+    report(outcome, &dir)
+}
+
+/// Fits the spec to what this machine and the component use: GPU shares to
+/// the adapters host compute runs on, and the concurrency to the compute
+/// memory every running trial is sure of; then checks the resources.
+fn fit_to_machine(spec: &mut RunSpec, backend: &WasmBackend, setup: &Setup) -> Result<(), Failure> {
+    if let Some(note) = fit_gpu(
+        &mut spec.resources,
+        &mut spec.resources_per_trial,
+        backend.program().compute_gpus(),
+    )
+    .map_err(Failure::user)?
+    {
+        eprintln!("note: {note}");
+    }
+    if backend.program().uses_compute() {
+        let shares = setup.compute.shares().max(1);
+        if spec.max_concurrent as u64 > shares {
+            eprintln!(
+                "note: running at most {shares} trials at once (not {}), so that each is sure \
+                 of its limits.compute_memory ({}) within limits.compute_memory_total ({})",
+                spec.max_concurrent,
+                human_bytes(setup.compute.trial_quota),
+                human_bytes(setup.compute.total_quota)
+            );
+            spec.max_concurrent = shares as usize;
+        }
+    }
+    let pool = spec.resources.build().map_err(Failure::user)?;
+    pool.check(&spec.resources_per_trial)
+        .map_err(|e| Failure::user(format!("resources_per_trial: {e}")))
+}
+
+/// The runner with its callbacks (the state file first: it must be saved
+/// even if another callback fails at the end) and, resuming, what the
+/// earlier runs left.
+fn assemble(
+    backend: WasmBackend,
+    spec: RunSpec,
+    scheduler: Box<dyn Scheduler>,
+    searcher: Box<dyn Searcher>,
+    resumed: Option<Resumed>,
+    setup: &Setup,
+) -> Runner<WasmBackend> {
+    let (trials, resumed) = match resumed {
+        Some(Resumed { trials, decisions }) => (trials, Some(decisions)),
+        None => (Vec::new(), None),
+    };
+    let total = searcher.total().map(|n| n.max(trials.len() as u64));
+    let setup_json = serde_json::to_value(setup).expect("the setup serializes");
+    let state = StateFile::new(setup_json);
+    // Resuming, a trial the saved state does not list yet may have left
+    // its directory, results and checkpoints behind: its work is picked up.
+    let adopt = {
+        let (backend, policy) = (backend.clone(), spec.checkpoint.clone());
+        move |trial: &mut Trial| resume::adopt_reported(&backend, trial, &policy)
+    };
+    let mut runner = Runner::new(backend, spec, scheduler).searcher(searcher);
+    if let Some(resumed) = resumed {
+        runner = runner.adopt_from_disk(adopt);
+        runner = runner.fuel_burned(resumed.fuel_burned);
+        if let Some(state) = resumed.stopper {
+            runner = runner.stopper_state(state);
+        }
+    }
+    runner
+        .with_trials(trials)
+        .callback(state)
+        .callback(TrialFiles::new())
+        .callback(ExperimentFile::new(setup.run_info()))
+        .callback(Progress::new().total(total))
+}
+
+/// Starts the dashboard and control server for `dir`, and hands its
+/// requests to `runner`.
+fn start_server(
+    runtime: &tokio::runtime::Runtime,
+    runner: Runner<WasmBackend>,
+    dir: &std::path::Path,
+    options: &serve::ServeOptions,
+) -> Result<(Runner<WasmBackend>, serve::Server), Failure> {
+    let (controller, requests) = control::channel();
+    let runner = runner.control(requests);
+    let server = runtime
+        .block_on(serve::Server::start(
+            dir.to_path_buf(),
+            Some(controller),
+            options,
+        ))
+        .map_err(Failure::user)?;
+    eprintln!("serving the dashboard at {}", server.url());
+    if options.token.is_some() {
+        eprintln!(
+            "(API requests need the token; open the page as {}#token=TOKEN)",
+            server.url()
+        );
+    }
+    Ok((runner, server))
+}
+
+/// Ctrl-C, forwarded to the runner: the first halts the run after the
+/// trials' current steps, a second leaves at once.
+fn forward_ctrl_c(runtime: &tokio::runtime::Runtime, interrupt: UnboundedSender<()>) {
+    runtime.spawn(async move {
+        let mut count = 0;
+        while tokio::signal::ctrl_c().await.is_ok() {
+            count += 1;
+            if count == 1 {
+                eprintln!(
+                    "\ninterrupted: checkpointing running trials after their current step and \
+                     saving state (Ctrl-C again to exit at once)"
+                );
+            }
+            if interrupt.send(()).is_err() {
+                break;
+            }
+        }
+    });
+}
+
+/// Prints the summary and maps how the run ended to the command's outcome:
+/// an interrupt is status 130, a halt or a run whose every trial failed an
+/// error naming how to go on.
+fn report(
+    outcome: Result<ExperimentSummary, RunError>,
+    dir: &std::path::Path,
+) -> Result<(), Failure> {
+    let summary = match outcome {
+        Ok(summary) => summary,
+        Err(RunError::Interrupted) => {
+            return Err(Failure {
+                message: format!(
+                    "interrupted; continue the experiment with `wtune resume {}`",
+                    dir.display()
+                ),
+                status: 130,
+            });
+        }
+        Err(err @ RunError::TrialFailed { .. }) => {
+            return Err(Failure::runtime(format!(
+                "{}\nthe experiment stopped; continue it with `wtune resume {}`",
+                inert(&err.to_string()),
+                dir.display()
+            )));
+        }
+        Err(err) => return Err(Failure::runtime(err)),
+    };
+
+    print_out(&summary_text(&summary));
+    if summary.halted.as_deref() == Some(STOPPED_BY_REQUEST) {
+        eprintln!(
+            "the experiment was stopped by a control request; continue it with `wtune resume {}`",
+            summary.output_dir.display()
+        );
+        return Ok(());
+    }
+    if let Some(reason) = &summary.halted {
+        let mut failure = Failure::runtime(format!(
+            "the experiment stopped early: {}; continue it with `wtune resume {}`",
+            inert(reason),
+            summary.output_dir.display()
+        ));
+        if reason == "interrupted" {
+            // The shell's convention for a run ended by SIGINT.
+            failure.status = 130;
+        }
+        return Err(failure);
+    }
+    let errors = summary.count(TrialStatus::Error);
+    if errors > 0 && errors == summary.trials.len() {
+        return Err(Failure::runtime(format!(
+            "all {errors} trials failed; see the reasons above and the logs in {}",
+            summary.output_dir.display()
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,210 @@
+//! `wtune resume`: an interrupted experiment, continued from its directory.
+
+use std::path::{Path, PathBuf};
+
+use crate::report::state;
+use crate::sandbox::{Program, SandboxOptions};
+use crate::tune::resume::{self, ErroredTrials};
+use crate::tune::{DecisionState, Listed, Scheduler, Searcher};
+use crate::wasm_backend::WasmBackend;
+
+use super::Failure;
+use super::args::{CacheArgs, ResumeArgs};
+use super::common::{lock, sandbox, snapshot_key};
+use super::execute::{Resumed, execute};
+use super::setup::Setup;
+
+/// The entry point of `wtune resume DIR`: continues an interrupted
+/// experiment from its saved state, refusing before anything changes when
+/// the state, the component or the saved decisions do not fit.
+pub(super) fn resume_experiment(args: ResumeArgs) -> Result<(), Failure> {
+    let serve = args.serve.options()?;
+    let (lock, state) = locked_state(&args.dir, args.previous_state)?;
+    let mut setup: Setup = serde_json::from_value(state.setup).map_err(|e| {
+        Failure::user(format!(
+            "{}: the saved setup cannot be read by this wtune: {e}",
+            args.dir.display()
+        ))
+    })?;
+    let model = args
+        .model
+        .map(|m| std::path::absolute(&m).unwrap_or(m))
+        .unwrap_or_else(|| setup.model.clone());
+    let backend = admitted_backend(&mut setup, model, args.cache)?;
+    // Everything that can refuse the resume comes before anything changes
+    // in the directory.
+    let decisions = &state.decisions;
+    let (mut scheduler, mut searcher) = restored_deciders(&setup, decisions)?;
+    if args.previous_state {
+        move_damaged_state_aside(&args.dir)?;
+    }
+    let errored = if args.retry_errored {
+        ErroredTrials::Retry
+    } else if args.restart_errored {
+        ErroredTrials::Restart
+    } else {
+        ErroredTrials::Keep
+    };
+    let mut trials = state.trials;
+    let output_dir = std::path::absolute(&args.dir).unwrap_or(args.dir);
+    let plan = resume::prepare(
+        &backend,
+        &mut trials,
+        &output_dir,
+        &setup.spec.checkpoint,
+        errored,
+    );
+    for (path, why) in &plan.damaged {
+        eprintln!(
+            "note: skipping damaged checkpoint {}: {why}",
+            path.display()
+        );
+    }
+    eprintln!(
+        "resuming {}: {} trials continue from checkpoints, {} start over, {} not started yet, {} finished",
+        output_dir.display(),
+        plan.continued.len(),
+        plan.restarted.len(),
+        plan.pending,
+        plan.finished
+    );
+    resume::retry_errored(&plan, &trials, scheduler.as_mut(), searcher.as_mut());
+    setup.spec.output_dir = output_dir;
+    let spec = setup.spec.clone();
+    let decisions = decisions.clone();
+    execute(
+        backend,
+        spec,
+        scheduler,
+        searcher,
+        Some(Resumed { trials, decisions }),
+        &setup,
+        lock,
+        serve,
+    )
+}
+
+/// Locks the experiment directory, then reads its state (the one before
+/// the newest with `previous`). Locked before the state is read, not only
+/// before anything changes (resuming moves a damaged state aside and
+/// deletes the checkpoints of restarted trials): a wtune finishing beside
+/// this one may still write a newer state. A missing directory is left to
+/// the state's error.
+fn locked_state(
+    dir: &Path,
+    previous: bool,
+) -> Result<(std::fs::File, state::ExperimentState), Failure> {
+    let lock = dir.is_dir().then(|| lock(dir)).transpose()?;
+    let state = state::load(dir, previous).map_err(|e| {
+        let hint = match e {
+            state::StateError::Damaged(..) if !previous => format!(
+                "; the state before it is kept: run `wtune resume {} --previous-state`",
+                dir.display()
+            ),
+            _ => String::new(),
+        };
+        Failure::user(format!("{e}{hint}"))
+    })?;
+    let lock =
+        lock.ok_or_else(|| Failure::user(format!("{} is not a directory", dir.display())))?;
+    Ok((lock, state))
+}
+
+/// The backend for the component at `model`, which must be the one the
+/// experiment ran: its digest is checked before the file is compiled, so
+/// resuming compiles (and runs) nothing the experiment did not admit.
+fn admitted_backend(
+    setup: &mut Setup,
+    model: PathBuf,
+    cache: CacheArgs,
+) -> Result<WasmBackend, Failure> {
+    let sandbox = sandbox(
+        cache,
+        SandboxOptions {
+            max_wasm_stack: setup.max_wasm_stack,
+            compute: setup.compute,
+            compile: setup.compile,
+            allowed_components: setup.allowed_components.clone(),
+            ..SandboxOptions::default()
+        },
+    )?;
+    let bytes = std::fs::read(&model)
+        .map_err(|e| Failure::user(format!("cannot read {}: {e}", model.display())))?;
+    let digest = blake3::hash(&bytes).to_hex().to_string();
+    if digest != setup.model_blake3 {
+        return Err(Failure::user(format!(
+            "{} is not the component the experiment ran (its blake3 {}, expected {}); pass \
+             the original with --model",
+            model.display(),
+            &digest[..12],
+            &setup.model_blake3[..12.min(setup.model_blake3.len())]
+        )));
+    }
+    let program: Program = sandbox
+        .load_bytes(&bytes)
+        .map_err(|e| Failure::user(format!("{}: {e}", model.display())))?;
+    setup.model = model;
+    let key = snapshot_key(setup.snapshot_key_file.as_deref())?;
+    WasmBackend::new(program, setup.limits.clone(), setup.data.clone())
+        .snapshot_key(key)
+        .checkpoint_mode(setup.checkpoint)
+        .map_err(Failure::user)
+}
+
+/// A scheduler and a searcher, ready to continue.
+type Deciders = (Box<dyn Scheduler>, Box<dyn Searcher>);
+
+/// The scheduler and searcher the setup names, with their saved states
+/// taken back; refused when the state is of another algorithm.
+fn restored_deciders(setup: &Setup, decisions: &DecisionState) -> Result<Deciders, Failure> {
+    let mut scheduler = setup.scheduler()?;
+    let saved = &decisions.scheduler;
+    // The first state early versions wrote had no scheduler yet (no name):
+    // nothing to take back.
+    if !saved.name.is_empty() {
+        if saved.name != scheduler.name() {
+            return Err(Failure::user(format!(
+                "the saved state is of the {} scheduler, but the experiment's setup names {}",
+                saved.name,
+                scheduler.name()
+            )));
+        }
+        scheduler
+            .restore_state(&saved.state)
+            .map_err(|e| Failure::user(format!("the saved {} scheduler state: {e}", saved.name)))?;
+    }
+    let searcher = match &decisions.searcher {
+        Some(saved) if !setup.param_space.is_null() => {
+            let mut searcher = setup.searcher()?;
+            if saved.name != searcher.name() {
+                return Err(Failure::user(format!(
+                    "the saved state is of the {} searcher, but the experiment's setup names {}",
+                    saved.name,
+                    searcher.name()
+                )));
+            }
+            searcher.restore_state(&saved.state).map_err(|e| {
+                Failure::user(format!("the saved {} searcher state: {e}", saved.name))
+            })?;
+            searcher
+        }
+        // Set up before searchers existed: every trial was created up
+        // front and is in the saved list.
+        _ => Box::new(Listed::default()),
+    };
+    Ok((scheduler, searcher))
+}
+
+/// Keeps the damaged newest state out of the way: the first write of this
+/// run would otherwise make it the "previous" one, replacing the good state
+/// being resumed from.
+fn move_damaged_state_aside(dir: &Path) -> Result<(), Failure> {
+    let current = dir.join(state::STATE_FILE);
+    if current.exists() {
+        let aside = dir.join("experiment_state.damaged.json");
+        std::fs::rename(&current, &aside)
+            .map_err(|e| Failure::runtime(format!("moving {} aside: {e}", current.display())))?;
+        eprintln!("note: the damaged state is kept as {}", aside.display());
+    }
+    Ok(())
+}

@@ -1,0 +1,102 @@
+//! What `experiment_state.json` keeps of a run for `wtune resume`.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use crate::compute::ComputeOptions;
+use crate::config;
+use crate::sandbox::{CompileOptions, Limits};
+use crate::tune::{Listed, RunSpec, Scheduler, SchedulerSpec, SearchSpec, Searcher};
+use crate::wasm_backend::CheckpointMode;
+
+use super::Failure;
+
+/// What `experiment_state.json` keeps for `wtune resume`: the validated
+/// plan as it was run.
+#[derive(Debug, Serialize, Deserialize)]
+pub(super) struct Setup {
+    pub(super) model: PathBuf,
+    pub(super) model_blake3: String,
+    pub(super) spec: RunSpec,
+    pub(super) limits: Limits,
+    pub(super) max_wasm_stack: usize,
+    pub(super) data: Vec<(String, PathBuf)>,
+    pub(super) checkpoint: CheckpointMode,
+    pub(super) snapshot_key_file: Option<PathBuf>,
+    pub(super) scheduler: SchedulerSpec,
+    pub(super) seed: u64,
+    pub(super) num_samples: u64,
+    /// The search space, as JSON; `null` in setups saved before trials
+    /// were created lazily, whose every trial is in the saved state.
+    #[serde(default)]
+    pub(super) param_space: Value,
+    /// The search algorithm.
+    #[serde(default)]
+    pub(super) search: SearchSpec,
+    /// Every trial's configuration when they all continue from one host
+    /// snapshot (`restore_from`), which holds its own.
+    #[serde(default)]
+    pub(super) fixed_config: Option<Value>,
+    /// The host compute backend and quotas.
+    #[serde(default)]
+    pub(super) compute: ComputeOptions,
+    /// Where the component is compiled, and the compile limits.
+    #[serde(default)]
+    pub(super) compile: CompileOptions,
+    /// The experiment's component allowlist, applied again on resume.
+    #[serde(default)]
+    pub(super) allowed_components: Option<BTreeSet<String>>,
+}
+
+impl Setup {
+    /// How the results were produced, for `experiment.json`'s `run`.
+    pub(super) fn run_info(&self) -> Value {
+        let limits = &self.limits;
+        json!({
+            "model": self.model.display().to_string(),
+            "model_blake3": self.model_blake3,
+            "seed": self.seed,
+            "num_samples": self.num_samples,
+            "checkpoint": self.checkpoint,
+            "limits": {
+                "fuel_per_call": limits.fuel_per_call,
+                "fuel_per_trial": limits.fuel_per_trial,
+                "memory_bytes": limits.memory_bytes,
+                "call_timeout_s": limits.call_timeout.map(|d| d.as_secs_f64()),
+                "max_wasm_stack": self.max_wasm_stack,
+                "compute_memory": self.compute.trial_quota,
+                "compute_memory_total": self.compute.total_quota,
+            },
+            "compute": self.compute.mode,
+            "compile": self.compile,
+            "allowed_components": self.allowed_components,
+            "data": self.data.iter().map(|(n, d)| (n.clone(), d.display().to_string())).collect::<std::collections::BTreeMap<_, _>>(),
+            "wtune_version": env!("CARGO_PKG_VERSION"),
+        })
+    }
+
+    pub(super) fn scheduler(&self) -> Result<Box<dyn Scheduler>, Failure> {
+        self.scheduler
+            .build(self.spec.metric.as_deref(), self.spec.mode, self.seed)
+            .map_err(Failure::user)
+    }
+
+    /// The searcher that creates the experiment's trials.
+    pub(super) fn searcher(&self) -> Result<Box<dyn Searcher>, Failure> {
+        if let Some(config) = &self.fixed_config {
+            let count = usize::try_from(self.num_samples).unwrap_or(usize::MAX);
+            return Ok(Box::new(Listed::new(vec![config.clone(); count])));
+        }
+        config::searcher(
+            &self.search,
+            &self.param_space,
+            self.num_samples,
+            &self.spec,
+            self.seed,
+        )
+        .map_err(Failure::user)
+    }
+}
