@@ -730,3 +730,75 @@ fn trials_a_resumed_run_finds_on_disk_are_continued_not_redone() {
     .unwrap();
     assert_eq!(old, json!({"x": 2.0}));
 }
+
+/// Records, each time its checkpoint state is taken, the iteration and the
+/// iterations already in its trial's `result.jsonl` on disk.
+struct Witness {
+    results: std::path::PathBuf,
+    iteration: u64,
+    seen: Arc<Mutex<Vec<(u64, Vec<u64>)>>>,
+}
+
+impl wtune::tune::StatefulStep for Witness {
+    fn step(&mut self, iteration: u64) -> Result<Step, TrialFailure> {
+        self.iteration = iteration;
+        Ok(Step {
+            metrics: vec![("score".into(), iteration as f64)],
+            done: false,
+            fuel: 10,
+        })
+    }
+
+    fn state(&self) -> Value {
+        let on_disk = std::fs::read_to_string(&self.results)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| {
+                serde_json::from_str::<Value>(l).unwrap()["training_iteration"]
+                    .as_u64()
+                    .unwrap()
+            })
+            .collect();
+        self.seen.lock().unwrap().push((self.iteration, on_disk));
+        json!(self.iteration)
+    }
+}
+
+#[test]
+fn every_result_up_to_a_checkpoint_is_on_disk_before_the_checkpoint_is_taken() {
+    // `wtune resume` continues from the newest checkpoint file on disk: a
+    // process killed just after one was written must not have lost the
+    // results before it, which nothing would ever write again.
+    let dir = tempfile::tempdir().unwrap();
+    let results = dir.path().join("trial_0000/result.jsonl");
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let backend = {
+        let seen = seen.clone();
+        FnBackend::stateful(move |config: &Value, _state| {
+            Ok(Witness {
+                results: config["results"].as_str().unwrap().into(),
+                iteration: 0,
+                seen: seen.clone(),
+            })
+        })
+    };
+    let mut spec = spec(
+        dir.path(),
+        vec![json!({"results": results.to_str().unwrap()})],
+        9,
+    );
+    spec.checkpoint.freq = 2;
+    spec.checkpoint.at_end = true;
+    let done = run(backend, spec);
+    assert_eq!(done.trials[0].status, TrialStatus::Terminated);
+    let seen = seen.lock().unwrap();
+    let taken: Vec<u64> = seen.iter().map(|(iteration, _)| *iteration).collect();
+    assert_eq!(taken, [2, 4, 6, 8, 9]);
+    for (iteration, on_disk) in seen.iter() {
+        let expected: Vec<u64> = (1..=*iteration).collect();
+        assert_eq!(
+            on_disk, &expected,
+            "when the checkpoint at {iteration} was taken"
+        );
+    }
+}

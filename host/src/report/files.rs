@@ -25,13 +25,15 @@
 //! so a reader of `result.jsonl` never sees a partial line and sees each
 //! result within that delay. Writing every result with its own two system
 //! calls on the runner's thread capped result throughput (BENCHMARKS.md).
-//! A trial's last result (`done`), a checkpoint, a recovery, a pause, the
-//! trial's end and the experiment's end write what is buffered at once, on
-//! the runner's thread, so those writes' errors are reported where they
-//! happen and every line up to a checkpoint is in the file before the state
-//! that names the checkpoint. A process killed outright loses at most the
-//! results of its last [`FLUSH_AFTER`] from the files, all of them after the
-//! trial's newest checkpoint, which `wtune resume` runs again.
+//! A trial's last result (`done`), a checkpoint about to be written, a
+//! recovery, a pause, the trial's end and the experiment's end write what is
+//! buffered at once, on the runner's thread, so those writes' errors are
+//! reported where they happen and every line up to a checkpoint is in the
+//! file before the checkpoint's file exists (`wtune resume` continues from
+//! the newest checkpoint on disk, whatever the saved state says). A process
+//! killed outright loses at most the results of its last [`FLUSH_AFTER`]
+//! from the files, all of them after the trial's newest checkpoint, which
+//! `wtune resume` runs again.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
@@ -749,7 +751,7 @@ impl Callback for TrialFiles {
         }
     }
 
-    fn on_checkpoint(&mut self, _trials: &[Trial], index: usize) -> Result<(), String> {
+    fn before_checkpoint(&mut self, _trials: &[Trial], index: usize) -> Result<(), String> {
         self.flush(index)
     }
 

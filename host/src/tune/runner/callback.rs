@@ -45,6 +45,14 @@ pub trait Callback: Send {
     fn on_trial_end(&mut self, trials: &[Trial], index: usize) -> Result<(), String> {
         Ok(())
     }
+    /// A checkpoint of the trial is about to be written. `wtune resume`
+    /// trusts checkpoint files on disk (the saved state may be older), so
+    /// whatever a callback keeps of the trial's results up to here must be
+    /// on disk before the file can appear. An `Err` fails the trial and no
+    /// checkpoint is written.
+    fn before_checkpoint(&mut self, trials: &[Trial], index: usize) -> Result<(), String> {
+        Ok(())
+    }
     /// A checkpoint was written and recorded (the trial's newest).
     fn on_checkpoint(&mut self, trials: &[Trial], index: usize) -> Result<(), String> {
         Ok(())

@@ -516,13 +516,17 @@ impl<B: TrialBackend> Runner<B> {
         session: B::Session,
         decision: Decision,
     ) {
-        let trial = &trials[index];
-        let policy = &self.spec.checkpoint;
         let then = Then::after(&decision);
-        if self.checkpoint_due(trial, &decision) {
+        if self.checkpoint_due(&trials[index], &decision) {
+            if let Err(reason) = self.each(|cb, t| cb.before_checkpoint(t, index), trials) {
+                self.fail(trials, index, reason);
+                tasks.stop(index, session, false);
+                return;
+            }
+            let trial = &trials[index];
             self.saving.insert(index);
             let path = checkpoint_path::<B>(trial.iterations);
-            let score = policy.score(trial.last_result.as_ref());
+            let score = self.spec.checkpoint.score(trial.last_result.as_ref());
             let trial_id = trial.trial_id.clone();
             let config = trial.config.clone();
             let result = trial.last_result.clone();
@@ -608,6 +612,11 @@ impl<B: TrialBackend> Runner<B> {
             tasks.train(index, session);
             return;
         };
+        if let Err(reason) = self.each(|cb, t| cb.before_checkpoint(t, index), trials) {
+            self.fail(trials, index, reason);
+            tasks.stop(index, session, false);
+            return;
+        }
         let trial = &mut trials[index];
         // The trial's own checkpoints from this iteration on belong to the
         // trajectory it leaves: recovery and `wtune resume` continue from
