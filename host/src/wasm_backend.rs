@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::sandbox::{Limits, Program, TrialEnv, TrialFault, TrialInstance};
-use crate::snapshot::{self, Payload, SnapshotKey, SnapshotMeta};
+use crate::snapshot::{self, Payload, SnapshotFile, SnapshotKey, SnapshotMeta};
 use crate::tune::{
     CheckpointInfo, CheckpointMeta, Step, TrialBackend, TrialFailure, TrialLaunch, TrialSession,
 };
@@ -110,9 +110,10 @@ impl WasmBackend {
         self.mode
     }
 
-    /// Reads and verifies a checkpoint file written for this component.
-    pub fn read_checkpoint(&self, path: &Path) -> Result<(SnapshotMeta, Payload), String> {
-        snapshot::read(path, self.program.digest(), self.key.as_ref())
+    /// Opens and verifies a checkpoint file written for this component: its
+    /// metadata is read, its payload stays on disk until asked for.
+    pub fn open_checkpoint(&self, path: &Path) -> Result<SnapshotFile, String> {
+        SnapshotFile::open(path, self.program.digest(), self.key.as_ref())
             .map_err(|e| format!("checkpoint {}: {e}", path.display()))
     }
 
@@ -124,23 +125,36 @@ impl WasmBackend {
     ) -> Result<(TrialInstance, f64), TrialFailure> {
         // A checkpoint that cannot be read or restored fails the same way on
         // every retry.
-        let (meta, payload) = self
-            .read_checkpoint(path)
+        let mut file = self
+            .open_checkpoint(path)
             .map_err(TrialFailure::permanent)?;
-        let instance = match payload {
-            Payload::Memory(image) => {
+        let meta = file.meta().clone();
+        let restoring = |e: &dyn std::fmt::Display| {
+            TrialFailure::permanent(format!("restoring {}: {e}", path.display()))
+        };
+        let instance = match file.guest_state().map_err(|e| restoring(&e))? {
+            Some(state) => {
+                let mut instance = self.start(env, launch)?;
+                instance
+                    .restore(&state)
+                    .map_err(|fault| restoring(&fault))?;
+                instance.continue_counts(meta.iteration, meta.fuel_total);
+                instance
+            }
+            None => {
+                // Memory is read from the file as it is written into the
+                // instance: the host holds no second copy of it.
                 let mut instance = self
                     .program
-                    .restore(
+                    .restore_from(
                         env,
                         &self.limits_for(launch),
-                        &image,
+                        &mut file,
                         meta.iteration,
                         meta.fuel_total,
                     )
-                    .map_err(|e| {
-                        TrialFailure::permanent(format!("restoring {}: {e}", path.display()))
-                    })?;
+                    .map_err(|e| restoring(&e))?;
+                drop(file);
                 if meta.config != launch.config {
                     // The snapshot's memory holds its own trial's
                     // configuration; only the trainable can switch it (a
@@ -166,14 +180,6 @@ impl WasmBackend {
                         )));
                     }
                 }
-                instance
-            }
-            Payload::Guest(state) => {
-                let mut instance = self.start(env, launch)?;
-                instance.restore(&state).map_err(|fault| {
-                    TrialFailure::permanent(format!("restoring {}: {fault}", path.display()))
-                })?;
-                instance.continue_counts(meta.iteration, meta.fuel_total);
                 instance
             }
         };
@@ -226,7 +232,8 @@ impl TrialBackend for WasmBackend {
     const CHECKPOINT_EXTENSION: &'static str = "wtsnap";
 
     fn describe_checkpoint(&self, path: &Path) -> Result<CheckpointMeta, TrialFailure> {
-        let (meta, _) = self.read_checkpoint(path).map_err(TrialFailure::new)?;
+        let file = self.open_checkpoint(path).map_err(TrialFailure::new)?;
+        let meta = file.meta().clone();
         Ok(CheckpointMeta {
             iteration: meta.iteration,
             time_total_s: meta.time_total_s,

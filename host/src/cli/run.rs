@@ -2,7 +2,6 @@
 
 use crate::config::{self, Overrides};
 use crate::sandbox::{SandboxOptions, fuel_text, human_bytes};
-use crate::snapshot::Payload;
 use crate::wasm_backend::WasmBackend;
 
 use super::Failure;
@@ -75,8 +74,8 @@ pub(super) fn run(args: RunArgs) -> Result<(), Failure> {
     }
     let mut fixed_config = None;
     if let Some(path) = &plan.spec.restore_from {
-        let (meta, payload) = backend.read_checkpoint(path).map_err(Failure::user)?;
-        if let Payload::Memory(_) = payload {
+        let file = backend.open_checkpoint(path).map_err(Failure::user)?;
+        if file.kind() == "snapshot" {
             // A host snapshot holds its trial's configuration in memory.
             if !plan.empty_space {
                 return Err(Failure::user(format!(
@@ -86,7 +85,7 @@ pub(super) fn run(args: RunArgs) -> Result<(), Failure> {
                     path.display()
                 )));
             }
-            fixed_config = Some(meta.config);
+            fixed_config = Some(file.meta().config.clone());
         }
     }
 

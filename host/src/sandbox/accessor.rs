@@ -9,9 +9,9 @@ use wasmtime::component::{Component, ComponentExportIndex, Instance, Linker, Typ
 use wasmtime::{AsContextMut, Store, StoreContextMut};
 
 use crate::snapshot::{
-    ACCESS_EXPORT, GlobalValue, GuestImage, HandleImport, LEDGER_OVERFLOW, LEDGER_SLOTS, Layout,
-    MemoryImage, PREOPEN_HANDLE, SINK_IMPORT, SnapshotRefusal, Spool, global_accessor,
-    handle_accessor, ledger, memory_accessor,
+    ACCESS_EXPORT, GlobalValue, GuestImage, HandleImport, ImageSource, LEDGER_OVERFLOW,
+    LEDGER_SLOTS, Layout, MemoryImage, PREOPEN_HANDLE, ReadError, SINK_IMPORT, SnapshotRefusal,
+    SnapshotSource, Spool, global_accessor, handle_accessor, ledger, memory_accessor,
 };
 
 use super::capture::{Keep, MemorySink};
@@ -50,6 +50,28 @@ impl fmt::Display for SnapshotError {
 }
 
 impl std::error::Error for SnapshotError {}
+
+/// Bytes of a handle ledger: one word per slot and the overflow word.
+const LEDGER_BYTES: u64 = (LEDGER_SLOTS as u64 + 1) * 4;
+
+fn reading(err: ReadError) -> SnapshotError {
+    SnapshotError::Failed(format!("reading the snapshot: {err}"))
+}
+
+/// Memory `k` of `source`, read whole into an image.
+fn read_memory(source: &mut dyn SnapshotSource, k: usize) -> Result<MemoryImage, ReadError> {
+    let layout = &source.layout().memories[k];
+    let mut image = MemoryImage {
+        pages: layout.pages,
+        runs: layout.runs.clone(),
+        data: Vec::with_capacity(layout.run_bytes() as usize),
+    };
+    source.open_memory(k)?;
+    while let Some((_, bytes)) = source.next_piece()? {
+        image.data.extend_from_slice(bytes);
+    }
+    Ok(image)
+}
 
 /// Largest span passed to `dump` in one call: below wasmtime's per-hostcall
 /// transfer budget (128 MiB by default), which stays in force for guests.
@@ -272,14 +294,17 @@ impl Access<'_> {
     }
 
     /// The handles the guest's ledger says it holds: index -> ledger code.
-    fn ledger_entries(&self, image: &GuestImage) -> Result<BTreeMap<u32, u32>, SnapshotError> {
-        let Some(k) = self.index.layout.replay.ledger_memory else {
+    /// `ledger` is the image of the ledger memory, when the component has
+    /// one.
+    fn ledger_entries(
+        &self,
+        ledger: Option<&MemoryImage>,
+    ) -> Result<BTreeMap<u32, u32>, SnapshotError> {
+        if self.index.layout.replay.ledger_memory.is_none() {
             return Ok(BTreeMap::new());
-        };
-        let memory = image
-            .memories
-            .get(k)
-            .ok_or_else(|| SnapshotError::Mismatch("the handle ledger is missing".into()))?;
+        }
+        let memory =
+            ledger.ok_or_else(|| SnapshotError::Mismatch("the handle ledger is missing".into()))?;
         if memory.read_u32(LEDGER_OVERFLOW.into()) != 0 {
             return Err(SnapshotError::Inexact(format!(
                 "the guest has held a handle index above {LEDGER_SLOTS}, beyond what the \
@@ -301,7 +326,10 @@ impl Access<'_> {
 
     /// Every handle the guest holds must be one the ledger can replay.
     fn check_handles(&mut self, image: &GuestImage) -> Result<(), SnapshotError> {
-        let recorded = self.ledger_entries(image)?.len();
+        let ledger = self.index.layout.replay.ledger_memory;
+        let recorded = self
+            .ledger_entries(ledger.and_then(|k| image.memories.get(k)))?
+            .len();
         let live = self.live_handles();
         if live != recorded {
             return Err(SnapshotError::Inexact(format!(
@@ -314,28 +342,53 @@ impl Access<'_> {
         Ok(())
     }
 
-    /// Writes `image` into this fresh instance: handles first (their
-    /// acquisition allocates in guest memory), then memories, then globals.
-    pub(crate) fn restore(&mut self, image: &GuestImage) -> Result<(), SnapshotError> {
-        self.check_fits(image)?;
-        let entries = self.ledger_entries(image)?;
+    /// Writes the snapshot `source` holds into this fresh instance: handles
+    /// first (their acquisition allocates in guest memory), then memories a
+    /// piece at a time, then globals and compute buffers.
+    pub(crate) fn restore(&mut self, source: &mut dyn SnapshotSource) -> Result<(), SnapshotError> {
+        self.check_fits(source.layout())?;
+        // The ledger is read first and whole: the handles it lists are
+        // re-acquired before any memory is written. It is one page at most.
+        let ledger = match self.index.layout.replay.ledger_memory {
+            Some(k) if source.layout().memories[k].run_bytes() > LEDGER_BYTES => {
+                return Err(SnapshotError::Mismatch(
+                    "its handle ledger is larger than a ledger can be".into(),
+                ));
+            }
+            Some(k) => {
+                let memory = read_memory(source, k).map_err(reading)?;
+                let image = GuestImage {
+                    memories: vec![memory],
+                    ..GuestImage::default()
+                };
+                Some((k, image))
+            }
+            None => None,
+        };
+        let entries = self.ledger_entries(ledger.as_ref().map(|(_, image)| &image.memories[0]))?;
         self.replay_handles(&entries)?;
-        for (k, memory) in image.memories.iter().enumerate() {
-            self.restore_memory(k, memory)?;
+        for k in 0..source.layout().memories.len() {
+            match &ledger {
+                Some((ledger_k, image)) if *ledger_k == k => {
+                    self.restore_memory(k, &mut ImageSource::new(image), 0)?;
+                }
+                _ => self.restore_memory(k, source, k)?,
+            }
         }
-        for (g, value) in image.globals.iter().enumerate() {
+        for (g, value) in source.layout().globals.clone().into_iter().enumerate() {
             let name = global_accessor("set", g);
-            match *value {
+            match value {
                 GlobalValue::I32(v) => self.call::<(i32,), ()>(&name, (v,))?,
                 GlobalValue::I64(v) => self.call::<(i64,), ()>(&name, (v,))?,
                 GlobalValue::F32(v) => self.call::<(f32,), ()>(&name, (f32::from_bits(v),))?,
                 GlobalValue::F64(v) => self.call::<(f64,), ()>(&name, (f64::from_bits(v),))?,
             }
         }
+        let compute = source.compute().map_err(reading)?;
         self.store
             .data_mut()
             .compute
-            .restore(&image.compute)
+            .restore(&compute)
             .map_err(|e| SnapshotError::Failed(format!("restoring compute buffers: {e}")))?;
         let live = self.live_handles();
         if live != entries.len() {
@@ -382,36 +435,45 @@ impl Access<'_> {
             }
         }
         for memory in &image.memories {
-            memory.validate().map_err(SnapshotError::Mismatch)?;
+            memory.validate_runs().map_err(SnapshotError::Mismatch)?;
         }
         Ok(())
     }
 
-    fn restore_memory(&mut self, k: usize, memory: &MemoryImage) -> Result<(), SnapshotError> {
+    /// Writes memory `from` of `source` into memory `k` of this instance:
+    /// grows it to the snapshot's size, writes the runs a piece at a time
+    /// and clears what lies between them.
+    fn restore_memory(
+        &mut self,
+        k: usize,
+        source: &mut dyn SnapshotSource,
+        from: usize,
+    ) -> Result<(), SnapshotError> {
         let (current,): (u32,) = self.call(&memory_accessor("size", k), ())?;
-        if current > memory.pages {
+        let layout = &source.layout().memories[from];
+        let pages = layout.pages;
+        if current > pages {
             return Err(SnapshotError::Failed(format!(
                 "memory {k} of the fresh instance has {current} pages, more than the \
-                 snapshot's {}",
-                memory.pages
+                 snapshot's {pages}"
             )));
         }
-        if memory.pages > current {
+        if pages > current {
             // Most of a dense block is about to be written: one huge-page
             // fault beats 512 small ones.
-            let dense = memory
+            let dense = layout
                 .dense_blocks(super::memory::HUGE_PAGE as u64)
                 .into_iter()
                 .map(|span| span.start as usize..span.end as usize)
                 .collect();
             let (old,): (i32,) = super::memory::growing_with_huge_pages(dense, || {
-                self.call(&memory_accessor("grow", k), (memory.pages - current,))
+                self.call(&memory_accessor("grow", k), (pages - current,))
             })?;
             if old < 0 {
                 let limit = self.store.data().limiter.hit;
                 return Err(SnapshotError::Failed(match limit {
                     Some(hit) => format!("growing memory {k}: {hit}"),
-                    None => format!("memory {k} could not grow to {} pages", memory.pages),
+                    None => format!("memory {k} could not grow to {pages} pages"),
                 }));
             }
         }
@@ -423,7 +485,8 @@ impl Access<'_> {
         let seek = self.func::<(u32,), ()>(&seek_name)?;
         let write = self.func::<(&[u8],), ()>(&write_name)?;
         let mut at = 0u64;
-        for (offset, bytes) in memory.runs() {
+        source.open_memory(from).map_err(reading)?;
+        while let Some((offset, bytes)) = source.next_piece().map_err(reading)? {
             if at < dirty && offset > at {
                 self.clear(k, at, offset.min(dirty))?;
             }

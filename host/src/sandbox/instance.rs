@@ -14,7 +14,7 @@ use super::fault::{At, Call, TrialFault};
 use super::limits::{LimitHit, Limits};
 use super::store_data::TrialHost;
 use super::waits::WaitedPastDeadline;
-use crate::snapshot::{GuestImage, SnapshotRefusal, Spool};
+use crate::snapshot::{GuestImage, SnapshotRefusal, SnapshotSource, Spool};
 
 /// Most metrics one report may carry.
 pub const MAX_METRICS: usize = 1024;
@@ -234,11 +234,11 @@ impl TrialInstance {
     /// On failure the instance is poisoned.
     pub(crate) fn restore_image(
         &mut self,
-        image: &GuestImage,
+        source: &mut dyn SnapshotSource,
         iterations: u64,
         fuel_total: u64,
     ) -> Result<(), SnapshotError> {
-        match self.with_access(|access| access.restore(image)) {
+        match self.with_access(|access| access.restore(source)) {
             Ok(()) => {
                 self.iterations = iterations;
                 self.fuel_total = fuel_total;

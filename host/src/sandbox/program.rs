@@ -19,7 +19,7 @@ use super::fault::{At, Call, TrialFault};
 use super::instance::TrialInstance;
 use super::limits::{Limits, TrialLimiter};
 use super::store_data::TrialHost;
-use crate::snapshot::{self, GuestImage, SnapshotRefusal};
+use crate::snapshot::{self, GuestImage, ImageSource, SnapshotRefusal, SnapshotSource};
 
 /// Why a component file could not be loaded.
 #[derive(Debug)]
@@ -292,8 +292,8 @@ impl Program {
     }
 
     /// Creates a fresh instance for one trial (as [`Program::instantiate`])
-    /// and writes a host snapshot into it; the instance continues where the
-    /// snapshot was taken, with its iteration and fuel counts.
+    /// and writes the host snapshot `image` into it; the instance continues
+    /// where the snapshot was taken, with its iteration and fuel counts.
     pub fn restore(
         &self,
         env: &TrialEnv,
@@ -302,11 +302,27 @@ impl Program {
         iterations: u64,
         fuel_total: u64,
     ) -> Result<TrialInstance, SnapshotError> {
+        let source = &mut ImageSource::new(image);
+        self.restore_from(env, limits, source, iterations, fuel_total)
+    }
+
+    /// [`Program::restore`] from any [`SnapshotSource`]: from a
+    /// [`crate::snapshot::SnapshotFile`], memory is read from the file a
+    /// piece at a time, so the host holds about the guest's memory, not
+    /// also the file or a decoded copy of it.
+    pub fn restore_from(
+        &self,
+        env: &TrialEnv,
+        limits: &Limits,
+        source: &mut dyn SnapshotSource,
+        iterations: u64,
+        fuel_total: u64,
+    ) -> Result<TrialInstance, SnapshotError> {
         self.snapshots().map_err(SnapshotError::Unsupported)?;
         let mut instance = self
             .instantiate(env, limits)
             .map_err(|fault| SnapshotError::Failed(fault.to_string()))?;
-        instance.restore_image(image, iterations, fuel_total)?;
+        instance.restore_image(source, iterations, fuel_total)?;
         Ok(instance)
     }
 }

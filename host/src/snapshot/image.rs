@@ -184,8 +184,17 @@ impl MemoryImage {
 
     /// Checks the invariants a decoded image must hold.
     pub fn validate(&self) -> Result<(), String> {
+        self.validate_runs()?;
+        if self.run_bytes() != self.data.len() as u64 {
+            return Err("memory run lengths do not add up to the stored bytes".into());
+        }
+        Ok(())
+    }
+
+    /// Checks that the runs are ascending, non-empty, non-overlapping and
+    /// within the memory (what an image without its `data` must hold).
+    pub fn validate_runs(&self) -> Result<(), String> {
         let mut end = 0u64;
-        let mut total = 0u64;
         for &(offset, len) in &self.runs {
             if offset < end || len == 0 {
                 return Err("memory runs overlap or are empty".into());
@@ -197,10 +206,6 @@ impl MemoryImage {
                     self.byte_len()
                 ));
             }
-            total += len;
-        }
-        if total != self.data.len() as u64 {
-            return Err("memory run lengths do not add up to the stored bytes".into());
         }
         Ok(())
     }

@@ -5,8 +5,9 @@
 //! [`instrument`] rewrites the component so that the host can read and write
 //! that state through a hidden accessor instance (and so that handle
 //! acquisitions are recorded in a ledger inside the guest's own state); the
-//! sandbox then turns a live instance into a [`GuestImage`] and a
-//! [`GuestImage`] back into a live instance. Components whose state cannot
+//! sandbox then turns a live instance into a [`GuestImage`] (or straight
+//! into a file) and a [`SnapshotSource`] (a file read as it goes, or an
+//! image) back into a live instance. Components whose state cannot
 //! be captured exactly are refused with a [`SnapshotRefusal`] naming the
 //! cause; they still run, and can checkpoint through their own `save()`.
 //!
@@ -18,6 +19,7 @@ mod format;
 mod image;
 mod module;
 mod refusal;
+mod source;
 mod spool;
 
 pub use component::{
@@ -25,10 +27,11 @@ pub use component::{
     global_accessor, handle_accessor, instrument, memory_accessor,
 };
 pub use format::{
-    FORMAT_VERSION, FormatError, MAGIC, Payload, ReadError, SnapshotKey, SnapshotMeta, decode,
-    encode, read, write, write_spooled,
+    FORMAT_VERSION, FormatError, MAGIC, PIECE, Payload, ReadError, SnapshotFile, SnapshotKey,
+    SnapshotMeta, decode, encode, read, write, write_spooled,
 };
 pub use image::{CHUNK, GlobalValue, GuestImage, MemoryImage, PAGE};
 pub use module::{HandleImport, LEDGER_OVERFLOW, LEDGER_SLOTS, ledger};
 pub use refusal::SnapshotRefusal;
+pub use source::{ImageSource, SnapshotSource};
 pub use spool::{Spool, SpoolStorage};

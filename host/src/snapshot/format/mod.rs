@@ -17,17 +17,23 @@
 //!
 //! Zero chunks are not stored at all (see [`super::GuestImage`]), so a large
 //! memory that is mostly untouched heap costs next to nothing on disk.
+//!
+//! Files are written ([`write`]) and read ([`read`]) as streams: neither
+//! side holds a whole file, or a second copy of a guest's memory, in memory.
+
+mod read;
+mod write;
 
 use std::fmt;
-use std::io::Write;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::image::{GlobalValue, GuestImage, MemoryImage};
-use super::spool::{Spool, SpoolStorage};
-use crate::compute::ComputeImage;
+use super::image::GuestImage;
+
+pub use read::{PIECE, SnapshotFile};
+pub use write::{encode, write, write_spooled};
 
 /// First bytes of every snapshot file.
 pub const MAGIC: &[u8; 8] = b"WTSNAP\r\n";
@@ -214,453 +220,6 @@ enum GlobalValueJson {
     F64(u64),
 }
 
-/// Encodes a snapshot file's bytes.
-pub fn encode(meta: &SnapshotMeta, payload: &Payload, key: Option<&SnapshotKey>) -> Vec<u8> {
-    let mut out = Vec::new();
-    spool_payload(meta, payload, key, Spool::in_memory())
-        .and_then(|parts| parts.write_to(&mut out))
-        .expect("encoding into memory cannot fail");
-    out
-}
-
-/// Compresses `payload`'s bytes into `spool` and describes them.
-fn spool_payload<S: SpoolStorage>(
-    meta: &SnapshotMeta,
-    payload: &Payload,
-    key: Option<&SnapshotKey>,
-    mut spool: Spool<S>,
-) -> std::io::Result<Parts<S>> {
-    match payload {
-        Payload::Memory(image) => {
-            // One frame per memory, as a spooled snapshot has them.
-            for memory in &image.memories {
-                spool.frame(&memory.data)?;
-            }
-            memory_parts(meta, image, key, spool)
-        }
-        Payload::Guest(bytes) => {
-            spool.frame(bytes)?;
-            Ok(Parts {
-                version: FORMAT_VERSION_PLAIN,
-                flags: flags(key, FLAG_GUEST),
-                header: header(meta, &GuestImage::default(), bytes.len() as u64),
-                spool,
-                key: key.map(|k| k.0),
-            })
-        }
-    }
-}
-
-/// Describes a host snapshot whose memories' bytes are in `spool` already
-/// (one frame per memory, in order), and adds its compute buffers' frames.
-fn memory_parts<S: SpoolStorage>(
-    meta: &SnapshotMeta,
-    image: &GuestImage,
-    key: Option<&SnapshotKey>,
-    mut spool: Spool<S>,
-) -> std::io::Result<Parts<S>> {
-    if spool.frames() != image.memories.len() {
-        return Err(std::io::Error::other(format!(
-            "the snapshot spool holds {} frame(s) for {} memories",
-            spool.frames(),
-            image.memories.len()
-        )));
-    }
-    for (_, buffer) in &image.compute.buffers {
-        spool.frame(bytemuck::cast_slice::<f32, u8>(buffer))?;
-    }
-    let data_len = image.memories.iter().map(MemoryImage::run_bytes).sum();
-    let version = if image.compute.is_empty() {
-        FORMAT_VERSION_PLAIN
-    } else {
-        FORMAT_VERSION
-    };
-    Ok(Parts {
-        version,
-        flags: flags(key, 0),
-        header: header(meta, image, data_len),
-        spool,
-        key: key.map(|k| k.0),
-    })
-}
-
-fn flags(key: Option<&SnapshotKey>, payload: u32) -> u32 {
-    payload | if key.is_some() { FLAG_KEYED } else { 0 }
-}
-
-/// The JSON header: `meta`, the memories' sizes and runs, the globals and
-/// the compute buffers' sizes of `image`, and `data_len`.
-fn header(meta: &SnapshotMeta, image: &GuestImage, data_len: u64) -> Vec<u8> {
-    let header = Header {
-        meta: meta.clone(),
-        memories: image
-            .memories
-            .iter()
-            .map(|m| MemoryHeader {
-                pages: m.pages,
-                runs: m.runs.clone(),
-            })
-            .collect(),
-        globals: image
-            .globals
-            .iter()
-            .map(|g| match *g {
-                GlobalValue::I32(v) => GlobalValueJson::I32(v),
-                GlobalValue::I64(v) => GlobalValueJson::I64(v),
-                GlobalValue::F32(v) => GlobalValueJson::F32(v),
-                GlobalValue::F64(v) => GlobalValueJson::F64(v),
-            })
-            .collect(),
-        data_len,
-        compute: (!image.compute.is_empty()).then(|| ComputeHeader {
-            next_buffer: image.compute.next_buffer,
-            next_pipeline: image.compute.next_pipeline,
-            buffers: image
-                .compute
-                .buffers
-                .iter()
-                .map(|(id, b)| (*id, b.len() as u64))
-                .collect(),
-        }),
-    };
-    serde_json::to_vec(&header).expect("snapshot headers always serialize")
-}
-
-/// A snapshot file's parts before they are laid out: its header, and its
-/// payload's frames in a spool; written by [`Parts::write_to`] without the
-/// frames ever being held in memory together.
-struct Parts<S: SpoolStorage> {
-    version: u32,
-    flags: u32,
-    header: Vec<u8>,
-    spool: Spool<S>,
-    key: Option<[u8; 32]>,
-}
-
-impl<S: SpoolStorage> Parts<S> {
-    /// Writes the file's bytes to `out` (the checksum computed on the way)
-    /// and returns how many there were.
-    fn write_to(self, out: impl Write) -> std::io::Result<u64> {
-        let hasher = match &self.key {
-            Some(key) => blake3::Hasher::new_keyed(key),
-            None => blake3::Hasher::new(),
-        };
-        let mut out = Hashing {
-            out,
-            hasher,
-            written: 0,
-        };
-        out.write_all(MAGIC)?;
-        out.write_all(&self.version.to_le_bytes())?;
-        out.write_all(&self.flags.to_le_bytes())?;
-        out.write_all(&(self.header.len() as u32).to_le_bytes())?;
-        out.write_all(&self.header)?;
-        out.write_all(&self.spool.laid_out_len().to_le_bytes())?;
-        self.spool.copy_frames_to(&mut out)?;
-        let trailer = out.hasher.finalize();
-        out.out.write_all(trailer.as_bytes())?;
-        out.out.flush()?;
-        Ok(out.written + trailer.as_bytes().len() as u64)
-    }
-}
-
-/// A writer that hashes what passes through it.
-struct Hashing<W> {
-    out: W,
-    hasher: blake3::Hasher,
-    written: u64,
-}
-
-impl<W: Write> Write for Hashing<W> {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        let n = self.out.write(bytes)?;
-        self.hasher.update(&bytes[..n]);
-        self.written += n as u64;
-        Ok(n)
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        self.out.flush()
-    }
-}
-
-/// Decodes and verifies a snapshot file. `component` is the digest of the
-/// component it must belong to; `key`, when given, makes a MAC mandatory.
-pub fn decode(
-    bytes: &[u8],
-    component: &str,
-    key: Option<&SnapshotKey>,
-) -> Result<(SnapshotMeta, Payload), FormatError> {
-    if bytes.len() < MAGIC.len() || &bytes[..MAGIC.len()] != MAGIC {
-        return Err(FormatError::NotASnapshot);
-    }
-    let mut cursor = Cursor {
-        bytes,
-        at: MAGIC.len(),
-    };
-    let version = cursor.u32()?;
-    if version != FORMAT_VERSION && version != FORMAT_VERSION_PLAIN {
-        return Err(FormatError::Version(version));
-    }
-    let flags = cursor.u32()?;
-    if bytes.len() < cursor.at + TRAILER {
-        return Err(FormatError::Truncated);
-    }
-    // Verify before parsing anything else: every later check then runs on
-    // bytes the writer produced.
-    let (body, trailer) = bytes.split_at(bytes.len() - TRAILER);
-    let keyed = flags & FLAG_KEYED != 0;
-    match (keyed, key) {
-        (true, None) => return Err(FormatError::KeyRequired),
-        (false, Some(_)) => {
-            if blake3::hash(body).as_bytes() != trailer {
-                return Err(FormatError::Checksum);
-            }
-            return Err(FormatError::Unauthenticated);
-        }
-        (true, Some(key)) => {
-            if blake3::keyed_hash(&key.0, body)
-                != blake3::Hash::from_bytes(trailer.try_into().unwrap())
-            {
-                return Err(FormatError::Authentication);
-            }
-        }
-        (false, None) => {
-            if blake3::hash(body) != blake3::Hash::from_bytes(trailer.try_into().unwrap()) {
-                return Err(check_truncation(body, cursor.at).unwrap_or(FormatError::Checksum));
-            }
-        }
-    }
-    if flags & !(FLAG_KEYED | FLAG_GUEST) != 0 {
-        return Err(FormatError::Malformed(format!("unknown flags {flags:#x}")));
-    }
-    let cursor = &mut Cursor {
-        bytes: body,
-        at: cursor.at,
-    };
-    let header_len = cursor.u32()? as usize;
-    if header_len > MAX_HEADER {
-        return Err(FormatError::Malformed("header too large".into()));
-    }
-    let header: Header = serde_json::from_slice(cursor.take(header_len)?)
-        .map_err(|e| FormatError::Malformed(format!("header: {e}")))?;
-    if header.meta.component != component {
-        return Err(FormatError::Foreign {
-            expected: component.into(),
-            found: header.meta.component,
-        });
-    }
-    let payload_len = cursor.u64()? as usize;
-    let mut payload = Cursor {
-        bytes: cursor.take(payload_len)?,
-        at: 0,
-    };
-    if cursor.at != body.len() {
-        return Err(FormatError::Malformed(
-            "trailing bytes after the payload".into(),
-        ));
-    }
-
-    if flags & FLAG_GUEST != 0 {
-        if !header.memories.is_empty() || !header.globals.is_empty() || header.compute.is_some() {
-            return Err(FormatError::Malformed(
-                "a guest checkpoint lists memories or compute buffers".into(),
-            ));
-        }
-        let frame_len = payload.u64()? as usize;
-        let frame = payload.take(frame_len)?;
-        let capacity = usize::try_from(header.data_len)
-            .ok()
-            .filter(|&c| c <= MAX_GUEST_STATE)
-            .ok_or_else(|| FormatError::Malformed("guest state too large".into()))?;
-        let data = decompress(frame, capacity)
-            .map_err(|e| FormatError::Malformed(format!("guest state: {e}")))?;
-        if data.len() as u64 != header.data_len || payload.at != payload.bytes.len() {
-            return Err(FormatError::Malformed(
-                "guest state length differs from the header".into(),
-            ));
-        }
-        return Ok((header.meta, Payload::Guest(data)));
-    }
-    let mut image = GuestImage::default();
-    for memory in header.memories {
-        // Only 32-bit memories are snapshotted; the bound also caps what
-        // one memory's data reserves below, whatever its runs claim.
-        if u64::from(memory.pages) > MAX_MEMORY_PAGES {
-            return Err(FormatError::Malformed(
-                "a memory is larger than the 4 GiB a 32-bit memory addresses".into(),
-            ));
-        }
-        let expected = memory
-            .runs
-            .iter()
-            .try_fold(0u64, |sum, &(_, len)| sum.checked_add(len));
-        let frame_len = payload.u64()? as usize;
-        let frame = payload.take(frame_len)?;
-        let capacity = expected
-            .and_then(|e| usize::try_from(e).ok())
-            .filter(|&c| c as u64 <= u64::from(memory.pages) * super::PAGE)
-            .ok_or_else(|| FormatError::Malformed("memory runs exceed the memory".into()))?;
-        let data = decompress(frame, capacity)
-            .map_err(|e| FormatError::Malformed(format!("memory data: {e}")))?;
-        let image_memory = MemoryImage {
-            pages: memory.pages,
-            runs: memory.runs,
-            data,
-        };
-        image_memory.validate().map_err(FormatError::Malformed)?;
-        image.memories.push(image_memory);
-    }
-    if let Some(compute) = header.compute {
-        if version != FORMAT_VERSION {
-            return Err(FormatError::Malformed(format!(
-                "compute buffers in a version {version} file"
-            )));
-        }
-        image.compute = decode_compute(compute, &mut payload)?;
-    }
-    if payload.at != payload.bytes.len() {
-        return Err(FormatError::Malformed("unused memory data".into()));
-    }
-    image.globals = header
-        .globals
-        .into_iter()
-        .map(|g| match g {
-            GlobalValueJson::I32(v) => GlobalValue::I32(v),
-            GlobalValueJson::I64(v) => GlobalValue::I64(v),
-            GlobalValueJson::F32(v) => GlobalValue::F32(v),
-            GlobalValueJson::F64(v) => GlobalValue::F64(v),
-        })
-        .collect();
-    if image.stored_bytes() != header.data_len {
-        return Err(FormatError::Malformed(
-            "memory data length differs from the header".into(),
-        ));
-    }
-    Ok((header.meta, Payload::Memory(image)))
-}
-
-/// The compute buffers a header lists, from their frames.
-fn decode_compute(
-    header: ComputeHeader,
-    payload: &mut Cursor<'_>,
-) -> Result<ComputeImage, FormatError> {
-    let malformed = |why: &str| FormatError::Malformed(format!("compute buffers: {why}"));
-    let mut total: u64 = 0;
-    let mut previous = 0;
-    let mut buffers = Vec::with_capacity(header.buffers.len().min(1 << 16));
-    for (id, elements) in header.buffers {
-        if id <= previous || id >= header.next_buffer {
-            return Err(malformed("numbers out of order or out of range"));
-        }
-        previous = id;
-        // Each buffer is bounded like a live one, so no single allocation
-        // exceeds what a trial could create.
-        if elements.saturating_mul(4) > crate::compute::MAX_BUFFER_BYTES {
-            return Err(malformed("a buffer is larger than any backend allows"));
-        }
-        total += elements * 4;
-        if total > MAX_COMPUTE {
-            return Err(malformed("too large"));
-        }
-        let frame_len = payload.u64()? as usize;
-        let frame = payload.take(frame_len)?;
-        let bytes =
-            decompress(frame, (elements * 4) as usize).map_err(|e| malformed(&e.to_string()))?;
-        if bytes.len() as u64 != elements * 4 {
-            return Err(malformed("a buffer's length differs from the header"));
-        }
-        buffers.push((id, bytemuck::pod_collect_to_vec::<u8, f32>(&bytes)));
-    }
-    Ok(ComputeImage {
-        next_buffer: header.next_buffer,
-        next_pipeline: header.next_pipeline,
-        buffers,
-    })
-}
-
-/// Decompresses `frame`, which may hold at most `capacity` bytes, reserving
-/// no more than the frame can produce: `capacity` comes from the header, and
-/// a few bytes of frame claiming gigabytes must not make the host reserve
-/// them (or abort when it cannot).
-fn decompress(frame: &[u8], capacity: usize) -> std::io::Result<Vec<u8>> {
-    let most = frame.len().saturating_mul(ZSTD_MAX_RATIO);
-    zstd::bulk::decompress(frame, capacity.min(most))
-}
-
-/// A body whose own lengths run past its end was cut short, which says more
-/// than "checksum mismatch".
-fn check_truncation(body: &[u8], at: usize) -> Option<FormatError> {
-    let cursor = &mut Cursor { bytes: body, at };
-    let header_len = cursor.u32().ok()? as usize;
-    if cursor.take(header_len).is_err() {
-        return Some(FormatError::Truncated);
-    }
-    let payload_len = cursor.u64().ok()? as usize;
-    if cursor.take(payload_len).is_err() {
-        return Some(FormatError::Truncated);
-    }
-    None
-}
-
-struct Cursor<'a> {
-    bytes: &'a [u8],
-    at: usize,
-}
-
-impl<'a> Cursor<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8], FormatError> {
-        let end = self.at.checked_add(n).ok_or(FormatError::Truncated)?;
-        let slice = self.bytes.get(self.at..end).ok_or(FormatError::Truncated)?;
-        self.at = end;
-        Ok(slice)
-    }
-
-    fn u32(&mut self) -> Result<u32, FormatError> {
-        Ok(u32::from_le_bytes(self.take(4)?.try_into().unwrap()))
-    }
-
-    fn u64(&mut self) -> Result<u64, FormatError> {
-        Ok(u64::from_le_bytes(self.take(8)?.try_into().unwrap()))
-    }
-}
-
-/// Writes a snapshot file atomically (temporary file, fsync, rename). The
-/// payload's bytes are compressed into a [`Spool`] beside `path` first, so
-/// the host holds no second copy of them.
-pub fn write(
-    path: &Path,
-    meta: &SnapshotMeta,
-    payload: &Payload,
-    key: Option<&SnapshotKey>,
-) -> std::io::Result<u64> {
-    let parts = spool_payload(meta, payload, key, Spool::beside(path)?)?;
-    write_parts(path, parts)
-}
-
-/// Writes the host snapshot `image` atomically, as [`write`] does, when its
-/// memories' bytes are in `spool` already, one frame per memory in order
-/// (the memories' own `data` is not read): how the sandbox snapshots a
-/// live instance without copying its memory.
-pub fn write_spooled(
-    path: &Path,
-    meta: &SnapshotMeta,
-    image: &GuestImage,
-    spool: Spool,
-    key: Option<&SnapshotKey>,
-) -> std::io::Result<u64> {
-    write_parts(path, memory_parts(meta, image, key, spool)?)
-}
-
-fn write_parts<S: SpoolStorage>(path: &Path, parts: Parts<S>) -> std::io::Result<u64> {
-    let mut written = 0;
-    crate::persist::write_atomic_with(path, |file| {
-        written = parts.write_to(std::io::BufWriter::new(file))?;
-        Ok(())
-    })?;
-    Ok(written)
-}
-
 /// Why a snapshot file could not be read.
 #[derive(Debug)]
 pub enum ReadError {
@@ -668,6 +227,9 @@ pub enum ReadError {
     Io(std::io::Error),
     /// Its content was rejected.
     Format(FormatError),
+    /// A part of the file read after it was verified differs from what was
+    /// verified: it was changed while being read.
+    Changed,
 }
 
 impl fmt::Display for ReadError {
@@ -675,25 +237,54 @@ impl fmt::Display for ReadError {
         match self {
             ReadError::Io(e) => write!(f, "{e}"),
             ReadError::Format(e) => write!(f, "{e}"),
+            ReadError::Changed => f.write_str(
+                "the snapshot file changed while it was being read; nothing of it was used",
+            ),
         }
     }
 }
 
 impl std::error::Error for ReadError {}
 
-/// Reads and verifies a snapshot file.
+impl From<FormatError> for ReadError {
+    fn from(err: FormatError) -> Self {
+        ReadError::Format(err)
+    }
+}
+
+/// Decodes and verifies a snapshot file held in memory. `component` is the
+/// digest of the component it must belong to; `key`, when given, makes a
+/// MAC mandatory.
+pub fn decode(
+    bytes: &[u8],
+    component: &str,
+    key: Option<&SnapshotKey>,
+) -> Result<(SnapshotMeta, Payload), FormatError> {
+    SnapshotFile::new(std::io::Cursor::new(bytes), component, key)
+        .and_then(SnapshotFile::into_payload)
+        .map_err(|err| match err {
+            ReadError::Format(err) => err,
+            // Bytes in memory neither fail to read nor change.
+            ReadError::Io(_) => FormatError::Truncated,
+            ReadError::Changed => FormatError::Checksum,
+        })
+}
+
+/// Reads and verifies a whole snapshot file into memory; see
+/// [`SnapshotFile`] to read one without holding it.
 pub fn read(
     path: &Path,
     component: &str,
     key: Option<&SnapshotKey>,
 ) -> Result<(SnapshotMeta, Payload), ReadError> {
-    let bytes = std::fs::read(path).map_err(ReadError::Io)?;
-    decode(&bytes, component, key).map_err(ReadError::Format)
+    SnapshotFile::open(path, component, key)?.into_payload()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::compute::ComputeImage;
+    use crate::snapshot::image::{GlobalValue, MemoryImage};
 
     fn sample() -> (SnapshotMeta, Payload) {
         let mut memory = MemoryImage::with_pages(4);
@@ -951,16 +542,15 @@ mod tests {
                 "guest state length differs from the header".into()
             ))
         );
-        let frame = zstd::bulk::compress(b"x", 1).unwrap();
-        let data = decompress(&frame, MAX_GUEST_STATE).unwrap();
-        assert_eq!(data, b"x");
-        assert!(data.capacity() <= frame.len() * ZSTD_MAX_RATIO);
-        // The bound leaves room for the most compressible data at the
-        // strongest level.
+        // A frame can produce at most ZSTD_MAX_RATIO bytes per byte, which
+        // leaves room for the most compressible data at the strongest level.
         let zeros = vec![0u8; 16 << 20];
         for level in [1, 19] {
             let frame = zstd::bulk::compress(&zeros, level).unwrap();
-            assert_eq!(decompress(&frame, zeros.len()).unwrap(), zeros);
+            assert!(zeros.len() <= frame.len() * ZSTD_MAX_RATIO, "level {level}");
+            let payload = Payload::Guest(zeros.clone());
+            let bytes = encode(&meta, &payload, None);
+            assert_eq!(decode(&bytes, &meta.component, None).unwrap().1, payload);
         }
     }
 
