@@ -718,6 +718,9 @@ fn trials_a_resumed_run_finds_on_disk_are_continued_not_redone() {
         12 + 6,
         "only the new trial trained"
     );
+    // The adopted trial's fuel, burned before the kill, counts toward
+    // `max_fuel` with the new trial's: 10 per iteration.
+    assert_eq!(summary.decisions.fuel_burned, 60 + 60);
     let aside: Vec<_> = std::fs::read_dir(dir.path())
         .unwrap()
         .map(|e| e.unwrap().file_name().into_string().unwrap())
@@ -731,12 +734,15 @@ fn trials_a_resumed_run_finds_on_disk_are_continued_not_redone() {
     assert_eq!(old, json!({"x": 2.0}));
 }
 
+/// `(iteration, iterations in result.jsonl)` at each checkpoint.
+type Seen = Arc<Mutex<Vec<(u64, Vec<u64>)>>>;
+
 /// Records, each time its checkpoint state is taken, the iteration and the
 /// iterations already in its trial's `result.jsonl` on disk.
 struct Witness {
     results: std::path::PathBuf,
     iteration: u64,
-    seen: Arc<Mutex<Vec<(u64, Vec<u64>)>>>,
+    seen: Seen,
 }
 
 impl wtune::tune::StatefulStep for Witness {
@@ -771,7 +777,7 @@ fn every_result_up_to_a_checkpoint_is_on_disk_before_the_checkpoint_is_taken() {
     // results before it, which nothing would ever write again.
     let dir = tempfile::tempdir().unwrap();
     let results = dir.path().join("trial_0000/result.jsonl");
-    let seen = Arc::new(Mutex::new(Vec::new()));
+    let seen: Seen = Arc::default();
     let backend = {
         let seen = seen.clone();
         FnBackend::stateful(move |config: &Value, _state| {

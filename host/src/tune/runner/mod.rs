@@ -383,6 +383,10 @@ impl<B: TrialBackend> Runner<B> {
                 trial.restore_from = self.spec.restore_from.clone();
                 if let Some(adopt) = &mut self.adopt {
                     adopt(&mut trial);
+                    // What it burned in the interrupted run, up to the
+                    // checkpoint it continues from: the saved count, older
+                    // than the trial, holds none of it.
+                    self.fuel_burned = self.fuel_burned.saturating_add(trial.fuel_total);
                 }
                 trials.push(trial);
                 self.scheduler.on_trial_add(&trials[trials.len() - 1]);
