@@ -1313,3 +1313,60 @@ fn nan_and_infinities_stay_apart_in_the_result_files() {
     // Not numbers a scheduler could rank by.
     assert_eq!(trial.metric("pos"), None);
 }
+
+#[test]
+fn result_files_stay_under_the_result_limit_across_retries() {
+    // The guest reports the largest legal report at every call and fails
+    // every 5th, so each retry starts a new instance with a new count of its
+    // own; the trial's files are capped over all of them.
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("experiment.toml");
+    std::fs::write(
+        &config,
+        "metric = \"score\"\nmode = \"max\"\nmax_concurrent_trials = 2\nmax_failures = 40\n\
+         [limits]\nresult_size = \"1MiB\"\n\
+         [param_space]\nattack = { grid_search = [\"report_flood\", \"none\"] }\nat = 1\n\
+         iterations = 3\n",
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let run = common::wtune()
+        .arg("run")
+        .arg(common::guest("hostile"))
+        .arg("--config")
+        .arg(&config)
+        .arg("--output-dir")
+        .arg(&out)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    let state = wtune::report::state::load(&out, false).unwrap();
+    let of = |attack: &str| {
+        state
+            .trials
+            .iter()
+            .find(|t| t.config["attack"] == attack)
+            .unwrap()
+    };
+    let (flooder, benign) = (of("report_flood"), of("none"));
+    assert_error(
+        flooder,
+        &["its results reached the limit of 1 MiB in result.jsonl and progress.csv"],
+    );
+    assert!(flooder.num_failures >= 2, "retried: {stderr}");
+    let written: u64 = ["result.jsonl", "progress.csv"]
+        .iter()
+        .map(|f| {
+            std::fs::metadata(out.join(&flooder.trial_id).join(f))
+                .unwrap()
+                .len()
+        })
+        .sum();
+    assert!(written <= 1 << 20, "{written} bytes of results");
+    assert!(
+        written >= 900 << 10,
+        "{written} bytes: the cap counted too much"
+    );
+    assert_eq!(benign.status, TrialStatus::Terminated, "{:?}", benign.error);
+    assert_eq!(benign.iterations, 3);
+}

@@ -46,6 +46,7 @@
 //! | `stdout_flood`     | writes 64 KiB of 1 KiB lines to stdout forever (and stderr every 16th) | capture capped; ended by fuel or the deadline |
 //! | `log_flood`        | sends 64 KiB `info!` lines to the host log forever              | log capped; ended by fuel or the deadline |
 //! | `exit`             | calls `std::process::exit(3)` (WASI's `exit`, status 1 in WASI 0.2) | ERROR naming the exit and its status |
+//! | `report_flood`     | from the `at`-th `train()` on, every report is the largest the host accepts: `score` and 255 metrics with 256-byte names; fails (`Err`) every 5th call so the host retries it | ERROR naming the result limit (`limits.result_size`); the trial's result files stay under it across retries |
 //! | `big_report`       | returns a report with 100 000 metrics `m0`, `m1`, ... (no `score`) | host rejects the report: ERROR |
 //! | `reserved_metric`  | returns `score` and a metric named `training_iteration`         | host rejects the report: ERROR |
 //! | `huge_error`       | returns an error message of 100 000 000 bytes                   | ERROR quoting only the message's first 4 KiB and naming its size |
@@ -128,6 +129,8 @@ pub enum Attack {
     Exit,
     /// Returns a report with 100 000 metrics.
     BigReport,
+    /// From `at` on, the largest legal report at every call.
+    ReportFlood,
     /// Returns a report with the reserved metric `training_iteration`.
     ReservedMetric,
     /// Returns a 100 MB error message.
@@ -162,7 +165,7 @@ pub enum Attack {
 
 impl Attack {
     /// Every attack, with its config name.
-    pub const ALL: [(&'static str, Attack); 31] = [
+    pub const ALL: [(&'static str, Attack); 32] = [
         ("none", Attack::None),
         ("error", Attack::Error),
         ("panic", Attack::Panic),
@@ -179,6 +182,7 @@ impl Attack {
         ("log_flood", Attack::LogFlood),
         ("exit", Attack::Exit),
         ("big_report", Attack::BigReport),
+        ("report_flood", Attack::ReportFlood),
         ("reserved_metric", Attack::ReservedMetric),
         ("huge_error", Attack::HugeError),
         ("huge_metric_name", Attack::HugeMetricName),
@@ -328,6 +332,9 @@ impl Trainable for Hostile {
         if self.pace_ms > 0 {
             std::thread::sleep(std::time::Duration::from_millis(self.pace_ms));
         }
+        if self.attack == Attack::ReportFlood && n >= self.at {
+            return report_flood(n);
+        }
         if n != self.at {
             return Ok(benign(n, self.iterations));
         }
@@ -353,6 +360,7 @@ impl Trainable for Hostile {
             Attack::LogFlood => log_flood(),
             Attack::Exit => std::process::exit(3),
             Attack::BigReport => Ok(big_report()),
+            Attack::ReportFlood => report_flood(n),
             Attack::ReservedMetric => Ok(reserved_metric(n)),
             Attack::HugeError => Err(Error::msg("e".repeat(HUGE))),
             Attack::HugeMetricName => Ok(Report::new().metric("m".repeat(HUGE), 1.0)),
@@ -589,6 +597,23 @@ fn big_report() -> Report {
     (0..100_000).fold(Report::new(), |report, i| {
         report.metric(format!("m{i}"), i as f64)
     })
+}
+
+/// `report_flood`: the largest report the host accepts (64 KiB of metric
+/// names in all, each at most 256 bytes), and an error every 5th call, so
+/// that a host retrying failed trials starts a new instance again and
+/// again.
+fn report_flood(iteration: u64) -> Result<Report> {
+    if iteration % 5 == 0 {
+        return Err(Error::msg(format!(
+            "failing at iteration {iteration} to be retried"
+        )));
+    }
+    Ok(
+        (0..255).fold(Report::new().metric("score", 1.0), |report, i| {
+            report.metric(format!("{i:0>256}"), i as f64)
+        }),
+    )
 }
 
 /// `reserved_metric`: a report that uses a name the host fills in itself.

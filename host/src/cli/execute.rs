@@ -130,7 +130,7 @@ fn assemble(
     runner
         .with_trials(trials)
         .callback(state)
-        .callback(TrialFiles::new())
+        .callback(TrialFiles::new().cap_per_trial(setup.limits.result_bytes))
         .callback(ExperimentFile::new(setup.run_info()))
         .callback(Progress::new().total(total))
 }

@@ -92,6 +92,9 @@ struct Files {
     /// A continuing trial's CSV columns, read when the files were opened,
     /// until its first result takes them.
     header: Option<Vec<String>>,
+    /// Bytes both files held when they were opened (after the cut-back),
+    /// until the trial's first result takes them into its count.
+    held: Option<u64>,
 }
 
 impl Slot {
@@ -172,6 +175,8 @@ impl Slot {
         };
         let jsonl = append("result.jsonl")?;
         let csv = append("progress.csv")?;
+        let size = |file: &File| file.metadata().map_or(0, |m| m.len());
+        let held = size(&jsonl) + size(&csv);
         // A continuing trial keeps its CSV's columns. Only a file that
         // already has rows (its size from the handle just opened) is read
         // for them: a new trial's empty file costs no second open.
@@ -191,6 +196,7 @@ impl Slot {
             spare: Default::default(),
             error: None,
             header,
+            held: Some(held),
         });
         Ok(())
     }
@@ -361,6 +367,9 @@ struct Open {
     /// The CSV's columns, once known.
     columns: Option<Vec<String>>,
     keys: Keys,
+    /// Bytes of the trial's files, written or buffered, once its first
+    /// result came (those from earlier launches included).
+    bytes: u64,
 }
 
 /// Object keys as JSON text (`"lr":`), in the order the trial's previous
@@ -435,12 +444,26 @@ pub struct TrialFiles {
     write_through: bool,
     flat: Flat,
     path: String,
+    /// Most bytes of one trial's `result.jsonl` and `progress.csv`
+    /// together.
+    cap: Option<u64>,
 }
 
 impl TrialFiles {
     /// A logger with no files open yet.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Caps each trial's `result.jsonl` and `progress.csv` together at
+    /// `bytes`, counted over all of the trial's launches (recoveries,
+    /// pauses, `wtune resume`) from what its files hold: the result that
+    /// would cross it is not written and fails the trial, so a guest that
+    /// fails and is retried cannot fill the disk one instance at a time.
+    /// Uncapped by default.
+    pub fn cap_per_trial(mut self, bytes: u64) -> Self {
+        self.cap = Some(bytes);
+        self
     }
 
     /// Writes what `index` has buffered and closes its files.
@@ -492,33 +515,41 @@ impl Open {
             }),
             columns: None,
             keys: Keys::default(),
+            bytes: 0,
         }
     }
 
     /// Formats `result` into the trial's buffers: its JSON line, and its
-    /// CSV row (after the header, for the trial's first row).
+    /// CSV row (after the header, for the trial's first row). A result
+    /// that would take the trial's files past `cap` bytes is not kept.
     fn append(
         &mut self,
         result: &Map<String, Value>,
         flat: &mut Flat,
         path: &mut String,
-    ) -> serde_json::Result<Appended> {
+        cap: Option<u64>,
+    ) -> Result<Appended, String> {
         if self.columns.is_none() {
-            self.columns = lock(&self.slot.files)
-                .as_mut()
-                .and_then(|files| files.header.take());
+            let mut files = lock(&self.slot.files);
+            if let Some(files) = files.as_mut() {
+                self.columns = files.header.take();
+                self.bytes += files.held.take().unwrap_or(0);
+            }
         }
         let mut pending = lock(&self.slot.pending);
         let pending = &mut *pending;
-        let before = pending.jsonl.len();
+        let before = (pending.jsonl.len(), pending.csv.len());
+        let writing =
+            |e: serde_json::Error| format!("writing results in {}: {e}", self.slot.dir.display());
         let last = match write_result(result, &mut pending.jsonl, flat, path, &mut self.keys) {
             Ok(last) => last,
             Err(e) => {
-                pending.jsonl.truncate(before);
-                return Err(e);
+                pending.jsonl.truncate(before.0);
+                return Err(writing(e));
             }
         };
         let flat = flat.as_slice();
+        let new_columns = self.columns.is_none();
         let columns = self.columns.get_or_insert_with(|| {
             let columns: Vec<String> = flat.iter().map(|(k, _)| k.clone()).collect();
             // The header goes with the first row, in the same write.
@@ -544,6 +575,23 @@ impl Open {
                     .map(|c| row.get(c.as_str()).copied().unwrap_or_default()),
             );
         }
+        let added = (pending.jsonl.len() - before.0 + pending.csv.len() - before.1) as u64;
+        if let Some(cap) = cap
+            && self.bytes + added > cap
+        {
+            pending.jsonl.truncate(before.0);
+            pending.csv.truncate(before.1);
+            if new_columns {
+                self.columns = None;
+            }
+            let iteration = result.get("training_iteration").unwrap_or(&Value::Null);
+            return Err(format!(
+                "its results reached the limit of {} in result.jsonl and progress.csv \
+                 (limits.result_size); the result of iteration {iteration} was not written",
+                crate::units::human_bytes(cap)
+            ));
+        }
+        self.bytes += added;
         let full = pending.jsonl.len() >= MAX_PENDING;
         let queue = !pending.queued && !full;
         if queue {
@@ -729,7 +777,6 @@ impl Callback for TrialFiles {
         index: usize,
         result: &Map<String, Value>,
     ) -> Result<(), String> {
-        let dir = &trials[index].dir;
         let open = self
             .open
             .get_mut(&index)
@@ -737,9 +784,8 @@ impl Callback for TrialFiles {
         if let Some(message) = open.slot.background_error() {
             return Err(message);
         }
-        let Appended { queue, full, last } = open
-            .append(result, &mut self.flat, &mut self.path)
-            .map_err(|e| format!("writing results in {}: {e}", dir.display()))?;
+        let Appended { queue, full, last } =
+            open.append(result, &mut self.flat, &mut self.path, self.cap)?;
         match &self.flusher {
             Some(flusher) if !(full || last) => {
                 if queue {
@@ -1147,6 +1193,58 @@ mod tests {
             std::fs::read_to_string(tdir.join("progress.csv")).unwrap(),
             "loss,training_iteration\n"
         );
+    }
+
+    #[test]
+    fn a_trials_files_stop_at_the_cap_over_all_its_launches() {
+        let dir = tempfile::tempdir().unwrap();
+        let tdir = dir.path().join("trial_0000");
+        let mut trials = vec![Trial::new(
+            "trial_0000".into(),
+            json!({"x": 1}),
+            tdir.clone(),
+        )];
+        // Launches continue from a checkpoint past every iteration here, so
+        // nothing is cut back between them.
+        trials[0].checkpoints.push(checkpoint_at(1000));
+        let cap = 2000;
+        let size = || {
+            ["result.jsonl", "progress.csv"]
+                .iter()
+                .map(|f| std::fs::metadata(tdir.join(f)).unwrap().len())
+                .sum::<u64>()
+        };
+        let result = |i: u64| json!({"loss": 1.0 / i as f64, "training_iteration": i});
+        let mut files = TrialFiles::new().cap_per_trial(cap);
+        start(&mut files, &trials, 0).unwrap();
+        let mut i = 0;
+        let refused = loop {
+            i += 1;
+            assert!(i < 1000, "never capped");
+            if let Err(message) = files.on_result(&trials, 0, result(i).as_object().unwrap()) {
+                break message;
+            }
+        };
+        assert!(refused.contains("limits.result_size"), "{refused}");
+        assert!(
+            refused.contains(&format!("iteration {i} was not written")),
+            "{refused}"
+        );
+        files.on_trial_end(&trials, 0).unwrap();
+        let written = size();
+        assert!(written <= cap, "{written} bytes");
+        let lines = std::fs::read_to_string(tdir.join("result.jsonl")).unwrap();
+        assert_eq!(lines.lines().count() as u64, i - 1);
+
+        // Launched again (a recovery, a resume with new files): the cap
+        // counts what is on disk, so the next result is refused at once.
+        for mut files in [files, TrialFiles::new().cap_per_trial(cap)] {
+            start(&mut files, &trials, 0).unwrap();
+            let again = files.on_result(&trials, 0, result(i).as_object().unwrap());
+            assert!(again.is_err());
+            files.on_trial_end(&trials, 0).unwrap();
+            assert_eq!(size(), written);
+        }
     }
 
     #[test]

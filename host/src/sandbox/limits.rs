@@ -45,8 +45,10 @@ pub struct Limits {
     /// and [`RESULT_BYTES_PER_REPORT`] for the fields the host adds), so a
     /// guest reporting the largest legal report at every call cannot fill
     /// the disk with `result.jsonl` and `progress.csv`. Crossing it ends the
-    /// trial with the limit named. Counted from the instance's start: a
-    /// trial restored from a checkpoint starts a new count.
+    /// trial with the limit named. Counted from the instance's start; `wtune
+    /// run` also caps the trial's two files at this size over all of its
+    /// instances (`report::TrialFiles::cap_per_trial`), so a trial that fails
+    /// and is retried cannot write past it either.
     #[serde(default = "default_result_bytes")]
     pub result_bytes: u64,
     /// Cap on what the trial keeps in its own directory (`work/`), in bytes
