@@ -604,7 +604,7 @@ fn big_report() -> Report {
 /// that a host retrying failed trials starts a new instance again and
 /// again.
 fn report_flood(iteration: u64) -> Result<Report> {
-    if iteration % 5 == 0 {
+    if iteration.is_multiple_of(5) {
         return Err(Error::msg(format!(
             "failing at iteration {iteration} to be retried"
         )));
