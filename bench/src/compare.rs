@@ -348,6 +348,7 @@ pub fn replay() {
                     max_fuel: Some(budget),
                     ..Default::default()
                 },
+                result_order: Default::default(),
             };
             let scheduler = match &scheduler {
                 None => Box::new(Fifo::default()) as Box<dyn Scheduler>,

@@ -86,6 +86,7 @@ pub fn bench_spec(
         resources_per_trial: Resources::none(),
         resources: Default::default(),
         stop_experiment: Default::default(),
+        result_order: Default::default(),
     }
 }
 

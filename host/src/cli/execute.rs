@@ -1,7 +1,7 @@
 //! Running an experiment's trials to the end, for `run` and `resume` alike.
 
 use crate::report::terminal::inert;
-use crate::report::{ExperimentFile, Progress, StateFile, TrialFiles, summary_text};
+use crate::report::{DecisionLog, ExperimentFile, Progress, StateFile, TrialFiles, summary_text};
 use crate::sandbox::human_bytes;
 use crate::serve;
 use crate::tune::resume;
@@ -131,6 +131,7 @@ fn assemble(
         .with_trials(trials)
         .callback(state)
         .callback(TrialFiles::new().cap_per_trial(setup.limits.result_bytes))
+        .callback(DecisionLog::new())
         .callback(ExperimentFile::new(setup.run_info()))
         .callback(Progress::new().total(total))
 }

@@ -4,6 +4,7 @@
 
 mod args;
 mod common;
+mod decisions;
 mod execute;
 mod inspect;
 mod resume;
@@ -36,6 +37,14 @@ enum Command {
     /// Serve the dashboard and API for an experiment directory, finished or running in
     /// another process (to control a run, start it with `--serve` instead).
     Serve(ServeDirArgs),
+    /// Say whether two experiment directories made the same decisions (their
+    /// decisions.jsonl), or where they part.
+    Decisions {
+        /// An experiment directory.
+        a: PathBuf,
+        /// Another one.
+        b: PathBuf,
+    },
     /// Show a component's imports and exports and whether it fits the wtune contract.
     Inspect {
         /// The component (.wasm) to inspect.
@@ -95,6 +104,7 @@ pub fn main() -> ExitCode {
         Command::Resume(args) => resume::resume_experiment(args),
         Command::Serve(args) => inspect::serve_dir(args),
         Command::Inspect { model } => inspect::inspect(&model),
+        Command::Decisions { a, b } => decisions::compare(&a, &b),
         Command::GpuWorker { .. } | Command::CompileWorker { .. } => {
             unreachable!("served above")
         }

@@ -6,7 +6,9 @@ use serde_json::{Map, Value};
 use super::error::{ConfigError, bad};
 use super::file::{ExperimentToml, by_name, one_line, to_json};
 use super::overrides::Overrides;
-use crate::tune::{Mode, SchedulerSpec, SearchSpace, SearchSpec, StopCriteria};
+use crate::tune::{
+    ExperimentStop, Mode, ResultOrder, SchedulerSpec, SearchSpace, SearchSpec, StopCriteria,
+};
 
 /// Stop criterion applied when none is given, so `wtune run model.wasm`
 /// ends on its own.
@@ -131,4 +133,42 @@ pub(super) fn stop_criteria(
         ));
     }
     Ok(stop)
+}
+
+/// `deterministic`: whether results reach the scheduler and the searcher in
+/// fuel-time order ([`ResultOrder::Fuel`]), so that a seeded run decides
+/// the same on every machine. On by default when the scheduler measures
+/// progress in fuel; a note says so when something measured in wall time
+/// decides anyway.
+pub(super) fn result_order(
+    file: &ExperimentToml,
+    scheduler: &SchedulerSpec,
+    stop: &StopCriteria,
+    stop_experiment: &ExperimentStop,
+    notes: &mut Vec<String>,
+) -> ResultOrder {
+    let fuel_clock = scheduler
+        .time_attr()
+        .is_some_and(|attr| attr.starts_with("fuel_"));
+    if !file.deterministic.unwrap_or(fuel_clock) {
+        return ResultOrder::Arrival;
+    }
+    let mut wall = Vec::new();
+    if let Some(attr) = scheduler.time_attr().filter(|a| a.starts_with("time_")) {
+        wall.push(format!("scheduler.time_attr = \"{attr}\""));
+    }
+    if stop.time_total_s.is_some() {
+        wall.push("stop.time_total_s".to_string());
+    }
+    if stop_experiment.max_time.is_some() {
+        wall.push("stop_experiment.max_time".to_string());
+    }
+    if !wall.is_empty() {
+        notes.push(format!(
+            "results are decided on in fuel order, but {} measure wall time: runs on other \
+             machines may decide differently",
+            wall.join(", ")
+        ));
+    }
+    ResultOrder::Fuel
 }

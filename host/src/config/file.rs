@@ -40,6 +40,7 @@ pub(super) struct ExperimentToml {
     pub(super) stop_experiment: Option<toml::Table>,
     pub(super) compute: Option<String>,
     pub(super) security: Option<SecurityToml>,
+    pub(super) deterministic: Option<bool>,
 }
 
 /// `[security]`: what a deployment that runs strangers' code pins down.

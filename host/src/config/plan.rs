@@ -113,6 +113,13 @@ pub fn plan(
         search.trial_count,
         &mut notes,
     )?;
+    let result_order = decisions::result_order(
+        &file,
+        &scheduler,
+        &stop,
+        &resources.stop_experiment,
+        &mut notes,
+    );
     let checkpoint_mode = policies::checkpoint_mode(&file, overrides)?;
     let checkpoint = policies::checkpoint(&file, overrides)?;
     let failure = policies::failure(&file, overrides)?;
@@ -136,6 +143,7 @@ pub fn plan(
             resources_per_trial: resources.resources_per_trial,
             resources: resources.resources,
             stop_experiment: resources.stop_experiment,
+            result_order,
         },
         limits: sandbox.limits,
         max_wasm_stack: sandbox.max_wasm_stack,

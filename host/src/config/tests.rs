@@ -444,3 +444,45 @@ fn a_non_empty_output_dir_is_never_reused() {
     };
     assert!(plan_of_overrides(&overrides).contains("already exists and is not empty"));
 }
+
+#[test]
+fn fuel_order_is_the_default_with_a_fuel_clock_and_wall_time_is_noted() {
+    use crate::tune::ResultOrder;
+    let asha = |time_attr: &str| {
+        format!(
+            "metric = \"loss\"\nmode = \"min\"\n[scheduler]\ntype = \"asha\"\n\
+             time_attr = \"{time_attr}\"\nmax_t = 100\ngrace_period = 10\n"
+        )
+    };
+    let order = |text: &str| plan_of(text).unwrap().spec.result_order;
+    assert_eq!(order(&asha("fuel_total")), ResultOrder::Fuel);
+    assert_eq!(order(&asha("training_iteration")), ResultOrder::Arrival);
+    assert_eq!(order("metric = \"loss\""), ResultOrder::Arrival);
+    let chosen = format!("deterministic = true\n{}", asha("training_iteration"));
+    assert_eq!(order(&chosen), ResultOrder::Fuel);
+    let declined = format!("deterministic = false\n{}", asha("fuel_total"));
+    assert_eq!(order(&declined), ResultOrder::Arrival);
+    // Wall time still decides: said once, at the start.
+    let timed = format!(
+        "{}[stop_experiment]\nmax_time = \"1h\"\n[stop]\ntime_total_s = 60\n",
+        asha("fuel_total")
+    );
+    let plan = plan_of(&timed).unwrap();
+    assert_eq!(plan.spec.result_order, ResultOrder::Fuel);
+    let note = plan
+        .notes
+        .iter()
+        .find(|n| n.contains("fuel order"))
+        .unwrap_or_else(|| panic!("{:?}", plan.notes));
+    assert!(
+        note.contains("stop.time_total_s") && note.contains("stop_experiment.max_time"),
+        "{note}"
+    );
+    assert!(
+        plan_of("deterministic = \"yes\"")
+            .err()
+            .unwrap()
+            .to_string()
+            .contains("deterministic"),
+    );
+}

@@ -1,8 +1,10 @@
 //! What an experiment leaves behind and shows: per-trial result files, the
-//! experiment summary file, the state `wtune resume` continues from, the
+//! experiment summary file, the record of decisions, the state `wtune
+//! resume` continues from, the
 //! live progress display and the final summary, and how a guest's text is
 //! made inert before a terminal shows it.
 
+pub mod decisions;
 mod experiment;
 mod files;
 mod progress;
@@ -10,6 +12,7 @@ pub mod state;
 mod summary;
 pub mod terminal;
 
+pub use decisions::DecisionLog;
 pub use experiment::ExperimentFile;
 pub use files::TrialFiles;
 pub use progress::Progress;

@@ -38,8 +38,8 @@ pub use resources::{Acquire, PoolSpec, ResourcePool, Resources, fit_gpu};
 pub use result::{AUTO_FIELDS, Mode};
 pub(crate) use runner::best_trial;
 pub use runner::{
-    CHECKPOINT_DIR, Callback, CheckpointPolicy, ExperimentSummary, FailFast, FailurePolicy,
-    RunError, RunSpec, Runner, STOPPED_BY_REQUEST, TrialSetup,
+    CHECKPOINT_DIR, Callback, CheckpointPolicy, DecisionRecord, ExperimentSummary, FailFast,
+    FailurePolicy, ResultOrder, RunError, RunSpec, Runner, STOPPED_BY_REQUEST, TrialSetup,
 };
 pub use schedulers::{Decision, Fifo, Scheduler, SchedulerSpec};
 pub use schedulers::{asha, hyperband, median, pbt};

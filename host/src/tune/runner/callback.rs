@@ -3,6 +3,7 @@
 
 use serde_json::{Map, Value};
 
+use super::record::DecisionRecord;
 use super::spec::RunSpec;
 use super::summary::ExperimentSummary;
 use crate::tune::decisions::Deciders;
@@ -76,6 +77,12 @@ pub trait Callback: Send {
     /// for their states: the hook that persists experiment state (it
     /// decides itself how often to write).
     fn on_state(&mut self, trials: &[Trial], deciders: &Deciders<'_>) -> Result<(), String> {
+        Ok(())
+    }
+    /// The runner decided something about a trial (see [`DecisionRecord`]):
+    /// started it, decided on a result, or on a failure. In fuel order,
+    /// records come in fuel-time order.
+    fn on_decision(&mut self, record: &DecisionRecord) -> Result<(), String> {
         Ok(())
     }
     /// Every trial has ended.

@@ -34,6 +34,9 @@ impl<B: TrialBackend> Shared<B> {
             // this is no failure of its trainable for `fail_fast`.
             Event::SetupFailed(reason) => {
                 *live -= 1;
+                if let Some(order) = &mut runner.order {
+                    order.stopped(index);
+                }
                 runner.pool.release(&trials[index].trial_id);
                 runner.fail(trials, index, reason);
                 None
@@ -43,6 +46,7 @@ impl<B: TrialBackend> Shared<B> {
             }
             Event::Launched(Ok(session)) => {
                 book_launch(&mut trials[index], &session);
+                runner.launched(trials, index);
                 match halted.as_ref().or(stopped.as_ref()) {
                     Some(reason) => {
                         runner.halt_trial(trials, index, reason);
@@ -119,6 +123,9 @@ impl<B: TrialBackend> Shared<B> {
             ..
         } = self;
         *live -= 1;
+        if let Some(order) = &mut runner.order {
+            order.stopped(index);
+        }
         // The trial keeps the status it ended with: its results
         // are complete. A cleanup that failed (ran out of fuel,
         // past its deadline) is still the trainable's fault, so

@@ -28,7 +28,9 @@ mod callback;
 mod checkpoints;
 mod error;
 mod event;
+mod fuel_order;
 mod handlers;
+mod record;
 mod requests;
 mod run_loop;
 mod shared;
@@ -36,14 +38,16 @@ mod spec;
 mod summary;
 
 use event::{Event, ParkedExploit, Requested, Then};
-use shared::{Tasks, lock, train};
+use fuel_order::FuelOrder;
+use shared::{Tasks, lock, train, turn};
 
 pub use callback::{Callback, TrialSetup};
 pub use checkpoints::CHECKPOINT_DIR;
 use checkpoints::save;
 pub(crate) use checkpoints::{checkpoint_iteration, checkpoint_path};
 pub use error::{RunError, STOPPED_BY_REQUEST};
-pub use spec::{CheckpointPolicy, FailFast, FailurePolicy, RunSpec};
+pub use record::DecisionRecord;
+pub use spec::{CheckpointPolicy, FailFast, FailurePolicy, ResultOrder, RunSpec};
 pub use summary::ExperimentSummary;
 pub(crate) use summary::best_trial;
 
@@ -113,11 +117,14 @@ pub struct Runner<B: TrialBackend> {
     /// A scheduler's resize changed what the pool holds since the loop last
     /// started trials: a waiting trial may fit now.
     pool_changed: bool,
+    /// Results released in fuel-time order ([`ResultOrder::Fuel`]).
+    order: Option<FuelOrder>,
 }
 
 impl<B: TrialBackend> Runner<B> {
     /// A runner for `spec` on `backend`, deciding with `scheduler`.
     pub fn new(backend: B, spec: RunSpec, scheduler: Box<dyn Scheduler>) -> Self {
+        let order = (spec.result_order == ResultOrder::Fuel).then(FuelOrder::default);
         Self {
             backend: Arc::new(backend),
             spec,
@@ -144,6 +151,7 @@ impl<B: TrialBackend> Runner<B> {
             spare_record: None,
             told: HashSet::new(),
             pool_changed: false,
+            order,
         }
     }
 
@@ -248,6 +256,44 @@ impl<B: TrialBackend> Runner<B> {
             .fuel_burned
             .saturating_add(fuel_total.saturating_sub(trial.fuel_total));
         trial.fuel_total = fuel_total;
+    }
+
+    /// The experiment's fuel time of the event being carried out, in fuel
+    /// order.
+    fn fuel_time(&self) -> Option<u64> {
+        self.order.as_ref().map(FuelOrder::now)
+    }
+
+    /// Tells every callback of `record` (a callback's error is logged: a
+    /// record that cannot be kept does not change the run).
+    fn decided(&mut self, record: DecisionRecord) {
+        for cb in &mut self.callbacks {
+            if let Err(reason) = cb.on_decision(&record) {
+                tracing::warn!(trial = %record.trial_id, "{reason}");
+            }
+        }
+    }
+
+    /// Records what was decided on trial `index`'s result.
+    fn decided_on(&mut self, trials: &[Trial], index: usize, decision: &Decision) {
+        let trial = &trials[index];
+        let why = match decision {
+            Decision::Stop => trial.stop_reason.clone(),
+            Decision::Exploit { source, .. } => trials
+                .get(*source)
+                .map(|s| format!("clones {}", s.trial_id)),
+            _ => None,
+        };
+        let name = record::decision_name(decision);
+        self.decided(DecisionRecord::new(trial, self.fuel_time(), name).why(why));
+    }
+
+    /// Trial `index`'s session was launched and booked: in fuel order, its
+    /// clock counts from the fuel it starts with.
+    fn launched(&mut self, trials: &[Trial], index: usize) {
+        if let Some(order) = &mut self.order {
+            order.launched(index, trials[index].fuel_total);
+        }
     }
 
     fn totals(&self, trials: &[Trial], started: Instant) -> Totals {
@@ -471,13 +517,22 @@ impl<B: TrialBackend> Runner<B> {
     /// it has one), first stopping `previous`, the failed session it
     /// replaces, and running the callbacks' `setups` for a trial starting.
     fn spawn_launch(
-        &self,
+        &mut self,
         tasks: &mut Tasks<B>,
         trial: &Trial,
         index: usize,
         previous: Option<B::Session>,
         setups: Vec<TrialSetup>,
     ) {
+        if let Some(order) = &mut self.order {
+            // The trial takes its slot at the moment being carried out.
+            order.start(index, &trial.trial_id);
+            order.handed_back(index);
+        }
+        let from = trial
+            .latest_checkpoint()
+            .map(|c| format!("from its checkpoint at iteration {}", c.iteration));
+        self.decided(DecisionRecord::new(trial, self.fuel_time(), "START").why(from));
         let launch = TrialLaunch {
             trial_id: trial.trial_id.clone(),
             config: trial.config.clone(),
@@ -487,26 +542,32 @@ impl<B: TrialBackend> Runner<B> {
             gpus: self.pool.gpus_of(&trial.trial_id).to_vec(),
         };
         let backend = self.backend.clone();
-        let shared = tasks.shared.clone();
+        let (shared, turns) = (tasks.shared.clone(), tasks.turns.clone());
         tasks.set.spawn_blocking(move || {
             if let Some(previous) = previous {
                 // Lets the failed trainable flush its logs; it may refuse
                 // (a trapped instance does).
                 let _ = previous.stop();
             }
+            // What the loop must carry out goes to it in its turn, at the
+            // moment the trial started.
+            let hand_over = |event| {
+                turn(&shared, &turns, index, None).hand_to_loop(index, &turns);
+                (index, event)
+            };
             for setup in setups {
                 if let Err(reason) = setup() {
-                    return (index, Event::SetupFailed(reason));
+                    return hand_over(Event::SetupFailed(reason));
                 }
             }
             let session = match backend.launch(&launch) {
                 Ok(session) => session,
-                Err(failure) => return (index, Event::Launched(Err(failure))),
+                Err(failure) => return hand_over(Event::Launched(Err(failure))),
             };
             if !lock(&shared).trains_here(index, &session) {
-                return (index, Event::Launched(Ok(session)));
+                return hand_over(Event::Launched(Ok(session)));
             }
-            train(&shared, index, session)
+            train(&shared, &turns, index, session)
         });
     }
 
@@ -747,12 +808,16 @@ impl<B: TrialBackend> Runner<B> {
         if allowed {
             trial.num_failures += 1;
             tracing::debug!(trial = %trial.trial_id, failures = trial.num_failures, "recovering: {reason}");
+            let record = DecisionRecord::new(trial, self.fuel_time(), "RECOVER");
+            self.decided(record.why(Some(reason.clone())));
             self.notify(trials, index, |cb, t| {
                 cb.on_trial_recover(t, index, &reason)
             });
             self.spawn_launch(tasks, &trials[index], index, session, Vec::new());
             return None;
         }
+        let record = DecisionRecord::new(&trials[index], self.fuel_time(), "ERROR");
+        self.decided(record.why(Some(reason.clone())));
         self.fail(trials, index, reason.clone());
         release(tasks, session);
         Some(reason)

@@ -56,6 +56,8 @@ impl<B: TrialBackend> Runner<B> {
         let mut tasks = Tasks {
             set: JoinSet::new(),
             shared: shared.clone(),
+            turns: Arc::default(),
+            handed: Vec::new(),
         };
         let mut interrupted = false;
         loop {
@@ -244,6 +246,12 @@ impl<B: TrialBackend> Shared<B> {
             // Stops the scheduler decided while no slot was free.
             runner.take_stops(trials);
         }
+        if let Some(order) = &mut runner.order {
+            // The moment the loop carried out is over: the next event may
+            // be released (and a halt frees those waiting).
+            order.loop_done();
+        }
+        tasks.turns.notify_all();
         runner.persist(trials);
         // Held trials may be resumed: with nothing running, wait for
         // the request rather than end the run.
@@ -371,6 +379,13 @@ impl<B: TrialBackend> Shared<B> {
             runner.saving.remove(&index);
         }
         let failed = self.on_event(tasks, index, event);
+        if let Some(order) = &mut self.runner.order {
+            for index in tasks.handed.drain(..) {
+                order.handed_back(index);
+            }
+        } else {
+            tasks.handed.clear();
+        }
         let Shared {
             runner,
             trials,

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use parking_lot::{Mutex, MutexGuard};
+use parking_lot::{Condvar, Mutex, MutexGuard};
 use tokio::task::JoinSet;
 
 use super::Runner;
@@ -63,7 +63,9 @@ impl<B: TrialBackend> Shared<B> {
         trial.fuel_since_restore += fuel_total.saturating_sub(trial.fuel_total);
         runner.burn(trial, fuel_total);
         let decision = runner.record(trials, index, step, elapsed)?;
-        Ok(runner.after_result(trials, index, decision, *started, stopped))
+        let decision = runner.after_result(trials, index, decision, *started, stopped);
+        runner.decided_on(trials, index, &decision);
+        Ok(decision)
     }
 
     /// Whether a trial just launched starts training on its launching
@@ -75,6 +77,7 @@ impl<B: TrialBackend> Shared<B> {
             return false;
         }
         book_launch(&mut self.trials[index], session);
+        self.runner.launched(&self.trials, index);
         self.runner
             .restored_past_stop(&self.trials[index])
             .is_none()
@@ -171,6 +174,12 @@ pub(super) fn lock<B: TrialBackend>(shared: &Mutex<Shared<B>>) -> MutexGuard<'_,
 pub(super) struct Tasks<B: TrialBackend> {
     pub(super) set: JoinSet<(usize, Event<B::Session>)>,
     pub(super) shared: Arc<Mutex<Shared<B>>>,
+    /// Trial threads waiting for their result's turn in fuel order
+    /// ([`turn`]) wait on this.
+    pub(super) turns: Arc<Condvar>,
+    /// Trials the loop handed back to a training thread since it last
+    /// told the fuel order (see `Runner::handed_back`).
+    pub(super) handed: Vec<usize>,
 }
 
 /// However `Runner::run` returns, trial threads still training stop at
@@ -178,6 +187,7 @@ pub(super) struct Tasks<B: TrialBackend> {
 impl<B: TrialBackend> Drop for Tasks<B> {
     fn drop(&mut self) {
         lock(&self.shared).closed = true;
+        self.turns.notify_all();
     }
 }
 
@@ -185,9 +195,10 @@ impl<B: TrialBackend> Tasks<B> {
     /// Trains `session` on a blocking thread until a result needs the loop
     /// (see [`train`]).
     pub(super) fn train(&mut self, index: usize, session: B::Session) {
-        let shared = self.shared.clone();
+        let (shared, turns) = (self.shared.clone(), self.turns.clone());
+        self.handed.push(index);
         self.set
-            .spawn_blocking(move || train(&shared, index, session));
+            .spawn_blocking(move || train(&shared, &turns, index, session));
     }
 
     /// Stops `session` on a blocking thread: for good, or `pausing`.
@@ -202,9 +213,11 @@ impl<B: TrialBackend> Tasks<B> {
 /// ([`Shared::continues_here`]). A trial that stops with no checkpoint due
 /// is ended and its session stopped here too ([`Shared::ends_here`]), so
 /// the loop only frees its slot; a failure, or any other result whose
-/// decision needs the loop, goes to the loop as an event.
+/// decision needs the loop, goes to the loop as an event. In fuel order,
+/// each result and failure first waits for its turn ([`turn`]).
 pub(super) fn train<B: TrialBackend>(
     shared: &Mutex<Shared<B>>,
+    turns: &Condvar,
     index: usize,
     mut session: B::Session,
 ) -> (usize, Event<B::Session>) {
@@ -213,9 +226,11 @@ pub(super) fn train<B: TrialBackend>(
         let step = session.train();
         let elapsed = begun.elapsed();
         let fuel_total = session.fuel_total();
+        let mut shared = turn(shared, turns, index, Some(fuel_total));
         let step = match step {
             Ok(step) => step,
             Err(failure) => {
+                shared.hand_to_loop(index, turns);
                 let failed = Event::Failed {
                     session,
                     failure,
@@ -224,7 +239,6 @@ pub(super) fn train<B: TrialBackend>(
                 return (index, failed);
             }
         };
-        let mut shared = lock(shared);
         if shared.closed {
             // Nobody reads this: the loop is gone.
             let decision = Err("the run has ended".to_string());
@@ -232,14 +246,67 @@ pub(super) fn train<B: TrialBackend>(
         }
         let decision = shared.settle(index, &step, elapsed, fuel_total);
         if shared.continues_here(index, &decision) {
+            drop(shared);
+            turns.notify_all();
             continue;
         }
         if shared.ends_here(index, &decision) {
+            shared.hand_to_loop(index, turns);
             drop(shared);
             return (index, stop(session, false));
         }
         shared.mark_saving(index, &decision);
+        shared.hand_to_loop(index, turns);
         return (index, Event::Settled { session, decision });
+    }
+}
+
+/// Longest a thread waiting for its turn sleeps before looking again, in
+/// case a wake-up was missed (the run halting, say).
+const TURN_RECHECK: Duration = Duration::from_millis(100);
+
+/// Locks the runner's state for an event of trial `index` at its own fuel
+/// count `fuel_total` (`None`: where its session started, for a launch
+/// that failed or needs the loop). In fuel order, first waits until the
+/// event is next ([`FuelOrder`](super::fuel_order::FuelOrder)) and releases
+/// it; a halting or closed run releases at once (what it does next is not
+/// decided by results).
+pub(super) fn turn<'a, B: TrialBackend>(
+    shared: &'a Mutex<Shared<B>>,
+    turns: &Condvar,
+    index: usize,
+    fuel_total: Option<u64>,
+) -> MutexGuard<'a, Shared<B>> {
+    let mut guard = lock(shared);
+    let Some(key) = guard
+        .runner
+        .order
+        .as_ref()
+        .and_then(|order| order.key(index, fuel_total.unwrap_or(0)))
+    else {
+        return guard;
+    };
+    let order = guard.runner.order.as_mut().expect("checked above");
+    order.arrive(index, key.clone());
+    loop {
+        let free = guard.closed || guard.halted.is_some();
+        let order = guard.runner.order.as_mut().expect("checked above");
+        if free || order.is_turn(index, &key) {
+            order.release(index, &key);
+            return guard;
+        }
+        turns.wait_for(&mut guard, TURN_RECHECK);
+    }
+}
+
+impl<B: TrialBackend> Shared<B> {
+    /// The event of trial `index` just released goes to the loop: in fuel
+    /// order, nothing else is released until the loop is done with it.
+    pub(super) fn hand_to_loop(&mut self, index: usize, turns: &Condvar) {
+        if let Some(order) = &mut self.runner.order {
+            order.hold(index);
+            turns.notify_all();
+        }
     }
 }
 

@@ -111,6 +111,26 @@ pub struct RunSpec {
     /// When the whole experiment stops (trial count, time, fuel, plateau).
     #[serde(default)]
     pub stop_experiment: ExperimentStop,
+    /// In which order results reach the scheduler and the searcher.
+    #[serde(default)]
+    pub result_order: ResultOrder,
+}
+
+/// In which order results reach the scheduler and the searcher.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ResultOrder {
+    /// As trial threads finish their steps: decisions depend on which
+    /// thread was faster.
+    #[default]
+    Arrival,
+    /// By fuel time (ties by trial id), as a discrete-event simulation
+    /// would hand them over: with the same seed and `max_concurrent`, the
+    /// same decisions on every machine, whatever the threads' timing
+    /// (unless something measured in wall time decides: a `time_total_s`
+    /// criterion, `max_time`, control requests). Trials ahead in fuel time
+    /// wait for their siblings at their next result.
+    Fuel,
 }
 
 impl RunSpec {
@@ -145,6 +165,7 @@ impl RunSpec {
             resources_per_trial: Resources::default(),
             resources: PoolSpec::default(),
             stop_experiment: ExperimentStop::default(),
+            result_order: ResultOrder::default(),
         }
     }
 }

@@ -35,6 +35,18 @@ impl SchedulerSpec {
     /// The names known, for error messages.
     pub const NAMES: [&'static str; 5] = ["fifo", "asha", "median_stopping", "hyperband", "pbt"];
 
+    /// The result field the scheduler measures progress in; `None` for
+    /// FIFO, which measures none.
+    pub fn time_attr(&self) -> Option<&str> {
+        match self {
+            SchedulerSpec::Fifo => None,
+            SchedulerSpec::Asha(c) => Some(&c.time_attr),
+            SchedulerSpec::MedianStopping(c) => Some(&c.time_attr),
+            SchedulerSpec::HyperBand(c) => Some(&c.time_attr),
+            SchedulerSpec::Pbt(c) => Some(&c.time_attr),
+        }
+    }
+
     /// Whether the scheduler ends every trial by itself (ASHA at `max_t`,
     /// HyperBand at `max_t` unless `stop_last_trials = false`), so that no
     /// default stopping criterion is needed.

@@ -1,0 +1,187 @@
+//! `decisions.jsonl`: every decision the runner made, one JSON object per
+//! line ([`DecisionRecord`]), so that two runs of an experiment can be
+//! compared decision by decision ([`compare`], `wtune decisions A B`).
+//!
+//! Lines are buffered and written at most [`FLUSH_AFTER`] apart, and at the
+//! experiment's end: a process killed outright loses at most that much of
+//! the record. `wtune resume` appends to the record it continues.
+
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::tune::{Callback, DecisionRecord, ExperimentSummary, RunSpec, Trial};
+
+/// The record's file name in the experiment directory.
+pub const DECISIONS_FILE: &str = "decisions.jsonl";
+/// Longest a decision waits in memory before it is written.
+const FLUSH_AFTER: Duration = Duration::from_millis(200);
+/// Buffered bytes past which they are written at once.
+const MAX_BUFFERED: usize = 256 << 10;
+
+/// The callback that keeps `decisions.jsonl`.
+#[derive(Default)]
+pub struct DecisionLog {
+    path: PathBuf,
+    file: Option<File>,
+    buffer: Vec<u8>,
+    written: Option<Instant>,
+    /// The first write error, reported once; the run goes on without the
+    /// record.
+    failed: bool,
+}
+
+impl DecisionLog {
+    /// A log that opens its file when the experiment starts.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn flush(&mut self) -> Result<(), String> {
+        if self.buffer.is_empty() || self.failed {
+            self.buffer.clear();
+            return Ok(());
+        }
+        self.written = Some(Instant::now());
+        let result = match &mut self.file {
+            Some(file) => file.write_all(&self.buffer),
+            None => return Ok(()),
+        };
+        self.buffer.clear();
+        result.map_err(|e| {
+            self.failed = true;
+            format!(
+                "writing {}: {e}; decisions are no longer recorded",
+                self.path.display()
+            )
+        })
+    }
+}
+
+impl Callback for DecisionLog {
+    fn on_experiment_start(&mut self, spec: &RunSpec, _trials: &[Trial]) -> Result<(), String> {
+        self.path = spec.output_dir.join(DECISIONS_FILE);
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.path)
+            .map_err(|e| format!("opening {}: {e}", self.path.display()))?;
+        self.file = Some(file);
+        self.written = Some(Instant::now());
+        Ok(())
+    }
+
+    fn on_decision(&mut self, record: &DecisionRecord) -> Result<(), String> {
+        if self.failed {
+            return Ok(());
+        }
+        serde_json::to_writer(&mut self.buffer, record).expect("records serialize");
+        self.buffer.push(b'\n');
+        let due = self.written.is_none_or(|at| at.elapsed() >= FLUSH_AFTER);
+        if due || self.buffer.len() >= MAX_BUFFERED {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    fn on_experiment_end(&mut self, _summary: &ExperimentSummary) -> Result<(), String> {
+        self.flush()
+    }
+}
+
+impl Drop for DecisionLog {
+    fn drop(&mut self) {
+        let _ = self.flush();
+    }
+}
+
+/// Whether two experiment directories made the same decisions: `Ok` with
+/// how many, or `Err` saying where they part (or why they cannot be
+/// compared).
+pub fn compare(a: &Path, b: &Path) -> Result<usize, String> {
+    let read = |dir: &Path| -> Result<Vec<DecisionRecord>, String> {
+        let path = dir.join(DECISIONS_FILE);
+        let text = std::fs::read_to_string(&path)
+            .map_err(|e| format!("reading {}: {e}", path.display()))?;
+        text.lines()
+            .enumerate()
+            .map(|(i, line)| {
+                serde_json::from_str(line)
+                    .map_err(|e| format!("{} line {}: {e}", path.display(), i + 1))
+            })
+            .collect()
+    };
+    let (first, second) = (read(a)?, read(b)?);
+    let show = |r: Option<&DecisionRecord>| {
+        r.map_or("(no more decisions)".to_string(), |r| {
+            serde_json::to_string(r).expect("records serialize")
+        })
+    };
+    for i in 0..first.len().max(second.len()) {
+        let (x, y) = (first.get(i), second.get(i));
+        if x != y {
+            return Err(format!(
+                "the decisions differ from decision {} on:\n  {}: {}\n  {}: {}",
+                i + 1,
+                a.display(),
+                show(x),
+                b.display(),
+                show(y)
+            ));
+        }
+    }
+    Ok(first.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(trial: &str, decision: &str) -> DecisionRecord {
+        DecisionRecord {
+            fuel_time: Some(100),
+            trial_id: trial.into(),
+            iteration: 1,
+            fuel_total: 100,
+            decision: decision.into(),
+            why: None,
+        }
+    }
+
+    fn write(dir: &Path, records: &[DecisionRecord]) {
+        let mut log = DecisionLog::new();
+        log.on_experiment_start(&RunSpec::new("x", dir), &[])
+            .unwrap();
+        for r in records {
+            log.on_decision(r).unwrap();
+        }
+        drop(log);
+    }
+
+    #[test]
+    fn equal_records_compare_equal_and_the_first_difference_is_named() {
+        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let same = [
+            record("trial_0000", "START"),
+            record("trial_0000", "CONTINUE"),
+        ];
+        write(a.path(), &same);
+        write(b.path(), &same);
+        assert_eq!(compare(a.path(), b.path()), Ok(2));
+        let c = tempfile::tempdir().unwrap();
+        write(
+            c.path(),
+            &[record("trial_0000", "START"), record("trial_0000", "STOP")],
+        );
+        let err = compare(a.path(), c.path()).unwrap_err();
+        assert!(err.contains("from decision 2 on"), "{err}");
+        assert!(err.contains("\"STOP\""), "{err}");
+        let d = tempfile::tempdir().unwrap();
+        write(d.path(), &same[..1]);
+        let err = compare(a.path(), d.path()).unwrap_err();
+        assert!(err.contains("(no more decisions)"), "{err}");
+        let missing = compare(a.path(), &a.path().join("nowhere")).unwrap_err();
+        assert!(missing.contains("decisions.jsonl"), "{missing}");
+    }
+}

@@ -1,0 +1,406 @@
+//! Fuel-time order (`ResultOrder::Fuel`): the same seeded experiment makes
+//! the same decisions whatever the threads' timing. Trainables here are
+//! plain Rust (`FnBackend`) whose fuel per step is a function of their
+//! config, with delays injected into their steps to reorder the threads.
+
+use std::collections::HashSet;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::{Map, Value, json};
+use wtune::report::TrialFiles;
+use wtune::tune::{
+    Callback, CheckpointPolicy, FailurePolicy, FnBackend, Mode, ResultOrder, RunSpec, Runner,
+    SchedulerSpec, Step, StopCriteria, Trial, TrialFailure, TrialStatus,
+};
+
+/// How long step `iteration` of the trial with config `x` sleeps.
+type Delay = Arc<dyn Fn(f64, u64) -> Duration + Send + Sync>;
+
+/// score = a curve of `x` and the iteration that crosses between trials;
+/// fuel per step = the config's `fuel`. A config with `fails_at` fails
+/// once at that iteration.
+fn backend(delay: Delay) -> FnBackend {
+    let failed: Arc<Mutex<HashSet<String>>> = Arc::default();
+    FnBackend::new(move |config: &Value| {
+        let x = config["x"].as_f64().unwrap();
+        let fuel = config["fuel"].as_u64().unwrap();
+        let fails_at = config["fails_at"].as_u64();
+        let (delay, failed) = (delay.clone(), failed.clone());
+        Ok(move |it: u64| {
+            std::thread::sleep(delay(x, it));
+            if Some(it) == fails_at && failed.lock().unwrap().insert(format!("{x}")) {
+                return Err(TrialFailure::new(format!("failing once at {it}")));
+            }
+            let score = x * (it as f64).ln_1p() + (x * 7.0 + it as f64 * 0.3).sin();
+            Ok(Step {
+                metrics: vec![("score".into(), score)],
+                done: false,
+                fuel,
+            })
+        })
+    })
+}
+
+/// What the callbacks saw, in order: each result's trial and iteration,
+/// and each trial's end.
+#[derive(Clone, Default)]
+struct Seen(Arc<Mutex<Vec<String>>>);
+
+impl Callback for Seen {
+    fn on_result(
+        &mut self,
+        trials: &[Trial],
+        index: usize,
+        result: &Map<String, Value>,
+    ) -> Result<(), String> {
+        let line = format!(
+            "{} it={} fuel={}",
+            trials[index].trial_id, result["training_iteration"], result["fuel_total"]
+        );
+        self.0.lock().unwrap().push(line);
+        Ok(())
+    }
+
+    fn on_trial_end(&mut self, trials: &[Trial], index: usize) -> Result<(), String> {
+        let t = &trials[index];
+        let line = format!("{} ended {} {:?}", t.trial_id, t.status, t.stop_reason);
+        self.0.lock().unwrap().push(line);
+        Ok(())
+    }
+}
+
+/// One trial's outcome: id, status, iterations, why it stopped, config.
+type Outcome = (String, TrialStatus, u64, Option<String>, Value);
+
+/// Runs `configs` under `scheduler` with `delay` in `order`; returns the
+/// trials' outcomes and what the callbacks saw.
+fn run(
+    configs: &[Value],
+    scheduler: &Value,
+    order: ResultOrder,
+    concurrent: usize,
+    delay: Delay,
+) -> (Vec<Outcome>, Vec<String>) {
+    let dir = tempfile::tempdir().unwrap();
+    let scheduler: SchedulerSpec = serde_json::from_value(scheduler.clone()).unwrap();
+    let spec = RunSpec {
+        metric: Some("score".into()),
+        mode: Mode::Max,
+        stop: StopCriteria {
+            training_iteration: Some(12),
+            ..Default::default()
+        },
+        max_concurrent: concurrent,
+        configs: configs.to_vec(),
+        checkpoint: CheckpointPolicy {
+            freq: 3,
+            ..CheckpointPolicy::default()
+        },
+        failure: FailurePolicy {
+            max_failures: Some(2),
+            ..FailurePolicy::default()
+        },
+        result_order: order,
+        ..RunSpec::new("determinism", dir.path())
+    };
+    let seen = Seen::default();
+    let runner = Runner::new(
+        backend(delay),
+        spec,
+        scheduler.build(Some("score"), Mode::Max, 7).unwrap(),
+    )
+    .callback(TrialFiles::new())
+    .callback(seen.clone());
+    let summary = tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(runner.run())
+        .unwrap();
+    let outcomes = summary
+        .trials
+        .iter()
+        .map(|t| {
+            (
+                t.trial_id.clone(),
+                t.status,
+                t.iterations,
+                t.stop_reason.clone(),
+                t.config.clone(),
+            )
+        })
+        .collect();
+    let seen = seen.0.lock().unwrap().clone();
+    (outcomes, seen)
+}
+
+/// Delays in 0..`most_ms` ms, a pseudo-random function of `seed`, the
+/// trial's `x` and the iteration.
+fn scrambled(seed: u64, most_ms: u64) -> Delay {
+    Arc::new(move |x: f64, it: u64| {
+        let mut h = seed ^ (x.to_bits().rotate_left(17)) ^ it.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        h ^= h >> 33;
+        h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+        h ^= h >> 29;
+        Duration::from_millis(h % (most_ms + 1))
+    })
+}
+
+/// Trials whose fuel per step differs, so that their results interleave
+/// in fuel time; one fails once and is retried.
+fn population(n: usize) -> Vec<Value> {
+    (0..n)
+        .map(|i| {
+            let mut config = json!({
+                "x": 0.4 + 0.23 * i as f64,
+                "fuel": 70 + (i as u64 * 37) % 60,
+            });
+            if i == 2 {
+                config["fails_at"] = json!(4);
+            }
+            config
+        })
+        .collect()
+}
+
+#[test]
+fn the_old_arrival_order_decides_by_which_thread_was_faster() {
+    // Two trials burn the same fuel per step, so they reach ASHA's first
+    // rung at the same fuel time; the tie goes to trial_0000 in fuel order.
+    // The first at a rung always goes on; the second only if it is in the
+    // top half. trial_0000 is the worse.
+    let configs = [
+        json!({"x": 1.0, "fuel": 100}),
+        json!({"x": 2.0, "fuel": 100}),
+    ];
+    let asha = json!({"type": "asha", "time_attr": "fuel_total", "max_t": 800,
+                      "grace_period": 100, "reduction_factor": 2});
+    let late = |slow: f64| -> Delay {
+        Arc::new(move |x: f64, it: u64| {
+            Duration::from_millis(if x == slow && it == 1 { 400 } else { 0 })
+        })
+    };
+    let iterations = |outcomes: &[Outcome]| -> Vec<u64> { outcomes.iter().map(|o| o.2).collect() };
+    let (first_slow, _) = run(&configs, &asha, ResultOrder::Arrival, 2, late(1.0));
+    let (second_slow, _) = run(&configs, &asha, ResultOrder::Arrival, 2, late(2.0));
+    assert_ne!(
+        iterations(&first_slow),
+        iterations(&second_slow),
+        "arrival order should have decided differently"
+    );
+    let (first_slow, seen_a) = run(&configs, &asha, ResultOrder::Fuel, 2, late(1.0));
+    let (second_slow, seen_b) = run(&configs, &asha, ResultOrder::Fuel, 2, late(2.0));
+    assert_eq!(first_slow, second_slow);
+    assert_eq!(seen_a, seen_b);
+    // trial_0000 went first at the rung and on.
+    assert!(first_slow[0].2 > 1, "{first_slow:?}");
+}
+
+fn assert_same_whatever_the_timing(scheduler: Value, concurrent: usize, configs: Vec<Value>) {
+    let (outcomes, seen) = run(
+        &configs,
+        &scheduler,
+        ResultOrder::Fuel,
+        concurrent,
+        scrambled(1, 0),
+    );
+    for seed in [2, 3] {
+        let (again, seen_again) = run(
+            &configs,
+            &scheduler,
+            ResultOrder::Fuel,
+            concurrent,
+            scrambled(seed, 12),
+        );
+        assert_eq!(outcomes, again, "{scheduler}, delays {seed}");
+        assert_eq!(seen, seen_again, "{scheduler}, delays {seed}");
+    }
+    assert!(
+        outcomes.iter().any(|o| o.2 < 12),
+        "{scheduler}: no trial was stopped early, so nothing was decided: {outcomes:?}"
+    );
+}
+
+#[test]
+fn asha_decides_the_same_whatever_the_timing() {
+    assert_same_whatever_the_timing(
+        json!({"type": "asha", "time_attr": "fuel_total", "max_t": 1200,
+               "grace_period": 150, "reduction_factor": 3}),
+        3,
+        population(9),
+    );
+}
+
+#[test]
+fn hyperband_decides_the_same_whatever_the_timing() {
+    assert_same_whatever_the_timing(
+        json!({"type": "hyperband", "time_attr": "fuel_total", "max_t": 1200,
+               "reduction_factor": 3}),
+        3,
+        population(9),
+    );
+}
+
+#[test]
+fn median_stopping_decides_the_same_whatever_the_timing() {
+    assert_same_whatever_the_timing(
+        json!({"type": "median_stopping", "time_attr": "fuel_total", "grace_period": 200,
+               "min_samples_required": 2}),
+        3,
+        // Later trials are worse, so they are judged against finished
+        // ones and stopped.
+        population(9).into_iter().rev().collect(),
+    );
+}
+
+#[test]
+fn pbt_exploits_the_same_whatever_the_timing() {
+    let pbt = json!({"type": "pbt", "time_attr": "fuel_total", "perturbation_interval": 250,
+                     "hyperparam_mutations": {"x": [0.5, 1.0, 1.5, 2.0, 2.5]}});
+    let configs = population(6);
+    let (outcomes, seen) = run(&configs, &pbt, ResultOrder::Fuel, 3, scrambled(1, 0));
+    for seed in [2, 3] {
+        let (again, seen_again) = run(&configs, &pbt, ResultOrder::Fuel, 3, scrambled(seed, 12));
+        assert_eq!(outcomes, again, "delays {seed}");
+        assert_eq!(seen, seen_again, "delays {seed}");
+    }
+    assert!(
+        outcomes
+            .iter()
+            .zip(&configs)
+            .any(|(o, c)| o.4["x"] != c["x"]),
+        "no trial exploited another: {outcomes:?}"
+    );
+}
+
+mod common;
+
+/// A spinning thread per core while alive: another machine's timing.
+struct Load(
+    Arc<std::sync::atomic::AtomicBool>,
+    Vec<std::thread::JoinHandle<()>>,
+);
+
+impl Load {
+    fn start() -> Self {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let threads = (0..cores)
+            .map(|_| {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    let mut x = 0u64;
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
+                    }
+                })
+            })
+            .collect();
+        Self(stop, threads)
+    }
+}
+
+impl Drop for Load {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+        for thread in self.1.drain(..) {
+            thread.join().unwrap();
+        }
+    }
+}
+
+#[test]
+fn wtune_run_decides_the_same_on_a_loaded_machine_and_says_so() {
+    // The replay example under ASHA with fuel as its clock, three trials at
+    // a time: fuel order is on by default. Once on an idle machine, once
+    // with every core busy; `wtune decisions` compares the records.
+    let dir = tempfile::tempdir().unwrap();
+    let example =
+        std::fs::read_to_string(common::workspace().join("examples/replay/experiment.toml"))
+            .unwrap();
+    let space = &example[example.find("[param_space]").unwrap()..];
+    let config = dir.path().join("experiment.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "name = \"det\"\nmetric = \"val_loss\"\nmode = \"min\"\nnum_samples = 1\nseed = 3\n\
+             max_concurrent_trials = 3\n\
+             [scheduler]\ntype = \"asha\"\ntime_attr = \"fuel_total\"\ngrace_period = 2e7\n\
+             max_t = 4e8\nreduction_factor = 3\n\
+             [stop]\ntraining_iteration = 81\n{space}"
+        ),
+    )
+    .unwrap();
+    let run = |out: &Path| {
+        let output = common::wtune()
+            .arg("run")
+            .arg(common::guest("replay"))
+            .arg("--config")
+            .arg(&config)
+            .arg("--output-dir")
+            .arg(out)
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    };
+    let (idle, loaded) = (dir.path().join("idle"), dir.path().join("loaded"));
+    run(&idle);
+    {
+        let _load = Load::start();
+        run(&loaded);
+    }
+    let compared = common::wtune()
+        .arg("decisions")
+        .arg(&idle)
+        .arg(&loaded)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&compared.stdout);
+    assert!(
+        compared.status.success() && said.starts_with("the same "),
+        "{said}{}",
+        String::from_utf8_lossy(&compared.stderr)
+    );
+    let record = std::fs::read_to_string(idle.join("decisions.jsonl")).unwrap();
+    let records: Vec<Value> = record
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(records[0]["decision"], "START");
+    assert_eq!(records[0]["fuel_time"], 0);
+    let stopped = records
+        .iter()
+        .filter(|r| r["decision"] == "STOP" && r["why"] == "stopped by the asha scheduler")
+        .count();
+    assert!(stopped > 0, "ASHA stopped no trial: {record}");
+    let times: Vec<u64> = records
+        .iter()
+        .map(|r| r["fuel_time"].as_u64().unwrap())
+        .collect();
+    assert!(
+        times.windows(2).all(|w| w[0] <= w[1]),
+        "not in fuel order: {times:?}"
+    );
+
+    // A directory that decided otherwise is named with the first
+    // difference, and exits 1.
+    let other = dir.path().join("other");
+    std::fs::create_dir(&other).unwrap();
+    let mut changed = records.clone();
+    changed[3]["decision"] = json!("PAUSE");
+    let lines: Vec<String> = changed.iter().map(Value::to_string).collect();
+    std::fs::write(other.join("decisions.jsonl"), lines.join("\n") + "\n").unwrap();
+    let differ = common::wtune()
+        .arg("decisions")
+        .arg(&idle)
+        .arg(&other)
+        .output()
+        .unwrap();
+    assert_eq!(differ.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&differ.stderr);
+    assert!(err.contains("differ from decision 4 on"), "{err}");
+}
