@@ -288,6 +288,8 @@ pub(super) fn turn<'a, B: TrialBackend>(
     };
     let order = guard.runner.order.as_mut().expect("checked above");
     order.arrive(index, key.clone());
+    // A trial that waited for this one's next event may go now.
+    turns.notify_all();
     loop {
         let free = guard.closed || guard.halted.is_some();
         let order = guard.runner.order.as_mut().expect("checked above");
