@@ -457,7 +457,25 @@ fn parse_node(value: &Value, path: &str) -> Result<Node, SpaceError> {
         .filter(|k| DOMAIN_NAMES.contains(&k.as_str()))
         .collect();
     match domain_keys.as_slice() {
-        [] => Ok(Node::Table(parse_table(map, path)?)),
+        [] => {
+            // A one-key table whose key is close to a domain's name is a
+            // misspelt domain, not a nested value: passed on, it would
+            // reach the trainable as a table and fail there, naming
+            // neither the parameter nor the typo.
+            if let Some((key, _)) = map.iter().next().filter(|_| map.len() == 1)
+                && let Some(meant) = near_domain(key)
+            {
+                return Err(err(
+                    path,
+                    format!(
+                        "`{key}` is not a domain; did you mean `{meant}`? (domains: {}; a \
+                         table with other keys is passed to the trainable as it is)",
+                        DOMAIN_NAMES.join(", ")
+                    ),
+                ));
+            }
+            Ok(Node::Table(parse_table(map, path)?))
+        }
         [key] if map.len() == 1 => Ok(Node::Domain(parse_domain(key, &map[key.as_str()], path)?)),
         _ => Err(err(
             path,
@@ -471,6 +489,20 @@ fn parse_node(value: &Value, path: &str) -> Result<Node, SpaceError> {
             ),
         )),
     }
+}
+
+/// The domain name `key` looks like a misspelling of: within two edits,
+/// or a prefix of it at least four letters long (`grid`, `log`...).
+fn near_domain(key: &str) -> Option<&'static str> {
+    let key = key.to_ascii_lowercase();
+    DOMAIN_NAMES
+        .iter()
+        .map(|name| (strsim::levenshtein(&key, name), *name))
+        .filter(|&(distance, name)| {
+            distance <= 2 || (key.len() >= 4 && name.starts_with(key.as_str()))
+        })
+        .min()
+        .map(|(_, name)| name)
 }
 
 fn parse_domain(name: &str, args: &Value, path: &str) -> Result<Domain, SpaceError> {
@@ -724,6 +756,18 @@ mod tests {
                 json!({"x": {"grid_search": "abc"}}),
                 "param_space.x: grid_search needs a non-empty list",
             ),
+            (
+                json!({"l2": {"choise": [0.0, 0.1]}}),
+                "param_space.l2: `choise` is not a domain; did you mean `choice`?",
+            ),
+            (
+                json!({"opt": {"lr": {"log_uniform": [0.01, 0.1]}}}),
+                "param_space.opt.lr: `log_uniform` is not a domain; did you mean `loguniform`?",
+            ),
+            (
+                json!({"b": {"Grid": [16, 32]}}),
+                "param_space.b: `Grid` is not a domain; did you mean `grid_search`?",
+            ),
         ];
         for (value, expected) in cases {
             let message = SearchSpace::from_json(&value).unwrap_err().to_string();
@@ -734,6 +778,10 @@ mod tests {
         }
         let message = SearchSpace::from_json(&json!([1])).unwrap_err().to_string();
         assert_eq!(message, "param_space: must be a table, got a list");
+        // Nested values whose keys are not near a domain's name pass as
+        // they are.
+        let nested = json!({"opt": {"name": "adam"}, "layers": {"units": 64}, "m": {"range": 5}});
+        assert!(SearchSpace::from_json(&nested).is_ok());
     }
 
     #[test]
