@@ -996,3 +996,37 @@ fn a_trial_whose_files_cannot_be_made_fails_alone_and_is_never_launched() {
         "taken"
     );
 }
+
+#[test]
+fn a_metric_no_result_reports_halts_the_run_once_naming_what_is_reported() {
+    // `metric` misspelt: the first result lacks it, so the run stops
+    // rather than fail every trial the same way.
+    let dir = tempfile::tempdir().unwrap();
+    let configs: Vec<Value> = (1..=8).map(|x| json!({"x": x})).collect();
+    let spec = RunSpec {
+        metric: Some("scroe".into()),
+        ..spec(dir.path(), configs, iterations(3), 2)
+    };
+    let runner = Runner::new(linear(), spec, Box::new(Fifo::default()));
+    let summary = tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(runner.run())
+        .unwrap();
+    let halted = summary.halted.as_deref().unwrap();
+    assert!(
+        halted.contains("metric `scroe` is not in the trainable's report (it reports: score)")
+            && halted.contains("check `metric`"),
+        "{halted}"
+    );
+    let errors = summary.count(TrialStatus::Error);
+    assert!((1..=2).contains(&errors), "{errors} trials failed");
+    assert!(
+        summary
+            .trials
+            .iter()
+            .all(|t| t.status != TrialStatus::Terminated),
+        "{:?}",
+        summary.trials
+    );
+    assert!(summary.trials.len() <= 2, "trials went on starting");
+}

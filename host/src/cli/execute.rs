@@ -211,6 +211,10 @@ fn report(
         Err(err) => return Err(Failure::runtime(err)),
     };
 
+    // The time the user waited, loading and compiling included: the
+    // runner's own is a fraction of it for short runs.
+    let mut summary = summary;
+    summary.wall_time = super::started().elapsed();
     print_out(&summary_text(&summary));
     if summary.halted.as_deref() == Some(STOPPED_BY_REQUEST) {
         eprintln!(

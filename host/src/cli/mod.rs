@@ -13,6 +13,8 @@ mod setup;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::OnceLock;
+use std::time::Instant;
 
 use clap::{Parser, Subcommand};
 
@@ -88,8 +90,15 @@ impl Failure {
     }
 }
 
+/// When the command started.
+fn started() -> Instant {
+    static STARTED: OnceLock<Instant> = OnceLock::new();
+    *STARTED.get_or_init(Instant::now)
+}
+
 /// Parses arguments, runs the command, prints a one-line cause on failure.
 pub fn main() -> ExitCode {
+    started();
     let cli = Cli::parse();
     match cli.command {
         Command::GpuWorker { adapter } => return crate::compute::gpu::worker_main(adapter),

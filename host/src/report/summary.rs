@@ -11,11 +11,13 @@ use crate::tune::{ExperimentSummary, TrialStatus};
 pub fn summary_text(summary: &ExperimentSummary) -> String {
     let mut out = String::new();
     let total = summary.trials.len();
+    let secs = summary.wall_time.as_secs_f64();
+    // Two decimals below 10 s, so a short run does not read "0.0 s".
+    let places = if secs < 10.0 { 2 } else { 1 };
     let _ = writeln!(
         out,
-        "Experiment {} finished in {:.1} s: {total} trial{} ({} TERMINATED, {} ERROR)",
+        "Experiment {} finished in {secs:.places$} s: {total} trial{} ({} TERMINATED, {} ERROR)",
         summary.name,
-        summary.wall_time.as_secs_f64(),
         if total == 1 { "" } else { "s" },
         summary.count(TrialStatus::Terminated),
         summary.count(TrialStatus::Error),

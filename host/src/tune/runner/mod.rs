@@ -119,6 +119,11 @@ pub struct Runner<B: TrialBackend> {
     pool_changed: bool,
     /// Results released in fuel-time order ([`ResultOrder::Fuel`]).
     order: Option<FuelOrder>,
+    /// Some result has carried the experiment's metric.
+    metric_seen: bool,
+    /// Why the run must halt, found while recording a result (the loop
+    /// halts it: see `Shared::dispatch`).
+    halt_for: Option<String>,
 }
 
 impl<B: TrialBackend> Runner<B> {
@@ -152,6 +157,8 @@ impl<B: TrialBackend> Runner<B> {
             told: HashSet::new(),
             pool_changed: false,
             order,
+            metric_seen: false,
+            halt_for: None,
         }
     }
 
@@ -877,17 +884,28 @@ impl<B: TrialBackend> Runner<B> {
         let trial = &trials[index];
         let reuse = self.spare_record.take();
         let mut record = result::record(trial, step, elapsed, false, reuse)?;
-        if let Some(metric) = &self.spec.metric
-            && !record.contains_key(metric)
-        {
-            return Err(format!(
-                "the experiment's metric `{metric}` is not in the trainable's report (it reports: {})",
-                step.metrics
-                    .iter()
-                    .map(|(n, _)| n.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ));
+        if let Some(metric) = &self.spec.metric {
+            if !record.contains_key(metric) {
+                let reason = format!(
+                    "the experiment's metric `{metric}` is not in the trainable's report (it \
+                     reports: {})",
+                    step.metrics
+                        .iter()
+                        .map(|(n, _)| n.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+                if !self.metric_seen {
+                    // No result has ever carried it: a misspelt `metric`,
+                    // most likely, that every trial would fail on.
+                    self.halt_for = Some(format!(
+                        "{reason}; no result has reported it, so no more trials start: check \
+                         `metric` in the experiment file"
+                    ));
+                }
+                return Err(reason);
+            }
+            self.metric_seen = true;
         }
         if let Some(stopper) = &self.stopper
             && let Some(missing) = stopper.metrics().find(|m| !record.contains_key(*m))

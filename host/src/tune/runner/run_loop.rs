@@ -379,6 +379,11 @@ impl<B: TrialBackend> Shared<B> {
             runner.saving.remove(&index);
         }
         let failed = self.on_event(tasks, index, event);
+        if let Some(reason) = self.runner.halt_for.take()
+            && self.halted.is_none()
+        {
+            self.halted = Some(reason);
+        }
         if let Some(order) = &mut self.runner.order {
             for index in tasks.handed.drain(..) {
                 order.handed_back(index);
