@@ -59,7 +59,9 @@ impl fmt::Display for ContractError {
             ContractError::Invalid { detail } => write!(f, "invalid component: {detail}"),
             ContractError::MissingExports { missing } => write!(
                 f,
-                "component does not fit the {WORLD} world: missing export{} {}",
+                "component does not fit the {WORLD} world: missing export{} {}; a Rust \
+                 trainable exports them with `wtune_guest::export!(YourTrainable);` in its \
+                 lib.rs (crate-type = [\"cdylib\"])",
                 if missing.len() == 1 { "" } else { "s" },
                 missing.join(", ")
             ),
