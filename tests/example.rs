@@ -354,3 +354,42 @@ fn compute_trials_run_only_as_many_at_once_as_the_total_holds_quotas() {
     );
     assert!(stdout.contains("3 TERMINATED, 0 ERROR"), "{stdout}");
 }
+
+#[test]
+fn a_space_that_does_not_fit_the_config_type_stops_the_run_at_the_first_trials() {
+    // The hostile trainable's `at` is a number; the space gives words.
+    // Every trial would fail the same way, so the run halts after the
+    // first ones, naming the parameter.
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("experiment.toml");
+    std::fs::write(
+        &config,
+        "num_samples = 8\nmax_concurrent_trials = 2\n\
+         [param_space]\nat = { choice = [\"two\", \"three\"] }\n",
+    )
+    .unwrap();
+    let results = dir.path().join("results");
+    let output = common::wtune()
+        .arg("run")
+        .arg(common::guest("hostile"))
+        .arg("--config")
+        .arg(&config)
+        .args(["--seed", "1", "--output-dir"])
+        .arg(&results)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stdout}{stderr}");
+    assert!(
+        stderr.contains("parameter `at`: invalid type: string")
+            && stderr.contains("check param_space"),
+        "{stderr}"
+    );
+    let experiment = read_json(&results.join("experiment.json"));
+    let errors = experiment["counts"]["error"].as_u64().unwrap();
+    assert!(
+        (1..=2).contains(&errors),
+        "{errors} trials failed: {stdout}"
+    );
+}

@@ -42,6 +42,7 @@ impl<B: TrialBackend> Shared<B> {
                 None
             }
             Event::Launched(Err(failure)) => {
+                runner.launch_failed(&failure.reason);
                 runner.failure(tasks, trials, index, None, failure, halted.as_deref())
             }
             Event::Launched(Ok(session)) => {

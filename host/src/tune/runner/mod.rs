@@ -121,6 +121,8 @@ pub struct Runner<B: TrialBackend> {
     order: Option<FuelOrder>,
     /// Some result has carried the experiment's metric.
     metric_seen: bool,
+    /// Some trial's session has launched (its `setup` took its config).
+    launched_once: bool,
     /// Why the run must halt, found while recording a result (the loop
     /// halts it: see `Shared::dispatch`).
     halt_for: Option<String>,
@@ -158,6 +160,7 @@ impl<B: TrialBackend> Runner<B> {
             pool_changed: false,
             order,
             metric_seen: false,
+            launched_once: false,
             halt_for: None,
         }
     }
@@ -281,6 +284,19 @@ impl<B: TrialBackend> Runner<B> {
         }
     }
 
+    /// A launch failed with `reason`. When no trial has launched yet and
+    /// the trainable's SDK says the config does not fit its config type
+    /// (a field the space lacks, a value of the wrong type), every trial
+    /// would fail the same way: the run halts once, saying so.
+    fn launch_failed(&mut self, reason: &str) {
+        if !self.launched_once && reason.contains(SDK_CONFIG_ERROR) {
+            self.halt_for = Some(format!(
+                "{reason}; no trial has started with the configs this experiment makes, so no \
+                 more start: check param_space (and --config) against the trainable's config"
+            ));
+        }
+    }
+
     /// Records what was decided on trial `index`'s result.
     fn decided_on(&mut self, trials: &[Trial], index: usize, decision: &Decision) {
         let trial = &trials[index];
@@ -298,6 +314,7 @@ impl<B: TrialBackend> Runner<B> {
     /// Trial `index`'s session was launched and booked: in fuel order, its
     /// clock counts from the fuel it starts with.
     fn launched(&mut self, trials: &[Trial], index: usize) {
+        self.launched_once = true;
         if let Some(order) = &mut self.order {
             order.launched(index, trials[index].fuel_total);
         }
@@ -1151,6 +1168,10 @@ async fn next_interrupt(interrupts: &mut Option<mpsc::UnboundedReceiver<()>>) {
         None => std::future::pending::<()>().await,
     }
 }
+
+/// What the guest SDK (`wtune-guest`, `glue.rs`) says when a config does
+/// not deserialize into the trainable's config type.
+const SDK_CONFIG_ERROR: &str = "invalid config for this trainable";
 
 /// Digits in trial ids: enough for every trial the search will create
 /// (`trial_0000` ... `trial_9999` unless there are more), and never fewer
