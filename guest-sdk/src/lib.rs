@@ -142,6 +142,26 @@ pub trait Trainable: Sized + 'static {
 /// - `export!(Model)` uses `Model`'s own `save`/`restore`.
 /// - `export!(Model, checkpoint = serde)` saves and restores the whole value
 ///   through serde; `Model` must derive `Serialize` and `Deserialize`.
+///
+/// With `checkpoint = serde` every checkpoint holds the whole value, data
+/// included. Keep what `setup` loads and never changes (a dataset) out of
+/// it, so that checkpoints carry only what training changes. `#[serde(skip)]`
+/// is not enough: `restore` replaces the whole value, so a skipped field
+/// comes back as its `Default`. Hold such data beside the trainable
+/// instead, filled once per instance:
+///
+/// ```ignore
+/// static DATA: std::sync::OnceLock<Vec<f32>> = std::sync::OnceLock::new();
+///
+/// fn setup(config: Config) -> Result<Self> {
+///     DATA.get_or_init(|| load("/data/digits/digits.csv"));
+///     Ok(Model { weights: init(&config), step: 0 }) // only this is saved
+/// }
+/// ```
+///
+/// Host snapshots (`checkpoint = "snapshot"` in the experiment, no code in
+/// the trainable) hold the guest's whole memory, data included, whatever
+/// the trainable does.
 #[macro_export]
 macro_rules! export {
     ($ty:ty) => {
