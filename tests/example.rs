@@ -162,28 +162,19 @@ fn bad_input_to_run_is_a_one_line_error_with_status_2() {
 
 #[test]
 fn a_run_where_every_trial_fails_exits_non_zero_and_keeps_the_reasons() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("experiment.toml");
-    std::fs::write(&config, "[param_space]\nattack = \"no_such_attack\"\n").unwrap();
-    let results = dir.path().join("results");
-    let output = common::wtune()
-        .arg("run")
-        .arg(common::guest("hostile"))
-        .arg("--config")
-        .arg(&config)
-        .args(["--seed", "1", "--output-dir"])
-        .arg(&results)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(1), "{stdout}{stderr}");
+    let run = common::run_cli(
+        "hostile",
+        "[param_space]\nattack = \"no_such_attack\"\n",
+        &["--seed", "1"],
+    );
+    let (stdout, stderr) = (run.stdout(), run.stderr());
+    assert_eq!(run.output.status.code(), Some(1), "{stdout}{stderr}");
     assert!(
         stdout.contains("setup() failed:") && stdout.contains("no_such_attack"),
         "{stdout}"
     );
     assert!(stderr.contains("all 1 trials failed"), "{stderr}");
-    let experiment = read_json(&results.join("experiment.json"));
+    let experiment = read_json(&run.out().join("experiment.json"));
     assert_eq!(experiment["counts"]["error"], 1);
 }
 
@@ -360,33 +351,20 @@ fn a_space_that_does_not_fit_the_config_type_stops_the_run_at_the_first_trials()
     // The hostile trainable's `at` is a number; the space gives words.
     // Every trial would fail the same way, so the run halts after the
     // first ones, naming the parameter.
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("experiment.toml");
-    std::fs::write(
-        &config,
+    let run = common::run_cli(
+        "hostile",
         "num_samples = 8\nmax_concurrent_trials = 2\n\
          [param_space]\nat = { choice = [\"two\", \"three\"] }\n",
-    )
-    .unwrap();
-    let results = dir.path().join("results");
-    let output = common::wtune()
-        .arg("run")
-        .arg(common::guest("hostile"))
-        .arg("--config")
-        .arg(&config)
-        .args(["--seed", "1", "--output-dir"])
-        .arg(&results)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(1), "{stdout}{stderr}");
+        &["--seed", "1"],
+    );
+    let (stdout, stderr) = (run.stdout(), run.stderr());
+    assert_eq!(run.output.status.code(), Some(1), "{stdout}{stderr}");
     assert!(
         stderr.contains("parameter `at`: invalid type: string")
             && stderr.contains("check param_space"),
         "{stderr}"
     );
-    let experiment = read_json(&results.join("experiment.json"));
+    let experiment = read_json(&run.out().join("experiment.json"));
     let errors = experiment["counts"]["error"].as_u64().unwrap();
     assert!(
         (1..=2).contains(&errors),

@@ -1319,27 +1319,15 @@ fn result_files_stay_under_the_result_limit_across_retries() {
     // The guest reports the largest legal report at every call and fails
     // every 5th, so each retry starts a new instance with a new count of its
     // own; the trial's files are capped over all of them.
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("experiment.toml");
-    std::fs::write(
-        &config,
+    let run = common::run_cli(
+        "hostile",
         "metric = \"score\"\nmode = \"max\"\nmax_concurrent_trials = 2\nmax_failures = 40\n\
          [limits]\nresult_size = \"1MiB\"\n\
          [param_space]\nattack = { grid_search = [\"report_flood\", \"none\"] }\nat = 1\n\
          iterations = 3\n",
-    )
-    .unwrap();
-    let out = dir.path().join("out");
-    let run = common::wtune()
-        .arg("run")
-        .arg(common::guest("hostile"))
-        .arg("--config")
-        .arg(&config)
-        .arg("--output-dir")
-        .arg(&out)
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&run.stderr);
+        &[],
+    );
+    let (out, stderr) = (run.out(), run.stderr());
     let state = wtune::report::state::load(&out, false).unwrap();
     let of = |attack: &str| {
         state

@@ -100,3 +100,44 @@ pub fn wtune() -> std::process::Command {
     cmd.env("WTUNE_CACHE_DIR", target_dir().join("wtune-test-cache"));
     cmd
 }
+
+/// An experiment run through the `wtune` binary: the directory holding its
+/// `experiment.toml` (results in `out/`), and what the command did.
+pub struct CliRun {
+    pub dir: tempfile::TempDir,
+    pub output: std::process::Output,
+}
+
+impl CliRun {
+    /// The experiment's output directory.
+    pub fn out(&self) -> PathBuf {
+        self.dir.path().join("out")
+    }
+
+    pub fn stdout(&self) -> String {
+        String::from_utf8_lossy(&self.output.stdout).into_owned()
+    }
+
+    pub fn stderr(&self) -> String {
+        String::from_utf8_lossy(&self.output.stderr).into_owned()
+    }
+}
+
+/// `wtune run` of the guest `guest` with `toml` as its experiment file and
+/// `args` after it, into a fresh directory.
+pub fn run_cli(guest_name: &str, toml: &str, args: &[&str]) -> CliRun {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("experiment.toml");
+    std::fs::write(&config, toml).unwrap();
+    let output = wtune()
+        .arg("run")
+        .arg(guest(guest_name))
+        .arg("--config")
+        .arg(&config)
+        .arg("--output-dir")
+        .arg(dir.path().join("out"))
+        .args(args)
+        .output()
+        .unwrap();
+    CliRun { dir, output }
+}
