@@ -546,3 +546,52 @@ fn random_kills_and_resumes_end_with_the_uninterrupted_results_once_each() {
     }
     assert_eq!(digests(&out), expected, "after {kills} kills");
 }
+
+#[test]
+fn resume_with_new_stopping_criteria_extends_a_finished_run() {
+    // Four trials end at iteration 3 (checkpointed at their end); resumed
+    // with `--stop training_iteration=6` they continue from those
+    // checkpoints to 6, ending where a run to 6 ends, each iteration once.
+    let dir = tempfile::tempdir().unwrap();
+    let longer = experiment(dir.path(), "", 64, 6);
+    ok(&run(&longer, &dir.path().join("longer")));
+    let expected = digests(&dir.path().join("longer"));
+
+    let config = experiment(dir.path(), "checkpoint_at_end = true", 64, 3);
+    let out = dir.path().join("extended");
+    ok(&run(&config, &out));
+    assert!(outcomes(&out).iter().all(|o| o.3 == 3));
+    let resumed = common::wtune()
+        .arg("resume")
+        .arg(&out)
+        .args(["--stop", "training_iteration=6"])
+        .output()
+        .unwrap();
+    let said = ok(&resumed);
+    assert!(
+        said.contains("extending 4 finished trials under the new stopping criteria"),
+        "{said}"
+    );
+    for (id, status, _, iterations, _) in outcomes(&out) {
+        assert_eq!((status.as_str(), iterations), ("TERMINATED", 6), "{id}");
+        let (jsonl, csv) = iterations_in_files(&out.join(&id));
+        assert_eq!(jsonl, (1..=6).collect::<Vec<u64>>(), "{id}");
+        assert_eq!(csv, (1..=6).collect::<Vec<u64>>(), "{id}");
+    }
+    assert_eq!(digests(&out), expected);
+
+    // A bad criterion is refused before anything changes.
+    let refused = common::wtune()
+        .arg("resume")
+        .arg(&out)
+        .args(["--stop", "training_iteration=many"])
+        .output()
+        .unwrap();
+    assert_eq!(refused.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("is not a number"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    assert!(outcomes(&out).iter().all(|o| o.3 == 6));
+}

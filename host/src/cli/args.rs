@@ -159,6 +159,11 @@ pub(super) struct ResumeArgs {
     /// The component, when it moved since the experiment started (it must be the same file).
     #[arg(long, value_name = "FILE")]
     pub(super) model: Option<PathBuf>,
+    /// New stopping criteria over the saved ones, as `run`'s (repeatable): trials that ended only
+    /// because a criterion was met continue from their newest checkpoint when the new ones let
+    /// them go on, which extends a finished run.
+    #[arg(long = "stop", value_name = "KEY=VALUE")]
+    pub(super) stop: Vec<String>,
     #[command(flatten)]
     pub(super) cache: CacheArgs,
     #[command(flatten)]

@@ -20,6 +20,8 @@ use super::setup::Setup;
 pub(super) struct Resumed {
     pub(super) trials: Vec<Trial>,
     pub(super) decisions: DecisionState,
+    /// Finished trials that new stopping criteria let go on.
+    pub(super) extended: Vec<String>,
 }
 
 /// Runs trials to the end and reports, for `run` and `resume` alike, while
@@ -107,7 +109,11 @@ fn assemble(
     setup: &Setup,
 ) -> Runner<WasmBackend> {
     let (trials, resumed) = match resumed {
-        Some(Resumed { trials, decisions }) => (trials, Some(decisions)),
+        Some(Resumed {
+            trials,
+            decisions,
+            extended,
+        }) => (trials, Some((decisions, extended))),
         None => (Vec::new(), None),
     };
     let total = searcher.total().map(|n| n.max(trials.len() as u64));
@@ -120,12 +126,13 @@ fn assemble(
         move |trial: &mut Trial| resume::adopt_reported(&backend, trial, &policy)
     };
     let mut runner = Runner::new(backend, spec, scheduler).searcher(searcher);
-    if let Some(resumed) = resumed {
+    if let Some((resumed, extended)) = resumed {
         runner = runner.adopt_from_disk(adopt);
         runner = runner.fuel_burned(resumed.fuel_burned);
         if let Some(state) = resumed.stopper {
             runner = runner.stopper_state(state);
         }
+        runner = runner.extending(extended);
     }
     runner
         .with_trials(trials)

@@ -2,10 +2,11 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::config;
 use crate::report::state;
 use crate::sandbox::{Program, SandboxOptions};
 use crate::tune::resume::{self, ErroredTrials};
-use crate::tune::{DecisionState, Listed, Scheduler, Searcher};
+use crate::tune::{DecisionState, Listed, Scheduler, Searcher, StopCriteria, Trial, TrialStatus};
 use crate::wasm_backend::WasmBackend;
 
 use super::Failure;
@@ -35,6 +36,8 @@ pub(super) fn resume_experiment(args: ResumeArgs) -> Result<(), Failure> {
     // in the directory.
     let decisions = &state.decisions;
     let (mut scheduler, mut searcher) = restored_deciders(&setup, decisions)?;
+    let mut trials = state.trials;
+    let extended = extend_stops(&mut setup, &mut trials, &args.stop)?;
     if args.previous_state {
         move_damaged_state_aside(&args.dir)?;
     }
@@ -45,7 +48,6 @@ pub(super) fn resume_experiment(args: ResumeArgs) -> Result<(), Failure> {
     } else {
         ErroredTrials::Keep
     };
-    let mut trials = state.trials;
     let output_dir = std::path::absolute(&args.dir).unwrap_or(args.dir);
     let plan = resume::prepare(
         &backend,
@@ -69,6 +71,19 @@ pub(super) fn resume_experiment(args: ResumeArgs) -> Result<(), Failure> {
         plan.finished
     );
     resume::retry_errored(&plan, &trials, scheduler.as_mut(), searcher.as_mut());
+    if !extended.is_empty() {
+        eprintln!(
+            "extending {} finished trial{} under the new stopping criteria: {}",
+            extended.len(),
+            if extended.len() == 1 { "" } else { "s" },
+            extended.join(", ")
+        );
+    }
+    for trial in trials.iter().filter(|t| extended.contains(&t.trial_id)) {
+        // They ended for the scheduler and the searcher: live again.
+        scheduler.on_trial_retry(trial);
+        searcher.on_trial_retry(&trial.trial_id);
+    }
     setup.spec.output_dir = output_dir;
     let spec = setup.spec.clone();
     let decisions = decisions.clone();
@@ -77,7 +92,11 @@ pub(super) fn resume_experiment(args: ResumeArgs) -> Result<(), Failure> {
         spec,
         scheduler,
         searcher,
-        Some(Resumed { trials, decisions }),
+        Some(Resumed {
+            trials,
+            decisions,
+            extended,
+        }),
         &setup,
         lock,
         serve,
@@ -207,4 +226,45 @@ fn move_damaged_state_aside(dir: &Path) -> Result<(), Failure> {
         eprintln!("note: the damaged state is kept as {}", aside.display());
     }
     Ok(())
+}
+
+/// Puts `--stop` flags over the saved stopping criteria. A trial that ended
+/// because a saved criterion was met, and that the new ones let go on, is
+/// made PAUSED so that it continues from its newest checkpoint (or starts
+/// over without one); returns their ids. Trials a scheduler stopped, or
+/// that said they were done, stay finished.
+fn extend_stops(
+    setup: &mut Setup,
+    trials: &mut [Trial],
+    flags: &[String],
+) -> Result<Vec<String>, Failure> {
+    if flags.is_empty() {
+        return Ok(Vec::new());
+    }
+    let table = config::stop_flags(flags).map_err(|e| Failure::user(e.to_string()))?;
+    let newer = StopCriteria::from_json(&table).map_err(Failure::user)?;
+    let old = setup.spec.stop.clone();
+    let new = old.merged(&newer);
+    let mut extended = Vec::new();
+    for trial in trials.iter_mut() {
+        let Some(result) = &trial.last_result else {
+            continue;
+        };
+        // Ended by a saved criterion (not by the scheduler or the
+        // trainable's `done`), which the new ones no longer meet.
+        let ended_by_criteria = trial.status == TrialStatus::Terminated
+            && old
+                .reached(result)
+                .ok()
+                .flatten()
+                .is_some_and(|reason| trial.stop_reason.as_deref() == Some(reason.as_str()))
+            && matches!(new.reached(result), Ok(None));
+        if ended_by_criteria {
+            trial.status = TrialStatus::Paused;
+            trial.stop_reason = None;
+            extended.push(trial.trial_id.clone());
+        }
+    }
+    setup.spec.stop = new;
+    Ok(extended)
 }

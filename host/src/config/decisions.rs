@@ -112,19 +112,7 @@ pub(super) fn stop_criteria(
         .map(to_json)
         .and_then(|v| v.as_object().cloned())
         .unwrap_or_default();
-    for item in &overrides.stop {
-        let (key, value) = item.split_once('=').ok_or_else(|| {
-            bad(format!(
-                "--stop {item:?}: expected KEY=VALUE, e.g. --stop training_iteration=20"
-            ))
-        })?;
-        let value: Value = value
-            .trim()
-            .parse::<f64>()
-            .map(Value::from)
-            .map_err(|_| bad(format!("--stop {item:?}: {value:?} is not a number")))?;
-        stop_table.insert(key.trim().to_string(), value);
-    }
+    stop_table.extend(stop_flags(&overrides.stop)?);
     let mut stop = StopCriteria::from_json(&stop_table).map_err(bad)?;
     if stop == StopCriteria::default() && !scheduler.ends_trials() {
         stop.training_iteration = Some(DEFAULT_ITERATIONS);
@@ -171,4 +159,23 @@ pub(super) fn result_order(
         ));
     }
     ResultOrder::Fuel
+}
+
+/// `--stop KEY=VALUE` flags as a `[stop]` table.
+pub fn stop_flags(items: &[String]) -> Result<Map<String, Value>, ConfigError> {
+    let mut table = Map::new();
+    for item in items {
+        let (key, value) = item.split_once('=').ok_or_else(|| {
+            bad(format!(
+                "--stop {item:?}: expected KEY=VALUE, e.g. --stop training_iteration=20"
+            ))
+        })?;
+        let value: Value = value
+            .trim()
+            .parse::<f64>()
+            .map(Value::from)
+            .map_err(|_| bad(format!("--stop {item:?}: {value:?} is not a number")))?;
+        table.insert(key.trim().to_string(), value);
+    }
+    Ok(table)
 }

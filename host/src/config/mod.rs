@@ -22,7 +22,7 @@ mod sandbox;
 #[cfg(test)]
 mod tests;
 
-pub use decisions::DEFAULT_ITERATIONS;
+pub use decisions::{DEFAULT_ITERATIONS, stop_flags};
 pub use error::ConfigError;
 pub use overrides::Overrides;
 pub use plan::{Plan, plan, searcher};

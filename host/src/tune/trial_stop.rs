@@ -65,6 +65,25 @@ impl StopCriteria {
         Ok(criteria)
     }
 
+    /// These criteria with `newer`'s over them: each limit `newer` sets
+    /// replaces this one's, and its thresholds replace those on the same
+    /// metric.
+    pub fn merged(&self, newer: &StopCriteria) -> StopCriteria {
+        let mut thresholds: Vec<Threshold> = self
+            .thresholds
+            .iter()
+            .filter(|t| !newer.thresholds.iter().any(|n| n.metric == t.metric))
+            .cloned()
+            .collect();
+        thresholds.extend(newer.thresholds.iter().cloned());
+        StopCriteria {
+            training_iteration: newer.training_iteration.or(self.training_iteration),
+            time_total_s: newer.time_total_s.or(self.time_total_s),
+            fuel_total: newer.fuel_total.or(self.fuel_total),
+            thresholds,
+        }
+    }
+
     /// Metrics the criteria need the trainable to report.
     pub fn metrics(&self) -> impl Iterator<Item = &str> {
         self.thresholds.iter().map(|t| t.metric.as_str())

@@ -123,6 +123,10 @@ pub struct Runner<B: TrialBackend> {
     metric_seen: bool,
     /// Some trial's session has launched (its `setup` took its config).
     launched_once: bool,
+    /// Finished trials continued under new stopping criteria
+    /// ([`Runner::extending`]): their checkpoint's result says `done`, which
+    /// does not end them.
+    extending: HashSet<String>,
     /// Why the run must halt, found while recording a result (the loop
     /// halts it: see `Shared::dispatch`).
     halt_for: Option<String>,
@@ -161,6 +165,7 @@ impl<B: TrialBackend> Runner<B> {
             order,
             metric_seen: false,
             launched_once: false,
+            extending: HashSet::new(),
             halt_for: None,
         }
     }
@@ -216,6 +221,15 @@ impl<B: TrialBackend> Runner<B> {
     /// counts toward `max_time`.
     pub fn stopper_state(mut self, state: Value) -> Self {
         self.stopper_state = Some(state);
+        self
+    }
+
+    /// Trials (by id) that ended under the saved stopping criteria and go
+    /// on under new ones (`wtune resume --stop`): restored from a
+    /// checkpoint taken at their last result, they train on unless the
+    /// spec's criteria end them.
+    pub fn extending(mut self, trial_ids: impl IntoIterator<Item = String>) -> Self {
+        self.extending.extend(trial_ids);
         self
     }
 
@@ -994,6 +1008,9 @@ impl<B: TrialBackend> Runner<B> {
         let result = trial.last_result.as_ref()?;
         if let Ok(Some(reason)) = self.spec.stop.reached(result) {
             return Some(reason);
+        }
+        if self.extending.contains(&trial.trial_id) {
+            return None;
         }
         // Ended otherwise (the trainable's `done`, the scheduler, a stop
         // request): the record says so, not which.
