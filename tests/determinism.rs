@@ -11,8 +11,8 @@ use std::time::Duration;
 use serde_json::{Map, Value, json};
 use wtune::report::TrialFiles;
 use wtune::tune::{
-    Callback, CheckpointPolicy, FailurePolicy, FnBackend, Mode, ResultOrder, RunSpec, Runner,
-    SchedulerSpec, Step, StopCriteria, Trial, TrialFailure, TrialStatus,
+    Callback, CheckpointPolicy, FailFast, FailurePolicy, FnBackend, Mode, ResultOrder, RunSpec,
+    Runner, SchedulerSpec, Step, StopCriteria, Trial, TrialFailure, TrialStatus,
 };
 
 /// How long step `iteration` of the trial with config `x` sleeps.
@@ -27,11 +27,15 @@ fn backend(delay: Delay) -> FnBackend {
         let x = config["x"].as_f64().unwrap();
         let fuel = config["fuel"].as_u64().unwrap();
         let fails_at = config["fails_at"].as_u64();
+        let fails_for_good_at = config["fails_for_good_at"].as_u64();
         let (delay, failed) = (delay.clone(), failed.clone());
         Ok(move |it: u64| {
             std::thread::sleep(delay(x, it));
             if Some(it) == fails_at && failed.lock().unwrap().insert(format!("{x}")) {
                 return Err(TrialFailure::new(format!("failing once at {it}")));
+            }
+            if Some(it) == fails_for_good_at {
+                return Err(TrialFailure::permanent(format!("failing for good at {it}")));
             }
             let score = x * (it as f64).ln_1p() + (x * 7.0 + it as f64 * 0.3).sin();
             Ok(Step {
@@ -100,7 +104,7 @@ fn run(
         },
         failure: FailurePolicy {
             max_failures: Some(2),
-            ..FailurePolicy::default()
+            fail_fast: FailFast::Stop,
         },
         result_order: order,
         ..RunSpec::new("determinism", dir.path())
@@ -403,4 +407,25 @@ fn wtune_run_decides_the_same_on_a_loaded_machine_and_says_so() {
     assert_eq!(differ.status.code(), Some(1));
     let err = String::from_utf8_lossy(&differ.stderr);
     assert!(err.contains("differ from decision 4 on"), "{err}");
+}
+
+#[test]
+fn a_fail_fast_halt_keeps_the_fuel_order() {
+    // One trial fails for good mid-run and fail_fast halts the experiment:
+    // the results the others still report are decided in the same order
+    // whatever the timing, so they end (stopped or paused) alike.
+    let mut configs = population(9);
+    configs[0]["fails_for_good_at"] = json!(5);
+    let asha = json!({"type": "asha", "time_attr": "fuel_total", "max_t": 1200,
+                      "grace_period": 150, "reduction_factor": 3});
+    let (outcomes, seen) = run(&configs, &asha, ResultOrder::Fuel, 3, scrambled(1, 0));
+    assert!(
+        outcomes.iter().any(|o| o.1 == TrialStatus::Error),
+        "{outcomes:?}"
+    );
+    for seed in [2, 3] {
+        let (again, seen_again) = run(&configs, &asha, ResultOrder::Fuel, 3, scrambled(seed, 12));
+        assert_eq!(outcomes, again, "delays {seed}");
+        assert_eq!(seen, seen_again, "delays {seed}");
+    }
 }

@@ -622,6 +622,8 @@ impl<B: TrialBackend> Runner<B> {
         let then = Then::after(&decision);
         if self.checkpoint_due(&trials[index], &decision) {
             if let Err(reason) = self.each(|cb, t| cb.before_checkpoint(t, index), trials) {
+                // Marked when the decision was made (`Shared::mark_saving`).
+                self.saving.remove(&index);
                 self.fail(trials, index, reason);
                 tasks.stop(index, session, false);
                 return;

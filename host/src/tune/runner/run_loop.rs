@@ -52,6 +52,7 @@ impl<B: TrialBackend> Runner<B> {
             stopped: None,
             started,
             closed: false,
+            fill_due: true,
         }));
         let mut tasks = Tasks {
             set: JoinSet::new(),
@@ -160,6 +161,7 @@ impl<B: TrialBackend> Shared<B> {
             halted,
             stopped,
             started,
+            fill_due,
             ..
         } = self;
         if stopped.is_none()
@@ -168,7 +170,12 @@ impl<B: TrialBackend> Shared<B> {
             *stopped = Some(reason);
         }
         runner.pool_changed = false;
-        while *live < max_concurrent && halted.is_none() && stopped.is_none() {
+        // In fuel order a trial starts at the moment of the event just
+        // carried out; woken for anything else while a released event waits
+        // for the loop, it would start at a moment no other run has.
+        let may_start = runner.order.is_none() || *fill_due || *live == 0;
+        *fill_due = false;
+        while may_start && *live < max_concurrent && halted.is_none() && stopped.is_none() {
             let chosen = match runner.waiting.front() {
                 Some(&index) => Some(index),
                 None => match runner.choose_next(trials) {
@@ -247,9 +254,15 @@ impl<B: TrialBackend> Shared<B> {
             runner.take_stops(trials);
         }
         if let Some(order) = &mut runner.order {
-            // The moment the loop carried out is over: the next event may
-            // be released (and a halt frees those waiting).
+            // Trials the loop handed back to threads (after every task it
+            // started, parked exploits included); then the moment the loop
+            // carried out is over and the next event may be released.
+            for index in tasks.handed.drain(..) {
+                order.handed_back(index);
+            }
             order.loop_done();
+        } else {
+            tasks.handed.clear();
         }
         tasks.turns.notify_all();
         runner.persist(trials);
@@ -384,13 +397,7 @@ impl<B: TrialBackend> Shared<B> {
         {
             self.halted = Some(reason);
         }
-        if let Some(order) = &mut self.runner.order {
-            for index in tasks.handed.drain(..) {
-                order.handed_back(index);
-            }
-        } else {
-            tasks.handed.clear();
-        }
+        self.fill_due = true;
         let Shared {
             runner,
             trials,

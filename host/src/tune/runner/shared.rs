@@ -34,6 +34,11 @@ pub(super) struct Shared<B: TrialBackend> {
     /// their threads drop their sessions at the next result instead of
     /// training on for nobody.
     pub(super) closed: bool,
+    /// The loop just carried out a trial thread's event: in fuel order,
+    /// trials start only then (or when nothing runs), not when a control
+    /// request or the deadline wakes the loop between a release and its
+    /// handling.
+    pub(super) fill_due: bool,
 }
 
 impl<B: TrialBackend> Shared<B> {
@@ -269,8 +274,7 @@ const TURN_RECHECK: Duration = Duration::from_millis(100);
 /// count `fuel_total` (`None`: where its session started, for a launch
 /// that failed or needs the loop). In fuel order, first waits until the
 /// event is next ([`FuelOrder`](super::fuel_order::FuelOrder)) and releases
-/// it; a halting or closed run releases at once (what it does next is not
-/// decided by results).
+/// it; a closed run (nobody reads its results) releases at once.
 pub(super) fn turn<'a, B: TrialBackend>(
     shared: &'a Mutex<Shared<B>>,
     turns: &Condvar,
@@ -291,7 +295,10 @@ pub(super) fn turn<'a, B: TrialBackend>(
     // A trial that waited for this one's next event may go now.
     turns.notify_all();
     loop {
-        let free = guard.closed || guard.halted.is_some();
+        // A halt keeps the order: what halts a run in fuel order (fail_fast,
+        // a metric or config no trial can use) happens at a fuel time too,
+        // and results still decided after it must come in the same order.
+        let free = guard.closed;
         let order = guard.runner.order.as_mut().expect("checked above");
         if free || order.is_turn(index, &key) {
             order.release(index, &key);
