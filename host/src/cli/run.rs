@@ -75,7 +75,7 @@ pub(super) fn run(args: RunArgs) -> Result<(), Failure> {
     let mut fixed_config = None;
     if let Some(path) = &plan.spec.restore_from {
         let file = backend.open_checkpoint(path).map_err(Failure::user)?;
-        if file.kind() == "snapshot" {
+        if file.is_host_snapshot() {
             // A host snapshot holds its trial's configuration in memory.
             if !plan.empty_space {
                 return Err(Failure::user(format!(

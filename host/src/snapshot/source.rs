@@ -187,7 +187,7 @@ mod tests {
         let mut file =
             SnapshotFile::new(std::io::Cursor::new(&bytes), &meta.component, Some(&key)).unwrap();
         assert_eq!(file.meta(), &meta);
-        assert_eq!(file.kind(), "snapshot");
+        assert!(file.is_host_snapshot());
         assert_eq!(pieces(&mut file), expected);
         // Memories may be read in any order, and again.
         file.open_memory(1).unwrap();

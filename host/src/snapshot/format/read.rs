@@ -159,12 +159,10 @@ impl<R: Read + Seek> SnapshotFile<R> {
         &self.meta
     }
 
-    /// Which kind of checkpoint this is, as [`Payload::kind`] names it.
-    pub fn kind(&self) -> &'static str {
-        match self.contents {
-            Contents::Guest { .. } => "guest",
-            Contents::Memory { .. } => "snapshot",
-        }
+    /// Whether this is a host snapshot ([`Payload::Memory`]) rather than
+    /// the guest's own `save()` bytes.
+    pub fn is_host_snapshot(&self) -> bool {
+        matches!(self.contents, Contents::Memory { .. })
     }
 
     /// Reads the guest's own `save()` bytes; `None` for a host snapshot.
