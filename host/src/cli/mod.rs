@@ -1,5 +1,5 @@
 //! The `wtune` command line: it parses the arguments, dispatches to one
-//! file per command (`run`, `resume`, `inspect`; `execute` runs trials for
+//! file per command (`run`, `resume`, `inspect`, `new`; `execute` runs trials for
 //! the first two) and maps failures to exit statuses.
 
 mod args;
@@ -7,6 +7,7 @@ mod common;
 mod decisions;
 mod execute;
 mod inspect;
+mod new;
 mod resume;
 mod run;
 mod setup;
@@ -47,6 +48,9 @@ enum Command {
         /// Another one.
         b: PathBuf,
     },
+    /// Create a trainable crate to start from: a small real model, its experiment
+    /// file and the commands to build and tune it.
+    New(new::NewArgs),
     /// Show a component's imports and exports and whether it fits the wtune contract.
     Inspect {
         /// The component (.wasm) to inspect.
@@ -114,6 +118,7 @@ pub fn main() -> ExitCode {
         Command::Serve(args) => inspect::serve_dir(args),
         Command::Inspect { model } => inspect::inspect(&model),
         Command::Decisions { a, b } => decisions::compare(&a, &b),
+        Command::New(args) => new::new_trainable(args),
         Command::GpuWorker { .. } | Command::CompileWorker { .. } => {
             unreachable!("served above")
         }
