@@ -595,3 +595,167 @@ fn resume_with_new_stopping_criteria_extends_a_finished_run() {
     );
     assert!(outcomes(&out).iter().all(|o| o.3 == 6));
 }
+
+/// Each trial's config, in trial order, from `experiment.json`.
+fn configs(out: &Path) -> Vec<Value> {
+    let text = std::fs::read_to_string(out.join("experiment.json")).unwrap();
+    let doc: Value = serde_json::from_str(&text).unwrap();
+    doc["trials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["config"].clone())
+        .collect()
+}
+
+fn resume(out: &Path, flags: &[&str]) -> Output {
+    common::wtune()
+        .arg("resume")
+        .arg(out)
+        .args(flags)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn resume_with_more_samples_adds_the_trials_a_larger_run_would_have_made() {
+    // A random parameter beside the grid, so that each sample's trials
+    // differ: the added ones must be those a run with the larger count
+    // draws, numbered after the saved ones, which are left as they were.
+    let dir = tempfile::tempdir().unwrap();
+    let random = "[param_space.reserve_mib]\nrandint = [0, 3]";
+    let config = experiment(dir.path(), random, 64, 3);
+    let larger = dir.path().join("larger");
+    let mut run_larger = common::wtune();
+    run_larger
+        .arg("run")
+        .arg(common::guest("stateful"))
+        .arg("--config")
+        .arg(&config)
+        .args(["--seed", "1", "--num-samples", "3", "--output-dir"])
+        .arg(&larger);
+    ok(&run_larger.output().unwrap());
+
+    let out = dir.path().join("grown");
+    ok(&run(&config, &out));
+    assert_eq!(outcomes(&out).len(), 4);
+    let first_trial = std::fs::read(out.join("trial_0000/result.jsonl")).unwrap();
+    let said = ok(&resume(&out, &["--num-samples", "3"]));
+    assert!(said.contains("num_samples 1 -> 3"), "{said}");
+    assert_eq!(configs(&out), configs(&larger));
+    assert_eq!(digests(&out), digests(&larger));
+    let ids: Vec<String> = outcomes(&out).into_iter().map(|o| o.0).collect();
+    assert_eq!(
+        ids,
+        (0..12).map(|i| format!("trial_{i:04}")).collect::<Vec<_>>()
+    );
+    assert!(
+        outcomes(&out)
+            .iter()
+            .all(|o| o.1 == "TERMINATED" && o.3 == 3)
+    );
+    assert_eq!(
+        std::fs::read(out.join("trial_0000/result.jsonl")).unwrap(),
+        first_trial
+    );
+
+    // Fewer samples than trials already made cannot be.
+    let before = files(&out);
+    refused(
+        &resume(&out, &["--num-samples", "2"]),
+        "--num-samples 2 makes 8 trials, but the experiment has created 12 already",
+    );
+    assert!(files(&out) == before, "a refused resume changed files");
+}
+
+#[test]
+fn resume_refuses_flags_for_what_the_experiment_keeps_and_says_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = experiment(dir.path(), "", 64, 2);
+    let out = dir.path().join("out");
+    ok(&run(&config, &out));
+    let before = files(&out);
+    for (flags, why) in [
+        (
+            &["--config", "experiment.toml"][..],
+            "reads no experiment file",
+        ),
+        (
+            &["--metric", "digest"][..],
+            "the trials were ranked by `counter` (max)",
+        ),
+        (&["--mode", "min"][..], "--metric and --mode cannot change"),
+        (&["--seed", "2"][..], "follow the saved seed 1"),
+        (
+            &["--scheduler", "asha"][..],
+            "--scheduler and --search cannot change",
+        ),
+        (
+            &["--search", "tpe"][..],
+            "--scheduler and --search cannot change",
+        ),
+        (&["--checkpoint", "guest"][..], "written in snapshot mode"),
+        (&["--data", "d=."][..], "--data cannot change"),
+        (&["--name", "other"][..], "keeps its name (stateful)"),
+        (
+            &["--restore-from", "x.wtsnap"][..],
+            "each trial continues from its own",
+        ),
+        (&["--memory", "lots"][..], "limits.memory"),
+        (
+            &["--max-concurrent", "0"][..],
+            "--max-concurrent must be at least 1",
+        ),
+    ] {
+        refused(&resume(&out, flags), why);
+        assert!(
+            files(&out) == before,
+            "{flags:?}: a refused resume changed files"
+        );
+    }
+}
+
+#[test]
+fn resume_with_a_larger_fuel_budget_lets_trials_that_ran_out_go_on() {
+    // Setup burns about 0.27e6 fuel and each iteration 0.3e6: a budget of
+    // 1e6 ends every trial in its third iteration, after the checkpoint
+    // at its second.
+    let dir = tempfile::tempdir().unwrap();
+    let config = experiment(dir.path(), "checkpoint_freq = 1", 64, 3);
+    let expected = dir.path().join("expected");
+    ok(&run(&config, &expected));
+
+    let out = dir.path().join("out");
+    let mut short = common::wtune();
+    short
+        .arg("run")
+        .arg(common::guest("stateful"))
+        .arg("--config")
+        .arg(&config)
+        .args(["--seed", "1", "--fuel", "1e6", "--output-dir"])
+        .arg(&out);
+    let first = short.output().unwrap();
+    assert!(!first.status.success());
+    assert!(outcomes(&out).iter().all(|o| o.1 == "ERROR" && o.3 == 2));
+
+    let said = ok(&resume(
+        &out,
+        &["--retry-errored", "--fuel", "1e8", "--memory", "96MiB"],
+    ));
+    assert!(
+        said.contains("from now on, limits per trial: memory 96 MiB")
+            && said.contains("1e8 per trial"),
+        "{said}"
+    );
+    assert!(
+        outcomes(&out)
+            .iter()
+            .all(|o| o.1 == "TERMINATED" && o.3 == 3)
+    );
+    assert_eq!(digests(&out), digests(&expected));
+    let doc: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("experiment.json")).unwrap())
+            .unwrap();
+    assert_eq!(doc["run"]["limits"]["fuel_per_trial"], 100_000_000);
+    assert_eq!(doc["run"]["limits"]["memory_bytes"], 96 << 20);
+}

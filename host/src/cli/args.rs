@@ -159,13 +159,83 @@ pub(super) struct ResumeArgs {
     /// The component, when it moved since the experiment started (it must be the same file).
     #[arg(long, value_name = "FILE")]
     pub(super) model: Option<PathBuf>,
+    #[command(flatten)]
+    pub(super) changes: ChangeArgs,
+    #[command(flatten)]
+    pub(super) fixed: FixedOnResume,
+    #[command(flatten)]
+    pub(super) cache: CacheArgs,
+    #[command(flatten)]
+    pub(super) serve: ServeArgs,
+}
+
+/// What `wtune resume` may change of the experiment.
+#[derive(Debug, Args)]
+pub(super) struct ChangeArgs {
     /// New stopping criteria over the saved ones, as `run`'s (repeatable): trials that ended only
     /// because a criterion was met continue from their newest checkpoint when the new ones let
     /// them go on, which extends a finished run.
     #[arg(long = "stop", value_name = "KEY=VALUE")]
     pub(super) stop: Vec<String>,
-    #[command(flatten)]
-    pub(super) cache: CacheArgs,
-    #[command(flatten)]
-    pub(super) serve: ServeArgs,
+    /// A new sample count: more trials after those the experiment made (or
+    /// fewer, down to the trials already created).
+    #[arg(long, value_name = "N")]
+    pub(super) num_samples: Option<u64>,
+    /// Most trials running at once from now on.
+    #[arg(long, value_name = "N")]
+    pub(super) max_concurrent: Option<usize>,
+    /// Fuel budget per trial from now on, e.g. 5e10 (with --retry-errored,
+    /// trials that ran out go on).
+    #[arg(long, value_name = "FUEL")]
+    pub(super) fuel: Option<String>,
+    /// Fuel limit for one call into the trainable from now on, or "unlimited".
+    #[arg(long, value_name = "FUEL")]
+    pub(super) fuel_per_call: Option<String>,
+    /// Memory cap per trial from now on, e.g. 512MiB.
+    #[arg(long, value_name = "SIZE")]
+    pub(super) memory: Option<String>,
+    /// Wall-clock deadline per call from now on, or "none".
+    #[arg(long, value_name = "DURATION")]
+    pub(super) timeout: Option<String>,
+}
+
+/// `wtune run` flags that name what a resumed experiment keeps: taken
+/// (hidden) only to refuse them with the reason, instead of clap's
+/// "unexpected argument".
+#[derive(Debug, Args)]
+pub(super) struct FixedOnResume {
+    #[arg(short, long, hide = true)]
+    pub(super) config: Option<PathBuf>,
+    #[arg(long, hide = true)]
+    pub(super) name: Option<String>,
+    #[arg(short, long, hide = true)]
+    pub(super) output_dir: Option<PathBuf>,
+    #[arg(long, hide = true)]
+    pub(super) metric: Option<String>,
+    #[arg(long, hide = true)]
+    pub(super) mode: Option<String>,
+    #[arg(long, hide = true)]
+    pub(super) seed: Option<String>,
+    #[arg(long, hide = true)]
+    pub(super) scheduler: Option<String>,
+    #[arg(long, hide = true)]
+    pub(super) search: Option<String>,
+    #[arg(long, hide = true)]
+    pub(super) checkpoint: Option<String>,
+    #[arg(long, hide = true)]
+    pub(super) data: Vec<String>,
+    #[arg(long, hide = true)]
+    pub(super) restore_from: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub(super) struct NewArgs {
+    /// The crate's name (letters, digits, `-` and `_`, starting with a letter).
+    pub(super) name: String,
+    /// Where to create it (default: ./NAME); must not exist or be empty.
+    #[arg(long, value_name = "DIR")]
+    pub(super) dir: Option<PathBuf>,
+    /// The wtune-guest SDK's directory (default: the one this wtune was built with).
+    #[arg(long, value_name = "DIR")]
+    pub(super) sdk: Option<PathBuf>,
 }

@@ -3,8 +3,9 @@
 
 use std::path::Path;
 
-use crate::sandbox::{Sandbox, SandboxOptions};
+use crate::sandbox::{Limits, Sandbox, SandboxOptions};
 use crate::snapshot::SnapshotKey;
+use crate::units::{fuel_text, human_bytes};
 
 use super::Failure;
 use super::args::CacheArgs;
@@ -73,4 +74,19 @@ pub(super) fn print_out(text: &str) {
         }
         _ => {}
     }
+}
+
+/// The limits a user sets most, in one line: memory, fuel, deadline.
+pub(super) fn limits_line(limits: &Limits) -> String {
+    format!(
+        "limits per trial: memory {}, fuel {} per call{}, deadline {} per call",
+        human_bytes(limits.memory_bytes),
+        limits.fuel_per_call.map_or("unlimited".into(), fuel_text),
+        limits
+            .fuel_per_trial
+            .map_or(String::new(), |f| format!(", {} per trial", fuel_text(f))),
+        limits
+            .call_timeout
+            .map_or("none".into(), |d| humantime::format_duration(d).to_string()),
+    )
 }

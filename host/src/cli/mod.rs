@@ -21,7 +21,7 @@ use clap::{Parser, Subcommand};
 
 use crate::report::terminal::{TerminalWriter, inert};
 
-use args::{ResumeArgs, RunArgs, ServeDirArgs};
+use args::{NewArgs, ResumeArgs, RunArgs, ServeDirArgs};
 
 /// Tune hyperparameters of WebAssembly trainables, each trial in its own sandbox.
 #[derive(Debug, Parser)]
@@ -36,7 +36,7 @@ enum Command {
     /// Run an experiment: sample configurations, train each in a sandbox, report the best.
     Run(Box<RunArgs>),
     /// Continue an interrupted experiment from its output directory.
-    Resume(ResumeArgs),
+    Resume(Box<ResumeArgs>),
     /// Serve the dashboard and API for an experiment directory, finished or running in
     /// another process (to control a run, start it with `--serve` instead).
     Serve(ServeDirArgs),
@@ -50,7 +50,7 @@ enum Command {
     },
     /// Create a trainable crate to start from: a small real model, its experiment
     /// file and the commands to build and tune it.
-    New(new::NewArgs),
+    New(NewArgs),
     /// Show a component's imports and exports and whether it fits the wtune contract.
     Inspect {
         /// The component (.wasm) to inspect.
@@ -114,7 +114,7 @@ pub fn main() -> ExitCode {
     init_tracing();
     let outcome = match cli.command {
         Command::Run(args) => run::run(*args),
-        Command::Resume(args) => resume::resume_experiment(args),
+        Command::Resume(args) => resume::resume_experiment(*args),
         Command::Serve(args) => inspect::serve_dir(args),
         Command::Inspect { model } => inspect::inspect(&model),
         Command::Decisions { a, b } => decisions::compare(&a, &b),

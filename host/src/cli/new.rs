@@ -8,21 +8,8 @@ mod lock;
 
 use std::path::{Path, PathBuf};
 
-use clap::Args;
-
 use super::Failure;
-
-#[derive(Debug, Args)]
-pub(super) struct NewArgs {
-    /// The crate's name (letters, digits, `-` and `_`, starting with a letter).
-    name: String,
-    /// Where to create it (default: ./NAME); must not exist or be empty.
-    #[arg(long, value_name = "DIR")]
-    dir: Option<PathBuf>,
-    /// The wtune-guest SDK's directory (default: the one this wtune was built with).
-    #[arg(long, value_name = "DIR")]
-    sdk: Option<PathBuf>,
-}
+use super::args::NewArgs;
 
 /// The SDK beside the host crate this binary was built from.
 const BUILT_SDK: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../guest-sdk");

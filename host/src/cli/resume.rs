@@ -2,11 +2,12 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::config;
+mod changes;
+
 use crate::report::state;
 use crate::sandbox::{Program, SandboxOptions};
 use crate::tune::resume::{self, ErroredTrials};
-use crate::tune::{DecisionState, Listed, Scheduler, Searcher, StopCriteria, Trial, TrialStatus};
+use crate::tune::{DecisionState, Listed, Scheduler, Searcher};
 use crate::wasm_backend::WasmBackend;
 
 use super::Failure;
@@ -14,6 +15,7 @@ use super::args::{CacheArgs, ResumeArgs};
 use super::common::{lock, sandbox, snapshot_key};
 use super::execute::{Resumed, execute};
 use super::setup::Setup;
+use changes::Changes;
 
 /// The entry point of `wtune resume DIR`: continues an interrupted
 /// experiment from its saved state, refusing before anything changes when
@@ -31,13 +33,19 @@ pub(super) fn resume_experiment(args: ResumeArgs) -> Result<(), Failure> {
         .model
         .map(|m| std::path::absolute(&m).unwrap_or(m))
         .unwrap_or_else(|| setup.model.clone());
-    let backend = admitted_backend(&mut setup, model, args.cache)?;
     // Everything that can refuse the resume comes before anything changes
     // in the directory.
+    let changes = Changes::new(args.changes, &args.fixed, &setup)?;
+    let mut trials = state.trials;
+    let more_trials = changes.resample(&mut setup, trials.len())?;
+    let extended = changes.extend_stops(&mut setup, &mut trials)?;
+    changes.relimit(&mut setup)?;
+    let backend = admitted_backend(&mut setup, model, args.cache)?;
     let decisions = &state.decisions;
     let (mut scheduler, mut searcher) = restored_deciders(&setup, decisions)?;
-    let mut trials = state.trials;
-    let extended = extend_stops(&mut setup, &mut trials, &args.stop)?;
+    if more_trials {
+        scheduler.on_more_trials();
+    }
     if args.previous_state {
         move_damaged_state_aside(&args.dir)?;
     }
@@ -226,45 +234,4 @@ fn move_damaged_state_aside(dir: &Path) -> Result<(), Failure> {
         eprintln!("note: the damaged state is kept as {}", aside.display());
     }
     Ok(())
-}
-
-/// Puts `--stop` flags over the saved stopping criteria. A trial that ended
-/// because a saved criterion was met, and that the new ones let go on, is
-/// made PAUSED so that it continues from its newest checkpoint (or starts
-/// over without one); returns their ids. Trials a scheduler stopped, or
-/// that said they were done, stay finished.
-fn extend_stops(
-    setup: &mut Setup,
-    trials: &mut [Trial],
-    flags: &[String],
-) -> Result<Vec<String>, Failure> {
-    if flags.is_empty() {
-        return Ok(Vec::new());
-    }
-    let table = config::stop_flags(flags).map_err(|e| Failure::user(e.to_string()))?;
-    let newer = StopCriteria::from_json(&table).map_err(Failure::user)?;
-    let old = setup.spec.stop.clone();
-    let new = old.merged(&newer);
-    let mut extended = Vec::new();
-    for trial in trials.iter_mut() {
-        let Some(result) = &trial.last_result else {
-            continue;
-        };
-        // Ended by a saved criterion (not by the scheduler or the
-        // trainable's `done`), which the new ones no longer meet.
-        let ended_by_criteria = trial.status == TrialStatus::Terminated
-            && old
-                .reached(result)
-                .ok()
-                .flatten()
-                .is_some_and(|reason| trial.stop_reason.as_deref() == Some(reason.as_str()))
-            && matches!(new.reached(result), Ok(None));
-        if ended_by_criteria {
-            trial.status = TrialStatus::Paused;
-            trial.stop_reason = None;
-            extended.push(trial.trial_id.clone());
-        }
-    }
-    setup.spec.stop = new;
-    Ok(extended)
 }

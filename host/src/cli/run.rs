@@ -1,12 +1,12 @@
 //! `wtune run`: the plan, the sandbox and the backend, then [`super::execute`].
 
 use crate::config::{self, Overrides};
-use crate::sandbox::{SandboxOptions, fuel_text, human_bytes};
+use crate::sandbox::{SandboxOptions, human_bytes};
 use crate::wasm_backend::WasmBackend;
 
 use super::Failure;
 use super::args::RunArgs;
-use super::common::{lock, sandbox, snapshot_key};
+use super::common::{limits_line, lock, sandbox, snapshot_key};
 use super::execute::execute;
 use super::setup::Setup;
 
@@ -91,17 +91,7 @@ pub(super) fn run(args: RunArgs) -> Result<(), Failure> {
 
     let limits = &plan.limits;
     let model = std::path::absolute(&args.model).unwrap_or_else(|_| args.model.clone());
-    eprintln!(
-        "limits per trial: memory {}, fuel {} per call{}, deadline {} per call",
-        human_bytes(limits.memory_bytes),
-        limits.fuel_per_call.map_or("unlimited".into(), fuel_text),
-        limits
-            .fuel_per_trial
-            .map_or(String::new(), |f| format!(", {} per trial", fuel_text(f))),
-        limits
-            .call_timeout
-            .map_or("none".into(), |d| humantime::format_duration(d).to_string()),
-    );
+    eprintln!("{}", limits_line(limits));
     if program.uses_compute() {
         let compute = sandbox.compute();
         eprintln!(

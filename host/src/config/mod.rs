@@ -26,4 +26,4 @@ pub use decisions::{DEFAULT_ITERATIONS, stop_flags};
 pub use error::ConfigError;
 pub use overrides::Overrides;
 pub use plan::{Plan, plan, searcher};
-pub use sandbox::allowlist;
+pub use sandbox::{allowlist, resumed_limits};

@@ -170,19 +170,19 @@ fn compute(mode: Option<&str>, limits: &LimitsToml) -> Result<ComputeOptions, Co
 
 fn limits(file: LimitsToml, overrides: &Overrides) -> Result<(Limits, usize), ConfigError> {
     let mut limits = Limits::default();
-    let from_cli = |s: &Option<String>| s.as_ref().map(|s| toml::Value::String(s.clone()));
-    if let Some(v) = from_cli(&overrides.fuel_per_call).or(file.fuel_per_call) {
+    if let Some(v) = file.fuel_per_call {
         limits.fuel_per_call = fuel(&v, "limits.fuel_per_call")?;
     }
-    if let Some(v) = from_cli(&overrides.fuel).or(file.fuel_per_trial) {
+    if let Some(v) = file.fuel_per_trial {
         limits.fuel_per_trial = fuel(&v, "limits.fuel_per_trial")?;
     }
-    if let Some(v) = from_cli(&overrides.memory).or(file.memory) {
+    if let Some(v) = file.memory {
         limits.memory_bytes = size(&v, "limits.memory")?;
     }
-    if let Some(v) = from_cli(&overrides.timeout).or(file.call_timeout) {
+    if let Some(v) = file.call_timeout {
         limits.call_timeout = duration(&v, "limits.call_timeout")?;
     }
+    limit_flags(&mut limits, overrides)?;
     if let Some(v) = file.log_size {
         limits.log_bytes = size(&v, "limits.log_size")?;
     }
@@ -218,6 +218,48 @@ fn limits(file: LimitsToml, overrides: &Overrides) -> Result<(Limits, usize), Co
         return Err(bad("limits.stack must be between 64KiB and 256MiB"));
     }
     Ok((limits, stack as usize))
+}
+
+/// `--fuel`, `--fuel-per-call`, `--memory` and `--timeout` over `limits`:
+/// the limits a flag may set, for `wtune run` and `wtune resume` alike.
+fn limit_flags(limits: &mut Limits, overrides: &Overrides) -> Result<(), ConfigError> {
+    let flag = |s: &Option<String>| s.as_ref().map(|s| toml::Value::String(s.clone()));
+    if let Some(v) = flag(&overrides.fuel_per_call) {
+        limits.fuel_per_call = fuel(&v, "limits.fuel_per_call")?;
+    }
+    if let Some(v) = flag(&overrides.fuel) {
+        limits.fuel_per_trial = fuel(&v, "limits.fuel_per_trial")?;
+    }
+    if let Some(v) = flag(&overrides.memory) {
+        limits.memory_bytes = size(&v, "limits.memory")?;
+    }
+    if let Some(v) = flag(&overrides.timeout) {
+        limits.call_timeout = duration(&v, "limits.call_timeout")?;
+    }
+    Ok(())
+}
+
+/// What `wtune resume` may change of a saved run's sandbox: the limits
+/// flags over `limits`, and `max_concurrent` (default: the saved one)
+/// fitted to the process's descriptors as [`settings`] fits it. Returns
+/// the concurrency to run with.
+pub fn resumed_limits(
+    limits: &mut Limits,
+    overrides: &Overrides,
+    max_concurrent: usize,
+    notes: &mut Vec<String>,
+) -> Result<usize, ConfigError> {
+    limit_flags(limits, overrides)?;
+    let max_concurrent = overrides.max_concurrent.unwrap_or(max_concurrent);
+    if max_concurrent == 0 {
+        return Err(bad("--max-concurrent must be at least 1"));
+    }
+    descriptors_fit(
+        limits,
+        max_concurrent,
+        crate::sandbox::descriptor_limit(),
+        notes,
+    )
 }
 
 /// The fewest handles a trial may be limited to: its preopened directories,

@@ -1193,9 +1193,18 @@ async fn next_interrupt(interrupts: &mut Option<mpsc::UnboundedReceiver<()>>) {
 const SDK_CONFIG_ERROR: &str = "invalid config for this trainable";
 
 /// Digits in trial ids: enough for every trial the search will create
-/// (`trial_0000` ... `trial_9999` unless there are more), and never fewer
-/// than the ids of a resumed experiment already use.
-fn trial_id_width(total: Option<u64>, existing: usize) -> usize {
-    let count = total.unwrap_or(0).max(existing as u64);
-    count.saturating_sub(1).to_string().len().max(4)
+/// (`trial_0000` ... `trial_9999` unless there are more), or in a resumed
+/// experiment the width its ids already have (`saved`), so that a resume
+/// that adds trials numbers them as the others are (ids past the width
+/// grow a digit, as `format!` pads).
+fn trial_id_width(total: Option<u64>, saved: Option<usize>) -> usize {
+    match saved {
+        Some(width) => width,
+        None => total
+            .unwrap_or(0)
+            .saturating_sub(1)
+            .to_string()
+            .len()
+            .max(4),
+    }
 }

@@ -103,7 +103,10 @@ impl<B: TrialBackend> Runner<B> {
             listed.skip(trials.len());
             self.searcher = Box::new(listed);
         }
-        self.id_width = trial_id_width(self.searcher.total(), trials.len());
+        let saved_width = trials
+            .first()
+            .map(|t| t.trial_id.trim_start_matches("trial_").len());
+        self.id_width = trial_id_width(self.searcher.total(), saved_width);
         self.pool = self.spec.resources.build().map_err(RunError::Spec)?;
         self.spec
             .resources_per_trial

@@ -723,6 +723,10 @@ impl Scheduler for Asha {
         self.no_more_trials = true;
     }
 
+    fn on_more_trials(&mut self) {
+        self.no_more_trials = false;
+    }
+
     fn choose_next(&mut self, trials: &[Trial]) -> Option<usize> {
         if self.config.variant == AshaVariant::Stopping {
             return self.fifo.choose_next(trials);

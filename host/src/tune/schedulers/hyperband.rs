@@ -455,6 +455,12 @@ impl Scheduler for HyperBand {
         }
     }
 
+    fn on_more_trials(&mut self) {
+        // Closed brackets ranked with the trials they had; new trials form
+        // new brackets.
+        self.no_more_trials = false;
+    }
+
     fn on_trial_complete(&mut self, trial: &Trial, _result: &Map<String, Value>) {
         // As in Ray: a trial that ended on its own cannot go on, so it
         // takes no place among those kept.
@@ -603,6 +609,39 @@ mod tests {
             s.on_trial_add(t);
         }
         trials
+    }
+
+    #[test]
+    fn trials_added_after_more_trials_fill_a_bracket_together() {
+        // The searcher was done after 2 trials (their bracket closed short);
+        // `wtune resume --num-samples` then adds 3: they share a new
+        // bracket, as trials of a fresh band would, instead of each closing
+        // one of their own.
+        let mut s = hyperband(9.0, 3.0);
+        let first = added(&mut s, 2);
+        s.on_no_more_trials();
+        assert_eq!(s.brackets.len(), 1);
+        assert!(!s.brackets[0].open);
+        s.on_more_trials();
+        for t in (2..5).map(trial) {
+            s.on_trial_add(&t);
+        }
+        assert_eq!(s.brackets.len(), 2);
+        assert_eq!(s.brackets[1].members.len(), 3);
+        assert!(s.brackets[1].open);
+        // The restored scheduler does the same.
+        let mut restored = hyperband(9.0, 3.0);
+        let mut saved = hyperband(9.0, 3.0);
+        for t in &first {
+            saved.on_trial_add(t);
+        }
+        saved.on_no_more_trials();
+        restored.restore_state(&saved.state()).unwrap();
+        restored.on_more_trials();
+        for t in (2..5).map(trial) {
+            restored.on_trial_add(&t);
+        }
+        assert_eq!(restored.brackets[1].members.len(), 3);
     }
 
     #[test]

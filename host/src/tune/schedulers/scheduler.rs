@@ -78,6 +78,12 @@ pub trait Scheduler: Send {
     /// deciding whether the experiment is over.
     fn on_no_more_trials(&mut self) {}
 
+    /// The searcher has more trials after all (`wtune resume --num-samples`
+    /// raised the count of a run whose searcher was done): undoes
+    /// [`Scheduler::on_no_more_trials`] for what is still to be decided.
+    /// Groups already ranked stay as they were.
+    fn on_more_trials(&mut self) {}
+
     /// Called instead of [`Scheduler::on_result`] with the last result of a
     /// trial that a stopping criterion or the trainable itself ended, so
     /// the scheduler can still count it (ASHA records it at its rung).
