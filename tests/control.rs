@@ -286,7 +286,9 @@ fn holds_work_with_a_scheduler_that_pauses_trials_itself() {
     let configs = (1..=4).map(|x| json!({"x": x as f64})).collect();
     let (controller, handle) = start(&runtime, spec(dir.path(), configs, 60, 2), Box::new(asha));
     runtime.block_on(async {
-        // Trials are created as slots free up: the first two run now.
+        // Trials are created as slots free up: the second once the first
+        // has launched (the first launch is a probe of the configs).
+        until(&controller, get("trial_0001"), |_| true).await;
         controller
             .send(Command::PauseTrial("trial_0001".into()))
             .await

@@ -325,6 +325,16 @@ impl<B: TrialBackend> Runner<B> {
         self.decided(DecisionRecord::new(trial, self.fuel_time(), name).why(why));
     }
 
+    /// Whether the first trial to launch is still the only one starting,
+    /// with `live` trials running. Until one trial's `setup` has taken its
+    /// config, one launches at a time: a space that does not fit the
+    /// trainable's config type (or a component every setup refuses) then
+    /// fails one trial, not a whole slot's worth, before the run halts
+    /// (`launch_failed`). It costs one setup's wait at the start.
+    fn probing(&self, live: usize) -> bool {
+        !self.launched_once && live > 0
+    }
+
     /// Trial `index`'s session was launched and booked: in fuel order, its
     /// clock counts from the fuel it starts with.
     fn launched(&mut self, trials: &[Trial], index: usize) {

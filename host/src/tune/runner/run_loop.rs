@@ -128,6 +128,9 @@ impl<B: TrialBackend> Runner<B> {
             }
             self.stopper = Some(stopper);
         }
+        // Trials that trained before were set up with this experiment's
+        // configs: nothing to probe.
+        self.launched_once = trials.iter().any(|t| t.iterations > 0);
         // States written before the count was kept: at least what the
         // trials hold.
         self.fuel_burned = self
@@ -178,7 +181,12 @@ impl<B: TrialBackend> Shared<B> {
         // for the loop, it would start at a moment no other run has.
         let may_start = runner.order.is_none() || *fill_due || *live == 0;
         *fill_due = false;
-        while may_start && *live < max_concurrent && halted.is_none() && stopped.is_none() {
+        while may_start
+            && *live < max_concurrent
+            && halted.is_none()
+            && stopped.is_none()
+            && !runner.probing(*live)
+        {
             let chosen = match runner.waiting.front() {
                 Some(&index) => Some(index),
                 None => match runner.choose_next(trials) {

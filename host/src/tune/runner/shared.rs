@@ -75,10 +75,16 @@ impl<B: TrialBackend> Shared<B> {
 
     /// Whether a trial just launched starts training on its launching
     /// thread, as the loop would have had it (`Event::Launched`): unless the
-    /// run is halting, stopped or over, when the loop releases it, or the
-    /// trial was restored at its last result, when the loop ends it.
+    /// run is halting, stopped or over, when the loop releases it, the
+    /// trial was restored at its last result, when the loop ends it, or it
+    /// is the first launch (`Runner::probing`), after which the loop fills
+    /// the other slots.
     pub(super) fn trains_here(&mut self, index: usize, session: &B::Session) -> bool {
-        if self.closed || self.halted.is_some() || self.stopped.is_some() {
+        if self.closed
+            || self.halted.is_some()
+            || self.stopped.is_some()
+            || !self.runner.launched_once
+        {
             return false;
         }
         book_launch(&mut self.trials[index], session);
