@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One-time, idempotent set-up for a fresh machine: the wasm target, software
 # Vulkan and the toolchain components wtune's build and checks use, then the guest
-# components (the example, the hostile test guests, the replay guest and the
+# components (the examples, the hostile test guests, the replay guest and the
 # compute-interface guest).
 # These machines set RUSTUP_AUTO_INSTALL=0, so nothing is added implicitly.
 set -euo pipefail
@@ -18,3 +18,5 @@ if [ ! -e /usr/share/vulkan/icd.d/lvp_icd.x86_64.json ] && [ ! -e /usr/share/vul
 fi
 rustup component add rustfmt clippy >/dev/null
 cargo build --release --locked --target wasm32-wasip2 -p digits-mlp -p hostile -p stateful -p replay -p kernels
+# The burn CNN example is a workspace of its own (see Cargo.toml's exclude).
+cargo build --release --locked --target wasm32-wasip2 --manifest-path examples/digits-cnn/Cargo.toml --target-dir target

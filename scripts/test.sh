@@ -14,3 +14,5 @@ if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then
     chromium chromium-driver fonts-liberation >/dev/null
 fi
 cargo test --release --locked --workspace
+# The burn CNN example's own workspace: its model and reset() natively.
+cargo test --release --locked --manifest-path examples/digits-cnn/Cargo.toml --target-dir target

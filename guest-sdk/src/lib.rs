@@ -66,6 +66,27 @@
 //! host runs them natively (charged in fuel by the work done) and keeps the
 //! tensors across host snapshots.
 //!
+//! ## Models written with burn
+//! burn 0.22 (its pure-Rust `flex` CPU backend, autodiff and optimizers)
+//! builds for wasm32-wasip2 and runs inside the sandbox as it is, metered
+//! like any guest code:
+//!
+//! ```toml
+//! burn = { version = "=0.22.1", default-features = false,
+//!          features = ["std", "flex", "autodiff", "optim", "simd"] }
+//! ```
+//!
+//! with `-C target-feature=+simd128` for the wasm target (`simd` needs it).
+//! Keep the module, the optimizer and the device in the trainable: host
+//! snapshots checkpoint all of it with no code, so `export!(Model)` without
+//! `checkpoint = serde` is enough. Seed burn's generator in `setup`
+//! (`device.seed(..)`) and make the lazily initialised parameters draw
+//! their values there, so that a trial's weights depend on its config
+//! alone. `reset` can swap the learning rate (passed to each optimizer
+//! step) and dropout in place for population based training.
+//! `examples/digits-cnn` is a complete one: a CNN with Adam, tuned with
+//! ASHA.
+//!
 //! ## What the host guarantees
 //! Each trial runs in its own sandbox: its working directory (`.`) is the
 //! trial's own directory, data the experiment grants is mounted read-only under

@@ -33,18 +33,8 @@ pub(super) struct RunArgs {
     /// Stopping criterion, repeatable: training_iteration=20, val_accuracy=0.98, fuel_total=1e10.
     #[arg(long, value_name = "KEY=VALUE")]
     pub(super) stop: Vec<String>,
-    /// Fuel budget per trial, e.g. 5e10 (exceeding it ends the trial as ERROR).
-    #[arg(long, value_name = "FUEL")]
-    pub(super) fuel: Option<String>,
-    /// Fuel limit for one call into the trainable, e.g. 5e9, or "unlimited".
-    #[arg(long, value_name = "FUEL")]
-    pub(super) fuel_per_call: Option<String>,
-    /// Memory cap per trial, e.g. 256MiB.
-    #[arg(long, value_name = "SIZE")]
-    pub(super) memory: Option<String>,
-    /// Wall-clock deadline per call, e.g. 30s, or "none".
-    #[arg(long, value_name = "DURATION")]
-    pub(super) timeout: Option<String>,
+    #[command(flatten)]
+    pub(super) limits: LimitArgs,
     /// Grant a directory read-only at /data/NAME, repeatable: NAME=DIR or DIR.
     #[arg(long, value_name = "NAME=DIR")]
     pub(super) data: Vec<String>,
@@ -184,17 +174,25 @@ pub(super) struct ChangeArgs {
     /// Most trials running at once from now on.
     #[arg(long, value_name = "N")]
     pub(super) max_concurrent: Option<usize>,
-    /// Fuel budget per trial from now on, e.g. 5e10 (with --retry-errored,
-    /// trials that ran out go on).
+    // --fuel, --memory, ... apply from now on; with --retry-errored,
+    // trials that ran out of fuel go on under the new budget.
+    #[command(flatten)]
+    pub(super) limits: LimitArgs,
+}
+
+/// The trial limits a flag sets, for `run` and `resume` alike.
+#[derive(Debug, Args)]
+pub(super) struct LimitArgs {
+    /// Fuel budget per trial, e.g. 5e10 (exceeding it ends the trial as ERROR).
     #[arg(long, value_name = "FUEL")]
     pub(super) fuel: Option<String>,
-    /// Fuel limit for one call into the trainable from now on, or "unlimited".
+    /// Fuel limit for one call into the trainable, e.g. 5e9, or "unlimited".
     #[arg(long, value_name = "FUEL")]
     pub(super) fuel_per_call: Option<String>,
-    /// Memory cap per trial from now on, e.g. 512MiB.
+    /// Memory cap per trial, e.g. 256MiB.
     #[arg(long, value_name = "SIZE")]
     pub(super) memory: Option<String>,
-    /// Wall-clock deadline per call from now on, or "none".
+    /// Wall-clock deadline per call, e.g. 30s, or "none".
     #[arg(long, value_name = "DURATION")]
     pub(super) timeout: Option<String>,
 }

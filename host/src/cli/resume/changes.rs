@@ -34,10 +34,10 @@ impl Changes {
             num_samples: args.num_samples,
             limits: Overrides {
                 max_concurrent: args.max_concurrent,
-                fuel: args.fuel,
-                fuel_per_call: args.fuel_per_call,
-                memory: args.memory,
-                timeout: args.timeout,
+                fuel: args.limits.fuel,
+                fuel_per_call: args.limits.fuel_per_call,
+                memory: args.limits.memory,
+                timeout: args.limits.timeout,
                 ..Overrides::default()
             },
         })
