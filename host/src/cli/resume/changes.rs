@@ -185,10 +185,7 @@ fn refuse_fixed(fixed: &FixedOnResume, setup: &Setup) -> Result<(), Failure> {
         Some(format!(
             "--checkpoint cannot change: the trials' checkpoints were written in {} mode, and \
              they continue from them",
-            serde_json::to_value(setup.checkpoint)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_owned))
-                .unwrap_or_default()
+            setup.checkpoint
         ))
     } else if !fixed.data.is_empty() {
         Some(
