@@ -5,6 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+# TensorBoard and MLflow, whose own reader and servers check what wtune writes there.
+bash scripts/python-env.sh
 # The dashboard test drives headless Chromium through chromedriver.
 if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then
   sudo=""

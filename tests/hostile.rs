@@ -1322,7 +1322,7 @@ fn result_files_stay_under_the_result_limit_across_retries() {
     let run = common::run_cli(
         "hostile",
         "metric = \"score\"\nmode = \"max\"\nmax_concurrent_trials = 2\nmax_failures = 40\n\
-         [limits]\nresult_size = \"1MiB\"\n\
+         [limits]\nresult_size = \"2MiB\"\n\
          [param_space]\nattack = { grid_search = [\"report_flood\", \"none\"] }\nat = 1\n\
          iterations = 3\n",
         &[],
@@ -1339,20 +1339,25 @@ fn result_files_stay_under_the_result_limit_across_retries() {
     let (flooder, benign) = (of("report_flood"), of("none"));
     assert_error(
         flooder,
-        &["its results reached the limit of 1 MiB in result.jsonl and progress.csv"],
+        &[
+            "its results reached the limit of 2 MiB in result.jsonl, progress.csv and its \
+           TensorBoard event file",
+        ],
     );
     assert!(flooder.num_failures >= 2, "retried: {stderr}");
-    let written: u64 = ["result.jsonl", "progress.csv"]
-        .iter()
-        .map(|f| {
-            std::fs::metadata(out.join(&flooder.trial_id).join(f))
-                .unwrap()
-                .len()
+    // Every file the results went to: the two tables and the event file.
+    let written: u64 = std::fs::read_dir(out.join(&flooder.trial_id))
+        .unwrap()
+        .map(|e| e.unwrap())
+        .filter(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            name == "result.jsonl" || name == "progress.csv" || name.contains("tfevents")
         })
+        .map(|e| e.metadata().unwrap().len())
         .sum();
-    assert!(written <= 1 << 20, "{written} bytes of results");
+    assert!(written <= 2 << 20, "{written} bytes of results");
     assert!(
-        written >= 900 << 10,
+        written >= 1800 << 10,
         "{written} bytes: the cap counted too much"
     );
     assert_eq!(benign.status, TrialStatus::Terminated, "{:?}", benign.error);

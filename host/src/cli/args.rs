@@ -71,6 +71,12 @@ pub(super) struct RunArgs {
     /// Run the model only if its blake3 digest (as `wtune inspect` prints it) is this one; repeatable, replaces the file's security.allowed_components.
     #[arg(long, value_name = "HASH")]
     pub(super) allow_component: Vec<String>,
+    /// Write no TensorBoard event files (the file's `[tracking] tensorboard = false`).
+    #[arg(long)]
+    pub(super) no_tensorboard: bool,
+    /// Log every trial as a run to this MLflow tracking server: http://HOST:PORT (the file's `[tracking] mlflow`).
+    #[arg(long, value_name = "URI")]
+    pub(super) mlflow: Option<String>,
     #[command(flatten)]
     pub(super) cache: CacheArgs,
     #[command(flatten)]

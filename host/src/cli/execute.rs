@@ -1,13 +1,16 @@
 //! Running an experiment's trials to the end, for `run` and `resume` alike.
 
 use crate::report::terminal::inert;
-use crate::report::{DecisionLog, ExperimentFile, Progress, StateFile, TrialFiles, summary_text};
+use crate::report::{
+    DecisionLog, ExperimentFile, MlflowLogger, Progress, StateFile, TrialFiles, summary_text,
+    tensorboard_line,
+};
 use crate::sandbox::human_bytes;
 use crate::serve;
 use crate::tune::resume;
 use crate::tune::{
     DecisionState, ExperimentSummary, RunError, RunSpec, Runner, STOPPED_BY_REQUEST, Scheduler,
-    Searcher, Trial, TrialStatus, control, fit_gpu,
+    SchedulerSpec, Searcher, Trial, TrialStatus, control, fit_gpu,
 };
 use crate::wasm_backend::WasmBackend;
 use tokio::sync::mpsc::UnboundedSender;
@@ -134,13 +137,30 @@ fn assemble(
         }
         runner = runner.extending(extended);
     }
-    runner
+    // PBT changes configurations during trials, which TensorBoard's HParams
+    // sessions and MLflow's params cannot show: their values are also
+    // logged as metrics.
+    let pbt = matches!(setup.scheduler, SchedulerSpec::Pbt(_));
+    let mut runner = runner
         .with_trials(trials)
         .callback(state)
-        .callback(TrialFiles::new().cap_per_trial(setup.limits.result_bytes))
+        .callback(
+            TrialFiles::new()
+                .cap_per_trial(setup.limits.result_bytes)
+                .tensorboard(setup.tracking.tensorboard)
+                .config_scalars(pbt),
+        )
         .callback(DecisionLog::new())
-        .callback(ExperimentFile::new(setup.run_info()))
-        .callback(Progress::new().total(total))
+        .callback(ExperimentFile::new(setup.run_info()));
+    if let Some(target) = &setup.tracking.mlflow {
+        match MlflowLogger::start(&target.uri, &target.experiment) {
+            Ok(logger) => runner = runner.callback(logger.config_metrics(pbt)),
+            Err(e) => eprintln!(
+                "warning: cannot start MLflow logging ({e}); the experiment goes on without it"
+            ),
+        }
+    }
+    runner.callback(Progress::new().total(total))
 }
 
 /// Starts the dashboard and control server for `dir`, and hands its
@@ -223,6 +243,9 @@ fn report(
     let mut summary = summary;
     summary.wall_time = super::started().elapsed();
     print_out(&summary_text(&summary));
+    if let Some(line) = tensorboard_line(&summary.output_dir) {
+        print_out(&format!("{}\n", inert(&line)));
+    }
     if summary.halted.as_deref() == Some(STOPPED_BY_REQUEST) {
         eprintln!(
             "the experiment was stopped by a control request; continue it with `wtune resume {}`",

@@ -33,6 +33,9 @@ pub(super) fn serve_dir(args: ServeDirArgs) -> Result<(), Failure> {
             server.url(),
             args.dir.display()
         );
+        if let Some(line) = crate::report::tensorboard_line(&args.dir) {
+            eprintln!("{}", crate::report::terminal::inert(&line));
+        }
         tokio::signal::ctrl_c()
             .await
             .map_err(|e| Failure::runtime(format!("waiting for Ctrl-C: {e}")))

@@ -37,6 +37,8 @@ pub(super) fn run(args: RunArgs) -> Result<(), Failure> {
         search: args.search,
         compute: args.compute,
         allowed_components: args.allow_component,
+        no_tensorboard: args.no_tensorboard,
+        mlflow: args.mlflow,
     };
     let plan =
         config::plan(&args.model, args.config.as_deref(), &overrides).map_err(Failure::user)?;
@@ -125,6 +127,7 @@ pub(super) fn run(args: RunArgs) -> Result<(), Failure> {
         compute: plan.compute,
         compile: plan.compile,
         allowed_components: plan.allowed_components,
+        tracking: plan.tracking,
     };
     let scheduler = setup.scheduler()?;
     let searcher = setup.searcher()?;

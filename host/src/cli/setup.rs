@@ -49,6 +49,10 @@ pub(super) struct Setup {
     /// The experiment's component allowlist, applied again on resume.
     #[serde(default)]
     pub(super) allowed_components: Option<BTreeSet<String>>,
+    /// What results are also written as (TensorBoard files for setups
+    /// saved before `[tracking]` existed, as for new ones by default).
+    #[serde(default)]
+    pub(super) tracking: config::Tracking,
 }
 
 impl Setup {
@@ -73,6 +77,7 @@ impl Setup {
             "compute": self.compute.mode,
             "compile": self.compile,
             "allowed_components": self.allowed_components,
+            "tracking": self.tracking,
             "data": self.data.iter().map(|(n, d)| (n.clone(), d.display().to_string())).collect::<std::collections::BTreeMap<_, _>>(),
             "wtune_version": env!("CARGO_PKG_VERSION"),
         })

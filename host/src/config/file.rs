@@ -41,6 +41,16 @@ pub(super) struct ExperimentToml {
     pub(super) compute: Option<String>,
     pub(super) security: Option<SecurityToml>,
     pub(super) deterministic: Option<bool>,
+    pub(super) tracking: Option<TrackingToml>,
+}
+
+/// `[tracking]`: TensorBoard files and an MLflow server.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct TrackingToml {
+    pub(super) tensorboard: Option<bool>,
+    pub(super) mlflow: Option<String>,
+    pub(super) mlflow_experiment: Option<String>,
 }
 
 /// `[security]`: what a deployment that runs strangers' code pins down.

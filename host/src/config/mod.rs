@@ -21,9 +21,11 @@ mod resources;
 mod sandbox;
 #[cfg(test)]
 mod tests;
+mod tracking;
 
 pub use decisions::{DEFAULT_ITERATIONS, stop_flags};
 pub use error::ConfigError;
 pub use overrides::Overrides;
 pub use plan::{Plan, plan, searcher};
 pub use sandbox::{allowlist, resumed_limits};
+pub use tracking::{MlflowTarget, Tracking};

@@ -50,4 +50,8 @@ pub struct Overrides {
     /// `--allow-component HASH`, repeatable: replaces the file's
     /// `security.allowed_components`.
     pub allowed_components: Vec<String>,
+    /// `--no-tensorboard`
+    pub no_tensorboard: bool,
+    /// `--mlflow URI`
+    pub mlflow: Option<String>,
 }

@@ -10,6 +10,7 @@ use serde_json::Value;
 
 use super::error::{ConfigError, bad};
 use super::overrides::Overrides;
+use super::tracking::{self, Tracking};
 use super::{decisions, file, objective, paths, policies, resources, sandbox};
 use crate::compute::ComputeOptions;
 use crate::sandbox::{CompileOptions, Limits};
@@ -55,6 +56,8 @@ pub struct Plan {
     /// The blake3 digests of the only components allowed to run, if the
     /// experiment pins them.
     pub allowed_components: Option<BTreeSet<String>>,
+    /// What results are also written as.
+    pub tracking: Tracking,
 }
 
 impl Plan {
@@ -127,6 +130,7 @@ pub fn plan(
     let snapshot_key_file = paths::snapshot_key_file(&file, &base)?;
     let data = paths::data_grants(&file, overrides, &base)?;
     let output_dir = paths::output_dir(&file, overrides, &base, &name)?;
+    let tracking = tracking::tracking(&file, overrides, &name)?;
 
     Ok(Plan {
         spec: RunSpec {
@@ -160,5 +164,6 @@ pub fn plan(
         compute: sandbox.compute,
         compile: sandbox.compile,
         allowed_components: sandbox.allowed_components,
+        tracking,
     })
 }

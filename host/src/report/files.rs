@@ -47,8 +47,9 @@ use std::time::Duration;
 
 use serde_json::{Map, Value};
 
+use super::tfevents;
 use crate::persist;
-use crate::tune::{Callback, ExperimentSummary, Trial, TrialSetup};
+use crate::tune::{Callback, ExperimentSummary, Trial, TrialSetup, TrialStatus};
 
 /// Longest a formatted result waits in memory before it is written.
 pub const FLUSH_AFTER: Duration = Duration::from_millis(100);
@@ -67,6 +68,8 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 struct Pending {
     jsonl: Vec<u8>,
     csv: Vec<u8>,
+    /// TensorBoard event records.
+    events: Vec<u8>,
     /// The trial is in the background thread's queue.
     queued: bool,
 }
@@ -74,6 +77,8 @@ struct Pending {
 /// A trial's open files and the buffers they are written from.
 struct Slot {
     dir: PathBuf,
+    /// Whether the trial gets a TensorBoard event file.
+    tensorboard: bool,
     pending: Mutex<Pending>,
     /// Held while writing: whoever writes takes the buffered bytes and
     /// writes them before anyone else takes more, so lines stay in order.
@@ -86,8 +91,10 @@ struct Slot {
 struct Files {
     jsonl: File,
     csv: File,
+    /// The TensorBoard event file, when the trial has one.
+    events: Option<File>,
     /// Emptied buffers, reused.
-    spare: (Vec<u8>, Vec<u8>),
+    spare: [Vec<u8>; 3],
     error: Option<String>,
     /// A continuing trial's CSV columns, read when the files were opened,
     /// until its first result takes them.
@@ -110,7 +117,7 @@ impl Slot {
             }
             return Ok(());
         };
-        let (jsonl, csv) = {
+        let [jsonl, csv, events] = {
             let mut pending = lock(&self.pending);
             if from_queue {
                 pending.queued = false;
@@ -120,24 +127,32 @@ impl Slot {
             if let Some(message) = &files.error {
                 pending.jsonl.clear();
                 pending.csv.clear();
+                pending.events.clear();
                 return Err(message.clone());
             }
-            if pending.jsonl.is_empty() && pending.csv.is_empty() {
+            if pending.jsonl.is_empty() && pending.csv.is_empty() && pending.events.is_empty() {
                 return Ok(());
             }
-            (
-                mem::replace(&mut pending.jsonl, mem::take(&mut files.spare.0)),
-                mem::replace(&mut pending.csv, mem::take(&mut files.spare.1)),
-            )
+            let [a, b, c] = &mut files.spare;
+            [
+                mem::replace(&mut pending.jsonl, mem::take(a)),
+                mem::replace(&mut pending.csv, mem::take(b)),
+                mem::replace(&mut pending.events, mem::take(c)),
+            ]
         };
         let written = files
             .jsonl
             .write_all(&jsonl)
             .and_then(|()| files.csv.write_all(&csv))
+            .and_then(|()| match &mut files.events {
+                Some(file) => file.write_all(&events),
+                None => Ok(()),
+            })
             .map_err(|e| format!("writing results in {}: {e}", self.dir.display()));
-        files.spare = (jsonl, csv);
-        files.spare.0.clear();
-        files.spare.1.clear();
+        files.spare = [jsonl, csv, events];
+        for buffer in &mut files.spare {
+            buffer.clear();
+        }
         if let Err(message) = &written {
             files.error.get_or_insert_with(|| message.clone());
         }
@@ -153,15 +168,19 @@ impl Slot {
     }
 
     /// Makes the trial's directory, writes its `params.json` and opens its
-    /// result files to append to.
-    /// Opens the trial's files for appending, first cutting them back to
-    /// the results of iterations up to `continues_after`.
-    fn open(&self, config: &Value, continues_after: u64) -> Result<(), String> {
+    /// result files for appending, first cutting them back to the results
+    /// of iterations up to `continues_after`.
+    fn open(&self, trial_id: &str, config: &Value, continues_after: u64) -> Result<(), String> {
         let dir = &self.dir;
         persist::create_dir(dir)?;
         let name = |file: &str| dir.join(file);
         cut_back(&name("result.jsonl"), continues_after, jsonl_kept)?;
         cut_back(&name("progress.csv"), continues_after, csv_kept)?;
+        let events = if self.tensorboard {
+            Some(open_events(dir, trial_id, config, continues_after)?)
+        } else {
+            None
+        };
         // Written once into a fresh directory, so no fsync: two fsyncs per
         // trial would dominate the runner's bookkeeping (see BENCHMARKS.md).
         std::fs::write(name("params.json"), persist::json_bytes(config))
@@ -176,7 +195,7 @@ impl Slot {
         let jsonl = append("result.jsonl")?;
         let csv = append("progress.csv")?;
         let size = |file: &File| file.metadata().map_or(0, |m| m.len());
-        let held = size(&jsonl) + size(&csv);
+        let held = size(&jsonl) + size(&csv) + events.as_ref().map_or(0, size);
         // A continuing trial keeps its CSV's columns. Only a file that
         // already has rows (its size from the handle just opened) is read
         // for them: a new trial's empty file costs no second open.
@@ -193,6 +212,7 @@ impl Slot {
         *lock(&self.files) = Some(Files {
             jsonl,
             csv,
+            events,
             spare: Default::default(),
             error: None,
             header,
@@ -200,6 +220,55 @@ impl Slot {
         });
         Ok(())
     }
+}
+
+/// Opens the trial's TensorBoard event file for appending: the one an
+/// earlier launch made, cut back to iterations up to `continues_after`,
+/// else a new one that starts with the file version and the trial's
+/// configuration for the HParams tab.
+fn open_events(
+    dir: &Path,
+    trial_id: &str,
+    config: &Value,
+    continues_after: u64,
+) -> Result<File, String> {
+    let unreadable = |e: std::io::Error| format!("reading {}: {e}", dir.display());
+    let mut ours: Vec<PathBuf> = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(unreadable)? {
+        let name = entry.map_err(unreadable)?.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with(tfevents::FILE_PREFIX) && name.ends_with(tfevents::FILE_SUFFIX) {
+            ours.push(dir.join(&*name));
+        }
+    }
+    ours.sort();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let path = match ours.pop() {
+        Some(path) => {
+            cut_back(&path, continues_after, tfevents::kept)?;
+            path
+        }
+        None => dir.join(tfevents::file_name(now.as_secs())),
+    };
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .map_err(|e| format!("opening {}: {e}", path.display()))?;
+    // A new file (or one with no intact record left) starts with the file
+    // version and the configuration the trial starts with: TensorBoard
+    // keeps a session's first, so one PBT changes later is not restated
+    // (its values are scalars instead, see `TrialFiles::config_scalars`).
+    if file.metadata().map_or(0, |m| m.len()) == 0 {
+        let mut head = Vec::new();
+        tfevents::file_version(&mut head, now.as_secs_f64());
+        tfevents::session_start(&mut head, now.as_secs_f64(), trial_id, config);
+        file.write_all(&head)
+            .map_err(|e| format!("writing {}: {e}", path.display()))?;
+    }
+    Ok(file)
 }
 
 /// Rewrites `path` (atomically) with only what `kept` keeps of it for a
@@ -370,6 +439,16 @@ struct Open {
     /// Bytes of the trial's files, written or buffered, once its first
     /// result came (those from earlier launches included).
     bytes: u64,
+    /// What the trial's event file gets of each result, when it has one.
+    tensorboard: Option<Logged>,
+}
+
+/// Which scalars an event file gets.
+#[derive(Clone, Copy)]
+enum Logged {
+    Metrics,
+    /// Numeric configuration values too.
+    MetricsAndConfig,
 }
 
 /// Object keys as JSON text (`"lr":`), in the order the trial's previous
@@ -435,27 +514,73 @@ impl Flat {
 }
 
 /// The callback that writes every trial's result files.
-#[derive(Default)]
 pub struct TrialFiles {
     open: BTreeMap<usize, Open>,
     flusher: Option<Flusher>,
     /// No background thread could be started: every result is written at
     /// once.
     write_through: bool,
+    buffers: Buffers,
+    /// Most bytes of one trial's `result.jsonl`, `progress.csv` and event
+    /// file together.
+    cap: Option<u64>,
+    /// What trials' TensorBoard event files get, if they have them.
+    tensorboard: Option<Logged>,
+}
+
+/// What formatting one result needs, reused from one to the next.
+#[derive(Default)]
+struct Buffers {
     flat: Flat,
     path: String,
-    /// Most bytes of one trial's `result.jsonl` and `progress.csv`
-    /// together.
-    cap: Option<u64>,
+    scalars: tfevents::Scalars,
+}
+
+impl Default for TrialFiles {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl TrialFiles {
-    /// A logger with no files open yet.
+    /// A logger with no files open yet, writing TensorBoard event files.
     pub fn new() -> Self {
-        Self::default()
+        Self {
+            open: BTreeMap::new(),
+            flusher: None,
+            write_through: false,
+            buffers: Buffers::default(),
+            cap: None,
+            tensorboard: Some(Logged::Metrics),
+        }
     }
 
-    /// Caps each trial's `result.jsonl` and `progress.csv` together at
+    /// Whether each trial's directory also gets a TensorBoard event file
+    /// (`events.out.tfevents.*.wtune`): every numeric metric as a scalar at
+    /// its `training_iteration`, and the trial's configuration and how it
+    /// ended for the HParams tab. On by default.
+    pub fn tensorboard(mut self, on: bool) -> Self {
+        self.tensorboard = on.then_some(Logged::Metrics);
+        self
+    }
+
+    /// Also writes each result's numeric configuration values as scalars
+    /// (`config/lr`), for schedulers that change configurations during a
+    /// trial (PBT): TensorBoard shows a session's first configuration only.
+    /// Off by default; nothing without [`TrialFiles::tensorboard`].
+    pub fn config_scalars(mut self, on: bool) -> Self {
+        if self.tensorboard.is_some() {
+            let which = if on {
+                Logged::MetricsAndConfig
+            } else {
+                Logged::Metrics
+            };
+            self.tensorboard = Some(which);
+        }
+        self
+    }
+
+    /// Caps each trial's `result.jsonl`, `progress.csv` and event file together at
     /// `bytes`, counted over all of the trial's launches (recoveries,
     /// pauses, `wtune resume`) from what its files hold: the result that
     /// would cross it is not written and fails the trial, so a guest that
@@ -505,10 +630,11 @@ impl Drop for TrialFiles {
 
 impl Open {
     /// A trial's slot, its files not open yet ([`Slot::open`]).
-    fn new(dir: &Path) -> Self {
+    fn new(dir: &Path, tensorboard: Option<Logged>) -> Self {
         Open {
             slot: Arc::new(Slot {
                 dir: dir.to_path_buf(),
+                tensorboard: tensorboard.is_some(),
                 pending: Mutex::default(),
                 files: Mutex::new(None),
                 failed: AtomicBool::new(false),
@@ -516,6 +642,7 @@ impl Open {
             columns: None,
             keys: Keys::default(),
             bytes: 0,
+            tensorboard,
         }
     }
 
@@ -525,10 +652,14 @@ impl Open {
     fn append(
         &mut self,
         result: &Map<String, Value>,
-        flat: &mut Flat,
-        path: &mut String,
+        buffers: &mut Buffers,
         cap: Option<u64>,
     ) -> Result<Appended, String> {
+        let Buffers {
+            flat,
+            path,
+            scalars,
+        } = buffers;
         if self.columns.is_none() {
             let mut files = lock(&self.slot.files);
             if let Some(files) = files.as_mut() {
@@ -538,7 +669,7 @@ impl Open {
         }
         let mut pending = lock(&self.slot.pending);
         let pending = &mut *pending;
-        let before = (pending.jsonl.len(), pending.csv.len());
+        let before = (pending.jsonl.len(), pending.csv.len(), pending.events.len());
         let writing =
             |e: serde_json::Error| format!("writing results in {}: {e}", self.slot.dir.display());
         let last = match write_result(result, &mut pending.jsonl, flat, path, &mut self.keys) {
@@ -575,19 +706,34 @@ impl Open {
                     .map(|c| row.get(c.as_str()).copied().unwrap_or_default()),
             );
         }
-        let added = (pending.jsonl.len() - before.0 + pending.csv.len() - before.1) as u64;
+        if let Some(which) = self.tensorboard {
+            let step = result
+                .get("training_iteration")
+                .and_then(Value::as_u64)
+                .unwrap_or(0);
+            let wall_time = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64());
+            scalars.fill(result, matches!(which, Logged::MetricsAndConfig));
+            scalars.write(&mut pending.events, wall_time, step);
+        }
+        let added = (pending.jsonl.len() - before.0 + pending.csv.len() - before.1
+            + pending.events.len()
+            - before.2) as u64;
         if let Some(cap) = cap
             && self.bytes + added > cap
         {
             pending.jsonl.truncate(before.0);
             pending.csv.truncate(before.1);
+            pending.events.truncate(before.2);
             if new_columns {
                 self.columns = None;
             }
             let iteration = result.get("training_iteration").unwrap_or(&Value::Null);
             return Err(format!(
-                "its results reached the limit of {} in result.jsonl and progress.csv \
-                 (limits.result_size); the result of iteration {iteration} was not written",
+                "its results reached the limit of {} in result.jsonl, progress.csv and its \
+                 TensorBoard event file (limits.result_size); the result of iteration \
+                 {iteration} was not written",
                 crate::units::human_bytes(cap)
             ));
         }
@@ -757,7 +903,8 @@ impl Callback for TrialFiles {
                 }
             }
         }
-        self.open.insert(index, Open::new(&trial.dir));
+        self.open
+            .insert(index, Open::new(&trial.dir, self.tensorboard));
         Ok(())
     }
 
@@ -768,7 +915,10 @@ impl Callback for TrialFiles {
         // What the launch restores: its newest checkpoint, else nothing of
         // its own (from scratch, or from a `restore_from` checkpoint).
         let continues_after = trial.latest_checkpoint().map_or(0, |c| c.iteration);
-        Some(Box::new(move || slot.open(&config, continues_after)))
+        let trial_id = trial.trial_id.clone();
+        Some(Box::new(move || {
+            slot.open(&trial_id, &config, continues_after)
+        }))
     }
 
     fn on_result(
@@ -784,8 +934,7 @@ impl Callback for TrialFiles {
         if let Some(message) = open.slot.background_error() {
             return Err(message);
         }
-        let Appended { queue, full, last } =
-            open.append(result, &mut self.flat, &mut self.path, self.cap)?;
+        let Appended { queue, full, last } = open.append(result, &mut self.buffers, self.cap)?;
         match &self.flusher {
             Some(flusher) if !(full || last) => {
                 if queue {
@@ -814,7 +963,21 @@ impl Callback for TrialFiles {
         self.flush(index)
     }
 
-    fn on_trial_end(&mut self, _trials: &[Trial], index: usize) -> Result<(), String> {
+    fn on_trial_end(&mut self, trials: &[Trial], index: usize) -> Result<(), String> {
+        let trial = &trials[index];
+        if let Some(open) = self.open.get(&index)
+            && open.tensorboard.is_some()
+        {
+            let status = match trial.status {
+                TrialStatus::Error => tfevents::SessionStatus::Failure,
+                _ => tfevents::SessionStatus::Success,
+            };
+            let wall_time = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64());
+            let mut pending = lock(&open.slot.pending);
+            tfevents::session_end(&mut pending.events, wall_time, trial.iterations, status);
+        }
         self.close(index)
     }
 

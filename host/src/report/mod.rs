@@ -7,14 +7,18 @@
 pub mod decisions;
 mod experiment;
 mod files;
+mod mlflow;
 mod progress;
 pub mod state;
 mod summary;
 pub mod terminal;
+mod tfevents;
 
 pub use decisions::DecisionLog;
 pub use experiment::ExperimentFile;
 pub use files::TrialFiles;
+pub use mlflow::MlflowLogger;
 pub use progress::Progress;
 pub use state::StateFile;
 pub use summary::summary_text;
+pub use tfevents::tensorboard_line;

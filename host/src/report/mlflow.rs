@@ -1,0 +1,294 @@
+//! Logging to an MLflow tracking server: each trial is a run, with its
+//! configuration as params, every numeric metric per step (as TensorBoard
+//! gets them), tags that lead back to its trial directory, its status when
+//! it ends, and the best trial tagged `wtune.best_trial`.
+//!
+//! The server is never in the experiment's way: the callback only queues
+//! (its hooks never wait on the network) and the `wtune-mlflow` thread
+//! sends, batching a trial's metrics (MLflow's `log-batch`, up to 1000
+//! values a request). While the server cannot be reached or fails, what
+//! waits is kept (up to [`worker::MAX_WAITING_VALUES`] metric values, the
+//! oldest dropped past that) and sent again with backoff; the problem is
+//! said once, and its end once. A request the server refuses (4xx) is
+//! dropped and the first refusal said. At the end of the experiment the
+//! thread gets a few seconds to send what is left when the server answers,
+//! none when it does not, and what was never sent is counted in one
+//! warning: all of it is in the trial directories' files.
+//!
+//! A trial's run id is kept in its directory (`mlflow_run.json`), so
+//! `wtune resume` and a paused trial's next launch log to the same run and
+//! steps the server already has are not sent again (the first values sent
+//! for a step stay, where TensorBoard shows a redone step's newer ones).
+//!
+//! Plain `http://` only: this build has no TLS.
+
+mod client;
+mod worker;
+
+use std::sync::mpsc::{Sender, channel};
+use std::thread::JoinHandle;
+
+use serde_json::{Map, Value};
+
+use super::tfevents::Scalars;
+use crate::tune::{Callback, ExperimentSummary, Trial, TrialStatus};
+use worker::{Op, Outcome, Worker, now_ms};
+
+/// Longest key MLflow takes for a metric, param or tag.
+const MAX_KEY: usize = 250;
+/// Longest param value MLflow takes.
+const MAX_PARAM_VALUE: usize = 6000;
+
+/// The callback that logs trials to an MLflow server.
+pub struct MlflowLogger {
+    uri: String,
+    ops: Option<Sender<Op>>,
+    thread: Option<JoinHandle<Outcome>>,
+    scalars: Scalars,
+    config_metrics: bool,
+}
+
+impl MlflowLogger {
+    /// Logs to the server at `uri` (`http://host:port`), into the MLflow
+    /// experiment called `experiment` (made when there is none), from a
+    /// background thread started now. Nothing is sent before the first
+    /// trial starts.
+    pub fn start(uri: &str, experiment: &str) -> std::io::Result<Self> {
+        let (ops, receiver) = channel();
+        let worker = Worker::new(uri, experiment);
+        let thread = std::thread::Builder::new()
+            .name("wtune-mlflow".into())
+            .spawn(move || worker.run(receiver))?;
+        Ok(MlflowLogger {
+            uri: uri.to_string(),
+            ops: Some(ops),
+            thread: Some(thread),
+            scalars: Scalars::default(),
+            config_metrics: false,
+        })
+    }
+
+    /// Also logs each result's numeric configuration values as metrics
+    /// (`config/lr`), for schedulers that change them during a trial (PBT):
+    /// MLflow's params cannot change once logged.
+    pub fn config_metrics(mut self, on: bool) -> Self {
+        self.config_metrics = on;
+        self
+    }
+
+    fn send(&self, op: Op) {
+        if let Some(ops) = &self.ops {
+            // The thread only stops after `Finish`: a send cannot fail
+            // before, and nothing is lost after.
+            let _ = ops.send(op);
+        }
+    }
+
+    /// Sends `Finish`, waits for the thread and says what never reached the
+    /// server.
+    fn finish(&mut self) {
+        self.send(Op::Finish);
+        self.ops = None;
+        let Some(thread) = self.thread.take() else {
+            return;
+        };
+        let Ok(outcome) = thread.join() else {
+            tracing::warn!(
+                "MLflow logging stopped unexpectedly; the trial files hold every result"
+            );
+            return;
+        };
+        let lost = outcome.dropped + outcome.unsent_values;
+        if lost > 0 || outcome.unsent_updates > 0 {
+            tracing::warn!(
+                "MLflow at {}: {lost} metric values ({} dropped while the server was away, {} \
+                 still waiting at the end) and {} run updates were not sent; every result is in \
+                 the trial directories' result.jsonl",
+                self.uri,
+                outcome.dropped,
+                outcome.unsent_values,
+                outcome.unsent_updates
+            );
+        }
+        if outcome.refused > 1 {
+            tracing::warn!(
+                "MLflow at {}: {} requests were refused in all",
+                self.uri,
+                outcome.refused
+            );
+        }
+    }
+}
+
+impl Drop for MlflowLogger {
+    fn drop(&mut self) {
+        // Ended without `on_experiment_end` (the run failed): the thread
+        // sees the channel close, tries once more and stops; nobody waits.
+        self.ops = None;
+    }
+}
+
+impl Callback for MlflowLogger {
+    fn on_trial_start(&mut self, trials: &[Trial], index: usize) -> Result<(), String> {
+        let trial = &trials[index];
+        self.send(Op::Start {
+            trial: index,
+            trial_id: trial.trial_id.clone(),
+            dir: std::path::absolute(&trial.dir).unwrap_or_else(|_| trial.dir.clone()),
+            config: trial.config.clone(),
+        });
+        Ok(())
+    }
+
+    fn on_result(
+        &mut self,
+        _trials: &[Trial],
+        index: usize,
+        result: &Map<String, Value>,
+    ) -> Result<(), String> {
+        let Some(step) = result.get("training_iteration").and_then(Value::as_u64) else {
+            return Ok(());
+        };
+        self.scalars.fill(result, self.config_metrics);
+        let values = self
+            .scalars
+            .as_slice()
+            .iter()
+            .map(|(tag, value)| (key(tag), *value))
+            .collect();
+        self.send(Op::Metrics {
+            trial: index,
+            step,
+            timestamp_ms: now_ms(),
+            values,
+        });
+        Ok(())
+    }
+
+    fn on_trial_end(&mut self, trials: &[Trial], index: usize) -> Result<(), String> {
+        let status = match trials[index].status {
+            TrialStatus::Error => "FAILED",
+            _ => "FINISHED",
+        };
+        self.send(Op::End {
+            trial: index,
+            status,
+            end_ms: now_ms(),
+        });
+        Ok(())
+    }
+
+    fn on_experiment_end(&mut self, summary: &ExperimentSummary) -> Result<(), String> {
+        if let Some(best) = summary.best_trial()
+            && let Some(index) = summary
+                .trials
+                .iter()
+                .position(|t| t.trial_id == best.trial_id)
+        {
+            self.send(Op::Best { trial: index });
+        }
+        self.finish();
+        Ok(())
+    }
+}
+
+/// `name` as MLflow takes it for a key: letters, digits, `_ - . / space`
+/// (others become `_`), no empty, `.` or `..` path segment (MLflow refuses
+/// names that would resolve to another as a path: then `/` becomes `_`
+/// too), at most 250 characters.
+fn key(name: &str) -> String {
+    let mut key: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '/' | ' ') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if key
+        .split('/')
+        .any(|segment| segment.is_empty() || segment == "." || segment == "..")
+    {
+        key = key.replace('/', "_");
+        if key.chars().all(|c| c == '.') {
+            key = key.replace('.', "_");
+        }
+    }
+    if key.is_empty() {
+        key.push('_');
+    }
+    key.truncate(MAX_KEY);
+    key
+}
+
+/// A configuration as MLflow params: nested tables flattened as
+/// `outer/inner`, strings as they are, other values as their JSON.
+fn params(config: &Value) -> Vec<(String, String)> {
+    fn walk(path: &mut String, value: &Value, out: &mut Vec<(String, String)>) {
+        match value {
+            Value::Object(map) if !map.is_empty() => {
+                for (name, inner) in map {
+                    let len = path.len();
+                    if !path.is_empty() {
+                        path.push('/');
+                    }
+                    path.push_str(name);
+                    walk(path, inner, out);
+                    path.truncate(len);
+                }
+            }
+            _ if path.is_empty() => {}
+            other => {
+                let mut text = match other {
+                    Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                };
+                if text.len() > MAX_PARAM_VALUE {
+                    let mut end = MAX_PARAM_VALUE;
+                    while !text.is_char_boundary(end) {
+                        end -= 1;
+                    }
+                    text.truncate(end);
+                }
+                out.push((key(path), text));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(&mut String::new(), config, &mut out);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn keys_are_what_mlflow_takes() {
+        assert_eq!(key("val_accuracy"), "val_accuracy");
+        assert_eq!(key("nested/a b-c.d"), "nested/a b-c.d");
+        assert_eq!(key("ünï\u{1b}[31m"), "_n___31m");
+        assert_eq!(key("a/../b"), "a_.._b");
+        assert_eq!(key("/lead"), "_lead");
+        assert_eq!(key(".."), "__");
+        assert_eq!(key(""), "_");
+        assert_eq!(key(&"x".repeat(300)).len(), 250);
+    }
+
+    #[test]
+    fn params_flatten_the_configuration() {
+        let config = json!({"lr": 0.1, "opt": {"name": "sgd", "m": [1, 2]}, "on": true,
+                            "long": "y".repeat(7000), "empty": {}});
+        let params = params(&config);
+        let names: Vec<&str> = params.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(names, ["lr", "opt/name", "opt/m", "on", "long", "empty"]);
+        assert_eq!(params[0].1, "0.1");
+        assert_eq!(params[1].1, "sgd");
+        assert_eq!(params[2].1, "[1,2]");
+        assert_eq!(params[4].1.len(), 6000);
+        assert_eq!(params[5].1, "{}");
+    }
+}

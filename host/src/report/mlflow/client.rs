@@ -1,0 +1,224 @@
+//! The few calls of MLflow's REST API (`/api/2.0/mlflow/...`) that logging
+//! trials as runs needs, over plain HTTP, each with a short deadline.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+/// Longest one request may take, connecting included: a server that hangs
+/// costs the background thread this much per try, never the experiment.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// Most bytes of a server's answer read.
+const MAX_ANSWER: u64 = 1 << 20;
+/// Most characters of a server's answer quoted in a message.
+const QUOTED: usize = 200;
+
+/// Why a request did not do what it asked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum CallError {
+    /// Worth trying again later: the server could not be reached, failed
+    /// (5xx, 429), or answered something that is not MLflow's API.
+    Transient(String),
+    /// The server refused the request itself (4xx): sending it again would
+    /// be refused again.
+    Rejected(String),
+}
+
+impl std::fmt::Display for CallError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CallError::Transient(message) | CallError::Rejected(message) => f.write_str(message),
+        }
+    }
+}
+
+/// A tracking server at `base` (`http://host:port`, no trailing slash).
+pub(super) struct Client {
+    agent: ureq::Agent,
+    base: String,
+}
+
+impl Client {
+    pub(super) fn new(base: &str) -> Self {
+        let agent = ureq::Agent::config_builder()
+            .timeout_global(Some(REQUEST_TIMEOUT))
+            .http_status_as_error(false)
+            .build()
+            .into();
+        Client {
+            agent,
+            base: base.trim_end_matches('/').to_string(),
+        }
+    }
+
+    /// The id of the experiment called `name`, made if there is none.
+    pub(super) fn experiment_id(&self, name: &str) -> Result<String, CallError> {
+        let by_name = |this: &Self| {
+            this.get("experiments/get-by-name", &[("experiment_name", name)])
+                .map(|answer| string_at(&answer, &["experiment", "experiment_id"]))
+        };
+        match by_name(self) {
+            Ok(Some(id)) => return Ok(id),
+            Ok(None) => return Err(not_mlflow("experiments/get-by-name")),
+            Err(CallError::Rejected(_)) => {}
+            Err(e) => return Err(e),
+        }
+        match self.post("experiments/create", &json!({"name": name})) {
+            Ok(answer) => string_at(&answer, &["experiment_id"])
+                .ok_or_else(|| not_mlflow("experiments/create")),
+            // Made meanwhile by someone else (another wtune, say).
+            Err(CallError::Rejected(_)) => by_name(self)?.ok_or_else(|| not_mlflow("get-by-name")),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Makes a run; its id.
+    pub(super) fn create_run(
+        &self,
+        experiment_id: &str,
+        name: &str,
+        start_ms: u64,
+        tags: &[(String, String)],
+    ) -> Result<String, CallError> {
+        let tags: Vec<Value> = tags
+            .iter()
+            .map(|(key, value)| json!({"key": key, "value": value}))
+            .collect();
+        let answer = self.post(
+            "runs/create",
+            &json!({"experiment_id": experiment_id, "run_name": name,
+                    "start_time": start_ms, "tags": tags}),
+        )?;
+        string_at(&answer, &["run", "info", "run_id"]).ok_or_else(|| not_mlflow("runs/create"))
+    }
+
+    /// Logs metrics `(key, value, timestamp ms, step)`, params and tags in
+    /// one request (MLflow takes at most 1000 metrics, 100 params and 100
+    /// tags at once; the caller keeps to that).
+    pub(super) fn log_batch(
+        &self,
+        run_id: &str,
+        metrics: &[(String, f64, u64, u64)],
+        params: &[(String, String)],
+        tags: &[(String, String)],
+    ) -> Result<(), CallError> {
+        let metrics: Vec<Value> = metrics
+            .iter()
+            .map(|(key, value, timestamp, step)| {
+                json!({"key": key, "value": value, "timestamp": timestamp, "step": step})
+            })
+            .collect();
+        let pairs = |pairs: &[(String, String)]| -> Vec<Value> {
+            pairs
+                .iter()
+                .map(|(key, value)| json!({"key": key, "value": value}))
+                .collect()
+        };
+        self.post(
+            "runs/log-batch",
+            &json!({"run_id": run_id, "metrics": metrics, "params": pairs(params),
+                    "tags": pairs(tags)}),
+        )
+        .map(drop)
+    }
+
+    /// Sets a run's status (`RUNNING`, `FINISHED`, `FAILED`, `KILLED`), and
+    /// its end time when it has ended.
+    pub(super) fn update_run(
+        &self,
+        run_id: &str,
+        status: &str,
+        end_ms: Option<u64>,
+    ) -> Result<(), CallError> {
+        let mut body = json!({"run_id": run_id, "status": status});
+        if let Some(end) = end_ms {
+            body["end_time"] = json!(end);
+        }
+        self.post("runs/update", &body).map(drop)
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}/api/2.0/mlflow/{path}", self.base)
+    }
+
+    fn get(&self, path: &str, query: &[(&str, &str)]) -> Result<Value, CallError> {
+        let mut request = self.agent.get(self.url(path));
+        for (key, value) in query {
+            request = request.query(*key, *value);
+        }
+        answer(path, request.call())
+    }
+
+    fn post(&self, path: &str, body: &Value) -> Result<Value, CallError> {
+        answer(path, self.agent.post(self.url(path)).send_json(body))
+    }
+}
+
+/// What a request's answer says: its JSON, or why not.
+fn answer(
+    path: &str,
+    sent: Result<ureq::http::Response<ureq::Body>, ureq::Error>,
+) -> Result<Value, CallError> {
+    let mut response = sent.map_err(|e| CallError::Transient(format!("{path}: {e}")))?;
+    let status = response.status();
+    let text = response
+        .body_mut()
+        .with_config()
+        .limit(MAX_ANSWER)
+        .read_to_string()
+        .unwrap_or_default();
+    let json: Option<Value> = serde_json::from_str(&text).ok();
+    if status.is_success() {
+        return json.ok_or_else(|| {
+            CallError::Transient(format!(
+                "{path}: the answer is not MLflow's (not JSON): {}",
+                quoted(&text)
+            ))
+        });
+    }
+    // MLflow's errors are {"error_code": ..., "message": ...}.
+    let said = json
+        .as_ref()
+        .and_then(|j| {
+            Some(format!(
+                "{}: {}",
+                j.get("error_code")?.as_str()?,
+                j.get("message")?.as_str()?
+            ))
+        })
+        .unwrap_or_else(|| quoted(&text));
+    let message = format!("{path}: HTTP {}: {said}", status.as_u16());
+    if status.is_client_error() && status.as_u16() != 429 {
+        Err(CallError::Rejected(message))
+    } else {
+        Err(CallError::Transient(message))
+    }
+}
+
+fn string_at(value: &Value, path: &[&str]) -> Option<String> {
+    let mut at = value;
+    for key in path {
+        at = at.get(key)?;
+    }
+    at.as_str().map(str::to_string)
+}
+
+fn not_mlflow(path: &str) -> CallError {
+    CallError::Transient(format!(
+        "{path}: the answer lacks what MLflow's API returns"
+    ))
+}
+
+/// The start of an answer, on one line, for a message.
+fn quoted(text: &str) -> String {
+    let line: String = text
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .take(QUOTED)
+        .collect();
+    if text.chars().count() > QUOTED {
+        format!("{line}...")
+    } else {
+        line
+    }
+}

@@ -1,0 +1,494 @@
+//! The `wtune-mlflow` thread: takes what the callback queued, in order,
+//! and sends it, metrics batched per run; keeps it while the server cannot
+//! take it, trying again with backoff; drops the oldest metrics past a
+//! bound and counts them.
+
+use std::collections::{HashMap, VecDeque};
+use std::path::PathBuf;
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::client::{CallError, Client};
+
+/// Most metric values waiting while the server is away; past it the oldest
+/// are dropped (and counted): a long outage costs no unbounded memory.
+pub(super) const MAX_WAITING_VALUES: usize = 1_000_000;
+/// MLflow's limits per `log-batch`.
+const BATCH_METRICS: usize = 1000;
+const BATCH_PARAMS: usize = 100;
+/// First and longest wait before trying a failed request again.
+const FIRST_BACKOFF: Duration = Duration::from_millis(250);
+const MAX_BACKOFF: Duration = Duration::from_secs(15);
+/// How long the end of an experiment waits for what is still queued when
+/// the server is answering.
+const FINISH_GRACE: Duration = Duration::from_secs(5);
+/// The file in a trial's directory that names its run, so that `wtune
+/// resume` logs to the same run and does not send a step twice.
+pub(super) const RUN_FILE: &str = "mlflow_run.json";
+
+/// What the callback asks for, in the order the runner saw it.
+pub(super) enum Op {
+    /// A trial launched: its run is made (or found again) and its params
+    /// logged.
+    Start {
+        trial: usize,
+        trial_id: String,
+        dir: PathBuf,
+        config: Value,
+    },
+    /// One result's metrics.
+    Metrics {
+        trial: usize,
+        step: u64,
+        timestamp_ms: u64,
+        values: Vec<(String, f64)>,
+    },
+    /// A trial ended: `FINISHED` or `FAILED`.
+    End {
+        trial: usize,
+        status: &'static str,
+        end_ms: u64,
+    },
+    /// The experiment's best trial, tagged.
+    Best { trial: usize },
+    /// The experiment ended: send what is left (briefly) and stop.
+    Finish,
+}
+
+impl Op {
+    fn trial(&self) -> Option<usize> {
+        match self {
+            Op::Start { trial, .. }
+            | Op::Metrics { trial, .. }
+            | Op::End { trial, .. }
+            | Op::Best { trial } => Some(*trial),
+            Op::Finish => None,
+        }
+    }
+}
+
+/// `mlflow_run.json`.
+#[derive(Serialize, Deserialize)]
+struct RunFile {
+    tracking_uri: String,
+    experiment_id: String,
+    run_id: String,
+    /// The last step whose metrics the server has.
+    sent_through: u64,
+}
+
+/// A trial's run, as far as the thread knows it.
+struct Run {
+    dir: PathBuf,
+    run_id: String,
+    sent_through: u64,
+    /// Its params were logged by this process.
+    params_logged: bool,
+    /// Found in `mlflow_run.json`: marked running again at its start.
+    found_again: bool,
+}
+
+/// What happened to what was queued, told at the end.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub(super) struct Outcome {
+    /// Metric values dropped while the server was away (the oldest first).
+    pub(super) dropped: u64,
+    /// Metric values, run updates and tags still queued when the
+    /// experiment ended with the server away.
+    pub(super) unsent_values: u64,
+    pub(super) unsent_updates: u64,
+    /// Requests the server refused, and the first refusal.
+    pub(super) refused: u64,
+    pub(super) first_refusal: Option<String>,
+}
+
+pub(super) struct Worker {
+    client: Client,
+    uri: String,
+    experiment: String,
+    experiment_id: Option<String>,
+    runs: HashMap<usize, Run>,
+    queue: VecDeque<Op>,
+    waiting_values: usize,
+    /// The server stopped answering: the first error, told once.
+    down: Option<String>,
+    told_down: bool,
+    told_back: bool,
+    backoff: Duration,
+    outcome: Outcome,
+}
+
+impl Worker {
+    pub(super) fn new(uri: &str, experiment: &str) -> Self {
+        Worker {
+            client: Client::new(uri),
+            uri: uri.to_string(),
+            experiment: experiment.to_string(),
+            experiment_id: None,
+            runs: HashMap::new(),
+            queue: VecDeque::new(),
+            waiting_values: 0,
+            down: None,
+            told_down: false,
+            told_back: false,
+            backoff: FIRST_BACKOFF,
+            outcome: Outcome::default(),
+        }
+    }
+
+    /// Runs until [`Op::Finish`] (or the callback is gone) and what was
+    /// queued is sent or given up on.
+    pub(super) fn run(mut self, ops: Receiver<Op>) -> Outcome {
+        let mut finish_by: Option<Instant> = None;
+        let mut retry_at: Option<Instant> = None;
+        loop {
+            // Take what has arrived; wait for more only when there is
+            // nothing to send now.
+            let wait = match (self.queue.is_empty(), retry_at) {
+                (true, _) if finish_by.is_some() => break,
+                (true, _) => None,
+                (false, Some(at)) => Some(at.saturating_duration_since(Instant::now())),
+                (false, None) => Some(Duration::ZERO),
+            };
+            let first = match wait {
+                None => ops.recv().map_err(|_| RecvTimeoutError::Disconnected),
+                Some(wait) => ops.recv_timeout(wait),
+            };
+            let mut finishing = false;
+            match first {
+                Ok(op) => finishing |= self.accept(op),
+                Err(RecvTimeoutError::Disconnected) => finishing = true,
+                Err(RecvTimeoutError::Timeout) => {}
+            }
+            while let Ok(op) = ops.try_recv() {
+                finishing |= self.accept(op);
+            }
+            // At the end, what waits for a retry gets one try at once (and
+            // the loop no longer waits for ops that cannot come).
+            if finishing && finish_by.is_none() {
+                finish_by = Some(Instant::now() + FINISH_GRACE);
+                retry_at = None;
+            }
+            if retry_at.is_some_and(|at| Instant::now() < at) {
+                continue;
+            }
+            retry_at = None;
+            if self.queue.is_empty() {
+                continue;
+            }
+            match self.send_front() {
+                Ok(()) => {
+                    if self.down.take().is_some() && !self.told_back {
+                        self.told_back = true;
+                        tracing::warn!(
+                            "MLflow at {} answers again; what waited is being sent",
+                            self.uri
+                        );
+                    }
+                    self.backoff = FIRST_BACKOFF;
+                }
+                Err(CallError::Transient(message)) => {
+                    if !self.told_down {
+                        self.told_down = true;
+                        tracing::warn!(
+                            "MLflow at {}: {message}. The experiment goes on; its results \
+                             are in the trial directories and are sent when the server \
+                             answers (this is said once)",
+                            self.uri
+                        );
+                    }
+                    self.down.get_or_insert(message);
+                    // At the end, a server that is away gets no more time.
+                    if finish_by.is_some() {
+                        break;
+                    }
+                    retry_at = Some(Instant::now() + self.backoff);
+                    self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
+                }
+                Err(CallError::Rejected(message)) => {
+                    // Sending it again would be refused again: it goes.
+                    let op = self.queue.pop_front();
+                    if let Some(Op::Metrics { values, .. }) = &op {
+                        self.waiting_values -= values.len();
+                    }
+                    self.refused(message);
+                }
+            }
+            if finish_by.is_some_and(|by| Instant::now() >= by) {
+                break;
+            }
+        }
+        for op in &self.queue {
+            match op {
+                Op::Metrics { values, .. } => self.outcome.unsent_values += values.len() as u64,
+                Op::Finish => {}
+                _ => self.outcome.unsent_updates += 1,
+            }
+        }
+        self.outcome
+    }
+
+    /// Queues `op`; true for [`Op::Finish`].
+    fn accept(&mut self, op: Op) -> bool {
+        match op {
+            Op::Finish => return true,
+            Op::Metrics { ref values, .. } => {
+                self.waiting_values += values.len();
+                self.queue.push_back(op);
+                self.drop_oldest();
+            }
+            op => self.queue.push_back(op),
+        }
+        false
+    }
+
+    /// Drops the oldest metrics while more than [`MAX_WAITING_VALUES`] wait.
+    fn drop_oldest(&mut self) {
+        while self.waiting_values > MAX_WAITING_VALUES {
+            let Some(at) = self
+                .queue
+                .iter()
+                .position(|op| matches!(op, Op::Metrics { .. }))
+            else {
+                return;
+            };
+            if let Some(Op::Metrics { values, .. }) = self.queue.remove(at) {
+                self.waiting_values -= values.len();
+                self.outcome.dropped += values.len() as u64;
+            }
+        }
+    }
+
+    /// Sends the op at the front of the queue (with the metrics of its
+    /// trial that follow it, when it is metrics) and takes it off the queue
+    /// when the server has it.
+    fn send_front(&mut self) -> Result<(), CallError> {
+        let experiment_id = match &self.experiment_id {
+            Some(id) => id.clone(),
+            None => {
+                let id = self.client.experiment_id(&self.experiment)?;
+                self.experiment_id = Some(id.clone());
+                id
+            }
+        };
+        let Some(front) = self.queue.front() else {
+            return Ok(());
+        };
+        match front {
+            Op::Start {
+                trial,
+                trial_id,
+                dir,
+                config,
+            } => {
+                let (trial, trial_id, dir, config) =
+                    (*trial, trial_id.clone(), dir.clone(), config.clone());
+                self.start(&experiment_id, trial, &trial_id, dir, &config)?;
+                self.queue.pop_front();
+            }
+            Op::Metrics { trial, .. } => {
+                let trial = *trial;
+                self.send_metrics(&experiment_id, trial)?;
+            }
+            Op::End {
+                trial,
+                status,
+                end_ms,
+            } => {
+                if let Some(run) = self.runs.get(trial) {
+                    self.client.update_run(&run.run_id, status, Some(*end_ms))?;
+                }
+                self.queue.pop_front();
+            }
+            Op::Best { trial } => {
+                if let Some(run) = self.runs.get(trial) {
+                    let tag = [("wtune.best_trial".to_string(), "true".to_string())];
+                    self.client.log_batch(&run.run_id, &[], &[], &tag)?;
+                }
+                self.queue.pop_front();
+            }
+            Op::Finish => {
+                self.queue.pop_front();
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes the trial's run, or finds the one an earlier launch (or an
+    /// earlier `wtune run` of this experiment) made, logs its params the
+    /// first time this process sees it, and marks a run found again as
+    /// running. Safe to try again after any failure: each step is kept.
+    fn start(
+        &mut self,
+        experiment_id: &str,
+        trial: usize,
+        trial_id: &str,
+        dir: PathBuf,
+        config: &Value,
+    ) -> Result<(), CallError> {
+        if !self.runs.contains_key(&trial) {
+            let saved = std::fs::read(dir.join(RUN_FILE))
+                .ok()
+                .and_then(|bytes| serde_json::from_slice::<RunFile>(&bytes).ok())
+                .filter(|f| f.tracking_uri == self.uri && f.experiment_id == experiment_id);
+            let run = match saved {
+                Some(saved) => Run {
+                    dir,
+                    run_id: saved.run_id,
+                    sent_through: saved.sent_through,
+                    params_logged: false,
+                    found_again: true,
+                },
+                None => {
+                    let tags = [
+                        ("wtune.trial_id".to_string(), trial_id.to_string()),
+                        ("wtune.trial_dir".to_string(), dir.display().to_string()),
+                        (
+                            "wtune.experiment_dir".to_string(),
+                            dir.parent()
+                                .map(|p| p.display().to_string())
+                                .unwrap_or_default(),
+                        ),
+                    ];
+                    let run_id =
+                        self.client
+                            .create_run(experiment_id, trial_id, now_ms(), &tags)?;
+                    let run = Run {
+                        dir,
+                        run_id,
+                        sent_through: 0,
+                        params_logged: false,
+                        found_again: false,
+                    };
+                    // Named in the trial's directory before anything else
+                    // is sent, so a process killed now leaves no second run.
+                    self.save(&run, experiment_id);
+                    run
+                }
+            };
+            self.runs.insert(trial, run);
+        }
+        let run = &self.runs[&trial];
+        let run_id = run.run_id.clone();
+        if run.params_logged || run.found_again {
+            self.client.update_run(&run_id, "RUNNING", None)?;
+        }
+        if !run.params_logged {
+            // MLflow takes a param logged again with the same value and
+            // refuses one with another (a config PBT changed before a
+            // `wtune resume`): the first stays, and that refusal is no
+            // reason to lose the run.
+            for chunk in super::params(config).chunks(BATCH_PARAMS) {
+                match self.client.log_batch(&run_id, &[], chunk, &[]) {
+                    Ok(()) => {}
+                    Err(CallError::Rejected(message)) => self.refused(message),
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        if let Some(run) = self.runs.get_mut(&trial) {
+            run.params_logged = true;
+            run.found_again = false;
+        }
+        Ok(())
+    }
+
+    /// Counts a refused request; says the first.
+    fn refused(&mut self, message: String) {
+        self.outcome.refused += 1;
+        if self.outcome.first_refusal.is_none() {
+            tracing::warn!("MLflow at {} refused a request: {message}", self.uri);
+            self.outcome.first_refusal = Some(message);
+        }
+    }
+
+    /// Sends the metrics at the front of the queue, with those of the same
+    /// trial queued after them up to its next other op, in batches of
+    /// MLflow's size; steps the server already has (from before a
+    /// `wtune resume`) are skipped.
+    fn send_metrics(&mut self, experiment_id: &str, trial: usize) -> Result<(), CallError> {
+        let Some(run) = self.runs.get(&trial) else {
+            // No run (its start was refused): nothing of it can be sent.
+            if let Some(Op::Metrics { values, .. }) = self.queue.pop_front() {
+                self.waiting_values -= values.len();
+                self.outcome.refused += 1;
+            }
+            return Ok(());
+        };
+        let mut batch: Vec<(String, f64, u64, u64)> = Vec::new();
+        // Queue positions taken whole, and the last step among them.
+        let mut taken = Vec::new();
+        let mut last_step = run.sent_through;
+        for (i, op) in self.queue.iter().enumerate() {
+            if op.trial() != Some(trial) {
+                continue;
+            }
+            let Op::Metrics {
+                step,
+                timestamp_ms,
+                values,
+                ..
+            } = op
+            else {
+                break;
+            };
+            if *step > run.sent_through {
+                if !batch.is_empty() && batch.len() + values.len() > BATCH_METRICS {
+                    break;
+                }
+                batch.extend(
+                    values
+                        .iter()
+                        .map(|(key, value)| (key.clone(), *value, *timestamp_ms, *step)),
+                );
+                last_step = last_step.max(*step);
+            }
+            taken.push(i);
+        }
+        // One result with more metrics than a batch holds goes in pieces.
+        for chunk in batch.chunks(BATCH_METRICS) {
+            self.client.log_batch(&run.run_id, chunk, &[], &[])?;
+        }
+        for i in taken.into_iter().rev() {
+            if let Some(Op::Metrics { values, .. }) = self.queue.remove(i) {
+                self.waiting_values -= values.len();
+            }
+        }
+        if let Some(run) = self.runs.get_mut(&trial)
+            && last_step > run.sent_through
+        {
+            run.sent_through = last_step;
+            let run = &self.runs[&trial];
+            self.save(run, experiment_id);
+        }
+        Ok(())
+    }
+
+    /// Writes the trial's `mlflow_run.json` (a lost write costs a second
+    /// run or a step sent twice after `wtune resume`, nothing more).
+    fn save(&self, run: &Run, experiment_id: &str) {
+        let file = RunFile {
+            tracking_uri: self.uri.clone(),
+            experiment_id: experiment_id.to_string(),
+            run_id: run.run_id.clone(),
+            sent_through: run.sent_through,
+        };
+        let path = run.dir.join(RUN_FILE);
+        let temp = run.dir.join(format!(".{RUN_FILE}.tmp"));
+        let written = std::fs::create_dir_all(&run.dir)
+            .and_then(|()| std::fs::write(&temp, serde_json::to_vec(&file).unwrap_or_default()))
+            .and_then(|()| std::fs::rename(&temp, &path));
+        if let Err(e) = written {
+            tracing::warn!("writing {}: {e}", path.display());
+        }
+    }
+}
+
+pub(super) fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}

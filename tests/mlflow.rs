@@ -1,0 +1,558 @@
+//! MLflow logging against a real MLflow server (`mlflow server` from the
+//! venv `scripts/python-env.sh` makes, on loopback with its own SQLite
+//! store), read back through its REST API: one run per trial with its
+//! params, tags, metric histories and status; the same runs and each step
+//! once after a kill and `wtune resume`; an outage in the middle (a proxy
+//! in front of the real server stops answering) costs nothing and is said
+//! once; and servers that are absent, fail or answer garbage leave the
+//! experiment as it would be without them.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{Map, Value, json};
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `mlflow server` on a free loopback port, killed (with its workers) on
+/// drop.
+struct MlflowServer {
+    child: Child,
+    url: String,
+    _store: tempfile::TempDir,
+}
+
+impl MlflowServer {
+    fn start() -> MlflowServer {
+        let python = std::env::var_os("WTUNE_TEST_PYTHON")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| common::workspace().join("target/python-env/bin/python"));
+        let mlflow = python.with_file_name("mlflow");
+        assert!(
+            mlflow.exists(),
+            "{} is missing: run `bash scripts/python-env.sh` (scripts/test.sh does)",
+            mlflow.display()
+        );
+        let store = tempfile::tempdir().unwrap();
+        let port = free_port();
+        use std::os::unix::process::CommandExt;
+        let child = Command::new(mlflow)
+            .args(["server", "--host", "127.0.0.1", "--workers", "1", "--port"])
+            .arg(port.to_string())
+            .arg("--backend-store-uri")
+            .arg(format!("sqlite:///{}/mlflow.db", store.path().display()))
+            .arg("--default-artifact-root")
+            .arg(store.path().join("artifacts"))
+            .process_group(0)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let server = MlflowServer {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+            _store: store,
+        };
+        let began = Instant::now();
+        while ureq::get(format!("{}/health", server.url)).call().is_err() {
+            assert!(
+                began.elapsed() < Duration::from_secs(180),
+                "mlflow server did not answer"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        server
+    }
+
+    fn get(&self, path: &str, query: &[(&str, &str)]) -> Value {
+        let mut request = ureq::get(format!("{}/api/2.0/mlflow/{path}", self.url));
+        for (k, v) in query {
+            request = request.query(*k, *v);
+        }
+        request.call().unwrap().body_mut().read_json().unwrap()
+    }
+
+    fn post(&self, path: &str, body: Value) -> Value {
+        ureq::post(format!("{}/api/2.0/mlflow/{path}", self.url))
+            .send_json(body)
+            .unwrap()
+            .body_mut()
+            .read_json()
+            .unwrap()
+    }
+
+    /// The runs of the MLflow experiment `name`, by run name.
+    fn runs(&self, name: &str) -> BTreeMap<String, Value> {
+        let id = self.get("experiments/get-by-name", &[("experiment_name", name)])["experiment"]
+            ["experiment_id"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let found = self.post(
+            "runs/search",
+            json!({"experiment_ids": [id], "max_results": 1000}),
+        );
+        found["runs"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|run| (run["info"]["run_name"].as_str().unwrap().to_string(), run))
+            .collect()
+    }
+
+    /// `(step, value)` of every point of a run's metric, in order.
+    fn history(&self, run: &Value, key: &str) -> Vec<(u64, f64)> {
+        let run_id = run["info"]["run_id"].as_str().unwrap();
+        let answer = self.get(
+            "metrics/get-history",
+            &[
+                ("run_id", run_id),
+                ("metric_key", key),
+                ("max_results", "25000"),
+            ],
+        );
+        let mut points: Vec<(u64, f64)> = answer["metrics"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .iter()
+            .map(|m| {
+                (
+                    m["step"]
+                        .as_u64()
+                        .or_else(|| m["step"].as_str()?.parse().ok())
+                        .unwrap(),
+                    m["value"].as_f64().unwrap(),
+                )
+            })
+            .collect();
+        points.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        points
+    }
+}
+
+impl Drop for MlflowServer {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-9", "--", &format!("-{}", self.child.id())])
+            .status();
+        let _ = self.child.wait();
+    }
+}
+
+/// A key/value list (MLflow's params and tags) as a map.
+fn pairs(list: &Value) -> BTreeMap<String, String> {
+    list.as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .map(|p| {
+            (
+                p["key"].as_str().unwrap().to_string(),
+                p["value"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+fn results(trial: &Path) -> Vec<Map<String, Value>> {
+    std::fs::read_to_string(trial.join("result.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect()
+}
+
+fn experiment_doc(out: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(out.join("experiment.json")).unwrap()).unwrap()
+}
+
+/// The `stateful` guest's experiment, logging to `uri` as `name`.
+fn experiment(uri: &str, name: &str, iterations: u64, extra: &str) -> String {
+    format!(
+        r#"
+name = "stateful"
+metric = "counter"
+mode = "max"
+max_concurrent_trials = 2
+checkpoint_freq = 2
+{extra}
+[tracking]
+mlflow = "{uri}"
+mlflow_experiment = "{name}"
+[stop]
+training_iteration = {iterations}
+[param_space]
+seed = {{ grid_search = [1, 2, 3, 4] }}
+buffer_kib = 1024
+iterations = 1000
+"#
+    )
+}
+
+/// Every trial of `out` is a run of `name` on `server` with its config,
+/// tags, every metric at every step once (the values `result.jsonl` holds)
+/// and `status`; the best trial is tagged.
+fn check_runs(server: &MlflowServer, name: &str, out: &Path, status: &str) {
+    let runs = server.runs(name);
+    let doc = experiment_doc(out);
+    let trials = doc["trials"].as_array().unwrap();
+    assert_eq!(runs.len(), trials.len(), "{:?}", runs.keys());
+    for trial in trials {
+        let id = trial["trial_id"].as_str().unwrap();
+        let run = &runs[id];
+        let dir = std::path::absolute(out.join(id)).unwrap();
+        assert_eq!(run["info"]["status"], status, "{id}");
+        let params = pairs(&run["data"]["params"]);
+        let config = trial["config"].as_object().unwrap();
+        assert_eq!(params.len(), config.len(), "{id}: {params:?}");
+        for (key, value) in config {
+            let text = match value {
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            assert_eq!(params[key], text, "{id}: {key}");
+        }
+        let tags = pairs(&run["data"]["tags"]);
+        assert_eq!(tags["wtune.trial_id"], id);
+        assert_eq!(Path::new(&tags["wtune.trial_dir"]), dir);
+        let best = doc["best_trial"]["trial_id"].as_str();
+        assert_eq!(
+            tags.get("wtune.best_trial").map(String::as_str),
+            (best == Some(id)).then_some("true"),
+            "{id}"
+        );
+        let results = results(&dir);
+        for metric in ["counter", "digest", "fuel_total", "time_total_s"] {
+            let expected: Vec<(u64, f64)> = results
+                .iter()
+                .map(|r| {
+                    (
+                        r["training_iteration"].as_u64().unwrap(),
+                        r[metric].as_f64().unwrap(),
+                    )
+                })
+                .collect();
+            assert_eq!(server.history(run, metric), expected, "{id}: {metric}");
+        }
+    }
+}
+
+/// A TCP proxy in front of the real server that can stop answering: new
+/// connections are closed at once and open ones are cut.
+struct Proxy {
+    url: String,
+    down: Arc<AtomicBool>,
+    open: Arc<Mutex<Vec<TcpStream>>>,
+}
+
+impl Proxy {
+    fn start(upstream: &str) -> Proxy {
+        let upstream = upstream.trim_start_matches("http://").to_string();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let down = Arc::new(AtomicBool::new(false));
+        let open: Arc<Mutex<Vec<TcpStream>>> = Arc::default();
+        let (down2, open2) = (down.clone(), open.clone());
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { continue };
+                if down2.load(Ordering::SeqCst) {
+                    drop(client);
+                    continue;
+                }
+                let Ok(server) = TcpStream::connect(&upstream) else {
+                    continue;
+                };
+                open2.lock().unwrap().push(client.try_clone().unwrap());
+                open2.lock().unwrap().push(server.try_clone().unwrap());
+                let copy = |mut from: TcpStream, mut to: TcpStream| {
+                    std::thread::spawn(move || {
+                        let _ = std::io::copy(&mut from, &mut to);
+                        let _ = to.shutdown(std::net::Shutdown::Both);
+                    });
+                };
+                copy(client.try_clone().unwrap(), server.try_clone().unwrap());
+                copy(server, client);
+            }
+        });
+        Proxy { url, down, open }
+    }
+
+    fn set_down(&self, down: bool) {
+        self.down.store(down, Ordering::SeqCst);
+        if down {
+            for stream in self.open.lock().unwrap().drain(..) {
+                let _ = stream.shutdown(std::net::Shutdown::Both);
+            }
+        }
+    }
+}
+
+fn run_wtune(toml: &str, dir: &Path, extra_args: &[&str]) -> std::process::Output {
+    let config = dir.join("experiment.toml");
+    std::fs::write(&config, toml).unwrap();
+    common::wtune()
+        .arg("run")
+        .arg(common::guest("stateful"))
+        .arg("--config")
+        .arg(&config)
+        .args(["--seed", "1", "--output-dir"])
+        .arg(dir.join("out"))
+        .args(extra_args)
+        .output()
+        .unwrap()
+}
+
+fn mlflow_warnings(stderr: &str) -> Vec<&str> {
+    stderr.lines().filter(|l| l.contains("MLflow")).collect()
+}
+
+/// One server for every scenario: it takes seconds to start.
+#[test]
+fn trials_are_runs_on_a_real_mlflow_server() {
+    let server = MlflowServer::start();
+    a_run_logs_every_trial(&server);
+    a_failed_trial_is_a_failed_run(&server);
+    a_killed_and_resumed_run_logs_each_step_once(&server);
+    an_outage_in_the_middle_loses_nothing_and_is_said_once(&server);
+    an_outage_past_the_end_is_counted(&server);
+}
+
+fn a_run_logs_every_trial(server: &MlflowServer) {
+    let dir = tempfile::tempdir().unwrap();
+    let output = run_wtune(&experiment(&server.url, "plain", 6, ""), dir.path(), &[]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(mlflow_warnings(&stderr).is_empty(), "{stderr}");
+    check_runs(server, "plain", &dir.path().join("out"), "FINISHED");
+}
+
+fn a_failed_trial_is_a_failed_run(server: &MlflowServer) {
+    let dir = tempfile::tempdir().unwrap();
+    let toml = experiment(&server.url, "failed", 6, "max_failures = 0")
+        .replace("iterations = 1000", "iterations = 1000\ntrap_at = 3");
+    let output = run_wtune(&toml, dir.path(), &[]);
+    assert_eq!(output.status.code(), Some(1), "every trial fails");
+    check_runs(server, "failed", &dir.path().join("out"), "FAILED");
+}
+
+fn a_killed_and_resumed_run_logs_each_step_once(server: &MlflowServer) {
+    let dir = tempfile::tempdir().unwrap();
+    let toml = experiment(&server.url, "resumed", 12, "")
+        .replace("buffer_kib = 1024", "buffer_kib = 4096");
+    let config = dir.path().join("experiment.toml");
+    std::fs::write(&config, toml).unwrap();
+    let out = dir.path().join("out");
+    let mut child = common::wtune()
+        .arg("run")
+        .arg(common::guest("stateful"))
+        .arg("--config")
+        .arg(&config)
+        .args(["--seed", "1", "--output-dir"])
+        .arg(&out)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Killed once the server has some steps of a trial past its checkpoint
+    // at 2, which the resumed trial runs again.
+    let began = Instant::now();
+    loop {
+        let sent = std::fs::read(out.join("trial_0000/mlflow_run.json"))
+            .ok()
+            .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+            .and_then(|v| v["sent_through"].as_u64())
+            .unwrap_or(0);
+        if sent >= 3 {
+            break;
+        }
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the run ended too soon"
+        );
+        assert!(began.elapsed() < Duration::from_secs(120));
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let resumed = common::wtune().arg("resume").arg(&out).output().unwrap();
+    assert!(
+        resumed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&resumed.stderr)
+    );
+    // `check_runs` compares histories with result.jsonl, which the resumed
+    // run rewrote from the checkpoint on: values of redone steps may
+    // differ in time only, so the deterministic metrics are checked
+    // against it and every metric's steps are 1..=12 once.
+    let runs = server.runs("resumed");
+    assert_eq!(runs.len(), 4, "{:?}", runs.keys());
+    for (id, run) in &runs {
+        assert_eq!(run["info"]["status"], "FINISHED", "{id}");
+        let results = results(&out.join(id));
+        for metric in ["counter", "digest", "fuel_total", "time_total_s"] {
+            let steps: Vec<u64> = server.history(run, metric).iter().map(|p| p.0).collect();
+            assert_eq!(steps, (1..=12).collect::<Vec<_>>(), "{id}: {metric}");
+        }
+        let digests: Vec<f64> = results
+            .iter()
+            .map(|r| r["digest"].as_f64().unwrap())
+            .collect();
+        let logged: Vec<f64> = server.history(run, "digest").iter().map(|p| p.1).collect();
+        assert_eq!(logged, digests, "{id}");
+    }
+}
+
+fn an_outage_in_the_middle_loses_nothing_and_is_said_once(server: &MlflowServer) {
+    let proxy = Proxy::start(&server.url);
+    let dir = tempfile::tempdir().unwrap();
+    // About four seconds of training here: the outage ends long before.
+    let toml =
+        experiment(&proxy.url, "outage", 40, "").replace("buffer_kib = 1024", "buffer_kib = 4096");
+    let config = dir.path().join("experiment.toml");
+    std::fs::write(&config, toml).unwrap();
+    let out = dir.path().join("out");
+    let child = common::wtune()
+        .arg("run")
+        .arg(common::guest("stateful"))
+        .arg("--config")
+        .arg(&config)
+        .args(["--seed", "1", "--output-dir"])
+        .arg(&out)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Down once the server has the first steps; up again a little later,
+    // while trials still run.
+    let began = Instant::now();
+    while !out.join("trial_0000/mlflow_run.json").exists() {
+        assert!(began.elapsed() < Duration::from_secs(120));
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    proxy.set_down(true);
+    std::thread::sleep(Duration::from_millis(500));
+    proxy.set_down(false);
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let warnings = mlflow_warnings(&stderr);
+    let down: Vec<_> = warnings.iter().filter(|l| l.contains("goes on")).collect();
+    assert_eq!(down.len(), 1, "{stderr}");
+    assert!(stderr.contains("answers again"), "{stderr}");
+    assert!(!stderr.contains("were not sent"), "{stderr}");
+    check_runs(server, "outage", &out, "FINISHED");
+}
+
+fn an_outage_past_the_end_is_counted(server: &MlflowServer) {
+    let proxy = Proxy::start(&server.url);
+    let dir = tempfile::tempdir().unwrap();
+    let toml = experiment(&proxy.url, "gone", 6, "");
+    // Down before anything is sent: the experiment is made, nothing more.
+    proxy.set_down(true);
+    let output = run_wtune(&toml, dir.path(), &[]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let warnings = mlflow_warnings(&stderr);
+    assert_eq!(warnings.len(), 2, "said once, counted once: {stderr}");
+    assert!(warnings[1].contains("were not sent"), "{stderr}");
+    // 4 trials x 6 results, each with its metrics, all in the files.
+    let out = dir.path().join("out");
+    for i in 0..4 {
+        assert_eq!(results(&out.join(format!("trial_{i:04}"))).len(), 6);
+    }
+}
+
+/// A server that answers every request with `status` and `body`, on a
+/// free port.
+fn bad_server(status: &str, content_type: &str, body: &str) -> String {
+    let answer = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n\
+         Connection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let answer = answer.clone();
+            std::thread::spawn(move || {
+                let mut buffer = [0u8; 65536];
+                let _ = stream.set_read_timeout(Some(Duration::from_millis(200)));
+                let _ = stream.read(&mut buffer);
+                let _ = stream.write_all(answer.as_bytes());
+            });
+        }
+    });
+    url
+}
+
+/// What is not an MLflow server, or not a URI, never touches the
+/// experiment: a bad URI is refused before anything runs; a server that is
+/// absent, fails or answers garbage is said once and counted at the end,
+/// and the trials' results are whole.
+#[test]
+fn bad_tracking_servers_and_uris_leave_the_experiment_alone() {
+    for uri in [
+        "not a uri",
+        "ftp://127.0.0.1:5000",
+        "http://",
+        "https://127.0.0.1:5000",
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let output = run_wtune(&experiment(uri, "x", 2, ""), dir.path(), &[]);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{uri}: {stderr}");
+        assert!(stderr.contains("tracking.mlflow"), "{uri}: {stderr}");
+        assert!(!dir.path().join("out").exists(), "{uri}");
+    }
+    let closed = format!("http://127.0.0.1:{}", free_port());
+    let failing = bad_server("500 Internal Server Error", "text/plain", "boom");
+    let garbage = bad_server("200 OK", "text/html", "<html>\x1b[31m</html>");
+    for (uri, said) in [
+        (closed.as_str(), "goes on"),
+        (failing.as_str(), "HTTP 500"),
+        (garbage.as_str(), "not MLflow's"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let began = Instant::now();
+        let output = run_wtune(&experiment(uri, "x", 4, ""), dir.path(), &[]);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(output.status.success(), "{uri}: {stderr}");
+        let warnings = mlflow_warnings(&stderr);
+        assert_eq!(warnings.len(), 2, "{uri}: {stderr}");
+        assert!(warnings[0].contains(said), "{uri}: {stderr}");
+        assert!(warnings[1].contains("were not sent"), "{uri}: {stderr}");
+        assert!(
+            !stderr.contains('\x1b'),
+            "{uri}: raw escape on the terminal"
+        );
+        let out = dir.path().join("out");
+        for i in 0..4 {
+            assert_eq!(
+                results(&out.join(format!("trial_{i:04}"))).len(),
+                4,
+                "{uri}"
+            );
+        }
+        // The end does not wait on a server that is away.
+        assert!(began.elapsed() < Duration::from_secs(60), "{uri}");
+    }
+}
