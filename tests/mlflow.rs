@@ -304,16 +304,14 @@ impl Proxy {
     }
 }
 
-fn run_wtune(toml: &str, dir: &Path, extra_args: &[&str]) -> std::process::Output {
+fn write_config(dir: &Path, toml: &str) -> PathBuf {
     let config = dir.join("experiment.toml");
     std::fs::write(&config, toml).unwrap();
-    common::wtune()
-        .arg("run")
-        .arg(common::guest("stateful"))
-        .arg("--config")
-        .arg(&config)
-        .args(["--seed", "1", "--output-dir"])
-        .arg(dir.join("out"))
+    config
+}
+
+fn run_wtune(toml: &str, dir: &Path, extra_args: &[&str]) -> std::process::Output {
+    common::wtune_run("stateful", &write_config(dir, toml), &dir.join("out"))
         .args(extra_args)
         .output()
         .unwrap()
@@ -356,39 +354,21 @@ fn a_killed_and_resumed_run_logs_each_step_once(server: &MlflowServer) {
     let dir = tempfile::tempdir().unwrap();
     let toml = experiment(&server.url, "resumed", 12, "")
         .replace("buffer_kib = 1024", "buffer_kib = 4096");
-    let config = dir.path().join("experiment.toml");
-    std::fs::write(&config, toml).unwrap();
     let out = dir.path().join("out");
-    let mut child = common::wtune()
-        .arg("run")
-        .arg(common::guest("stateful"))
-        .arg("--config")
-        .arg(&config)
-        .args(["--seed", "1", "--output-dir"])
-        .arg(&out)
+    let mut child = common::wtune_run("stateful", &write_config(dir.path(), &toml), &out)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
     // Killed once the server has some steps of a trial past its checkpoint
     // at 2, which the resumed trial runs again.
-    let began = Instant::now();
-    loop {
-        let sent = std::fs::read(out.join("trial_0000/mlflow_run.json"))
+    common::wait_while_running(&mut child, || {
+        std::fs::read(out.join("trial_0000/mlflow_run.json"))
             .ok()
             .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
             .and_then(|v| v["sent_through"].as_u64())
-            .unwrap_or(0);
-        if sent >= 3 {
-            break;
-        }
-        assert!(
-            child.try_wait().unwrap().is_none(),
-            "the run ended too soon"
-        );
-        assert!(began.elapsed() < Duration::from_secs(120));
-        std::thread::sleep(Duration::from_millis(5));
-    }
+            .is_some_and(|sent| sent >= 3)
+    });
     child.kill().unwrap();
     child.wait().unwrap();
     let resumed = common::wtune().arg("resume").arg(&out).output().unwrap();
@@ -425,27 +405,17 @@ fn an_outage_in_the_middle_loses_nothing_and_is_said_once(server: &MlflowServer)
     // About four seconds of training here: the outage ends long before.
     let toml =
         experiment(&proxy.url, "outage", 40, "").replace("buffer_kib = 1024", "buffer_kib = 4096");
-    let config = dir.path().join("experiment.toml");
-    std::fs::write(&config, toml).unwrap();
     let out = dir.path().join("out");
-    let child = common::wtune()
-        .arg("run")
-        .arg(common::guest("stateful"))
-        .arg("--config")
-        .arg(&config)
-        .args(["--seed", "1", "--output-dir"])
-        .arg(&out)
+    let mut child = common::wtune_run("stateful", &write_config(dir.path(), &toml), &out)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     // Down once the server has the first steps; up again a little later,
     // while trials still run.
-    let began = Instant::now();
-    while !out.join("trial_0000/mlflow_run.json").exists() {
-        assert!(began.elapsed() < Duration::from_secs(120));
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    common::wait_while_running(&mut child, || {
+        out.join("trial_0000/mlflow_run.json").exists()
+    });
     proxy.set_down(true);
     std::thread::sleep(Duration::from_millis(500));
     proxy.set_down(false);

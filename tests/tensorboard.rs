@@ -328,18 +328,13 @@ fn a_run_killed_and_resumed_has_each_step_once() {
     let config = stateful(dir.path(), "");
     let out = dir.path().join("out");
     for attempt in 0..3 {
-        let mut command = common::wtune();
-        if attempt == 0 {
-            command
-                .arg("run")
-                .arg(common::guest("stateful"))
-                .arg("--config")
-                .arg(&config)
-                .args(["--seed", "1", "--output-dir"])
-                .arg(&out);
+        let mut command = if attempt == 0 {
+            common::wtune_run("stateful", &config, &out)
         } else {
-            command.arg("resume").arg(&out);
-        }
+            let mut resume = common::wtune();
+            resume.arg("resume").arg(&out);
+            resume
+        };
         let mut child = command
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -350,25 +345,15 @@ fn a_run_killed_and_resumed_has_each_step_once() {
             break;
         }
         // Killed once some trial has results past its checkpoint at 2.
-        let began = Instant::now();
-        loop {
+        common::wait_while_running(&mut child, || {
             let lines = |id: &str| {
                 std::fs::read_to_string(out.join(id).join("result.jsonl"))
                     .map_or(0, |t| t.lines().count())
             };
-            if ["trial_0000", "trial_0001"]
+            ["trial_0000", "trial_0001"]
                 .iter()
                 .any(|id| lines(id) >= 3 + 4 * attempt)
-            {
-                break;
-            }
-            assert!(
-                child.try_wait().unwrap().is_none(),
-                "the run ended too soon"
-            );
-            assert!(began.elapsed() < Duration::from_secs(120));
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        });
         child.kill().unwrap();
         child.wait().unwrap();
     }

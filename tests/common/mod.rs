@@ -101,6 +101,33 @@ pub fn wtune() -> std::process::Command {
     cmd
 }
 
+/// `wtune run GUEST --config CONFIG --seed 1 --output-dir OUT`, to run or
+/// spawn.
+pub fn wtune_run(guest_name: &str, config: &Path, out: &Path) -> std::process::Command {
+    let mut cmd = wtune();
+    cmd.arg("run")
+        .arg(guest(guest_name))
+        .arg("--config")
+        .arg(config)
+        .args(["--seed", "1", "--output-dir"])
+        .arg(out);
+    cmd
+}
+
+/// Waits (up to two minutes) until `ready` holds, while `child` still
+/// runs: the moment a test interrupts a run at.
+pub fn wait_while_running(child: &mut std::process::Child, mut ready: impl FnMut() -> bool) {
+    let began = std::time::Instant::now();
+    while !ready() {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the run ended before the moment the test waits for"
+        );
+        assert!(began.elapsed() < std::time::Duration::from_secs(120));
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
 /// An experiment run through the `wtune` binary: the directory holding its
 /// `experiment.toml` (results in `out/`), and what the command did.
 pub struct CliRun {
