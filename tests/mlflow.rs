@@ -20,14 +20,6 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Map, Value, json};
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// `mlflow server` on a free loopback port, killed (with its workers) on
 /// drop.
 struct MlflowServer {
@@ -38,17 +30,9 @@ struct MlflowServer {
 
 impl MlflowServer {
     fn start() -> MlflowServer {
-        let python = std::env::var_os("WTUNE_TEST_PYTHON")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| common::workspace().join("target/python-env/bin/python"));
-        let mlflow = python.with_file_name("mlflow");
-        assert!(
-            mlflow.exists(),
-            "{} is missing: run `bash scripts/python-env.sh` (scripts/test.sh does)",
-            mlflow.display()
-        );
+        let mlflow = common::python_env("mlflow");
         let store = tempfile::tempdir().unwrap();
-        let port = free_port();
+        let port = common::free_port();
         use std::os::unix::process::CommandExt;
         let child = Command::new(mlflow)
             .args(["server", "--host", "127.0.0.1", "--workers", "1", "--port"])
@@ -493,7 +477,7 @@ fn bad_tracking_servers_and_uris_leave_the_experiment_alone() {
         assert!(stderr.contains("tracking.mlflow"), "{uri}: {stderr}");
         assert!(!dir.path().join("out").exists(), "{uri}");
     }
-    let closed = format!("http://127.0.0.1:{}", free_port());
+    let closed = format!("http://127.0.0.1:{}", common::free_port());
     let failing = bad_server("500 Internal Server Error", "text/plain", "boom");
     let garbage = bad_server("200 OK", "text/html", "<html>\x1b[31m</html>");
     for (uri, said) in [

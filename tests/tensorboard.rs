@@ -15,24 +15,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Map, Value, json};
 
-/// The venv's Python, which has TensorBoard.
-fn python() -> PathBuf {
-    let python = std::env::var_os("WTUNE_TEST_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| common::workspace().join("target/python-env/bin/python"));
-    assert!(
-        python.exists(),
-        "{} is missing: run `bash scripts/python-env.sh` (scripts/test.sh does) \
-         or point WTUNE_TEST_PYTHON at a Python with tensorboard installed",
-        python.display()
-    );
-    python
-}
-
 /// What TensorBoard reads from `dir` (see tensorboard_read.py).
 fn read(dir: &Path) -> Value {
     let script = common::workspace().join("tests/python/tensorboard_read.py");
-    let output = Command::new(python())
+    let output = Command::new(common::python_env("python"))
         .arg(script)
         .arg(dir)
         .output()
@@ -246,13 +232,8 @@ struct Server {
 
 impl Server {
     fn start(dir: &Path) -> Server {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let tensorboard = python().with_file_name("tensorboard");
-        let child = Command::new(tensorboard)
+        let port = common::free_port();
+        let child = Command::new(common::python_env("tensorboard"))
             .arg("--logdir")
             .arg(dir)
             .args(["--host", "127.0.0.1", "--load_fast=false", "--port"])

@@ -128,6 +128,32 @@ pub fn wait_while_running(child: &mut std::process::Child, mut ready: impl FnMut
     }
 }
 
+/// A program of the Python environment `scripts/python-env.sh` makes
+/// (`python`, `tensorboard`, `mlflow`), or of the one whose Python
+/// `WTUNE_TEST_PYTHON` names.
+pub fn python_env(program: &str) -> PathBuf {
+    let python = std::env::var_os("WTUNE_TEST_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace().join("target/python-env/bin/python"));
+    let path = python.with_file_name(program);
+    assert!(
+        path.exists(),
+        "{} is missing: run `bash scripts/python-env.sh` (scripts/test.sh does) or point \
+         WTUNE_TEST_PYTHON at a Python with tests/python/requirements.txt installed",
+        path.display()
+    );
+    path
+}
+
+/// A loopback port nothing listens on (as of now).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
 /// An experiment run through the `wtune` binary: the directory holding its
 /// `experiment.toml` (results in `out/`), and what the command did.
 pub struct CliRun {
