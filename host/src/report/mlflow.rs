@@ -20,7 +20,8 @@
 //! steps the server already has are not sent again (the first values sent
 //! for a step stay, where TensorBoard shows a redone step's newer ones).
 //!
-//! Plain `http://` only: this build has no TLS.
+//! Plain `http://` only: this build has no TLS. Credentials, if any, come
+//! from MLflow's own environment variables (`client::authorization`).
 
 mod client;
 mod worker;

@@ -36,18 +36,28 @@ impl std::fmt::Display for CallError {
 pub(super) struct Client {
     agent: ureq::Agent,
     base: String,
+    /// The `Authorization` header every request carries, if any.
+    authorization: Option<String>,
 }
 
 impl Client {
+    /// A client of the server at `base`, with the credentials MLflow's own
+    /// client reads from the environment (see [`authorization`]).
     pub(super) fn new(base: &str) -> Self {
         let agent = ureq::Agent::config_builder()
             .timeout_global(Some(REQUEST_TIMEOUT))
             .http_status_as_error(false)
             .build()
             .into();
+        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
         Client {
             agent,
             base: base.trim_end_matches('/').to_string(),
+            authorization: authorization(
+                var("MLFLOW_TRACKING_TOKEN"),
+                var("MLFLOW_TRACKING_USERNAME"),
+                var("MLFLOW_TRACKING_PASSWORD"),
+            ),
         }
     }
 
@@ -146,11 +156,18 @@ impl Client {
         for (key, value) in query {
             request = request.query(*key, *value);
         }
+        if let Some(authorization) = &self.authorization {
+            request = request.header("Authorization", authorization);
+        }
         answer(path, request.call())
     }
 
     fn post(&self, path: &str, body: &Value) -> Result<Value, CallError> {
-        answer(path, self.agent.post(self.url(path)).send_json(body))
+        let mut request = self.agent.post(self.url(path));
+        if let Some(authorization) = &self.authorization {
+            request = request.header("Authorization", authorization);
+        }
+        answer(path, request.send_json(body))
     }
 }
 
@@ -195,6 +212,28 @@ fn answer(
     }
 }
 
+/// The `Authorization` header for MLflow's environment variables:
+/// `MLFLOW_TRACKING_TOKEN` as a bearer token, else
+/// `MLFLOW_TRACKING_USERNAME` and `MLFLOW_TRACKING_PASSWORD` as basic
+/// authentication (as `mlflow server --app-name basic-auth` takes). Over
+/// plain HTTP they cross the network in the clear, as with MLflow's client.
+fn authorization(
+    token: Option<String>,
+    username: Option<String>,
+    password: Option<String>,
+) -> Option<String> {
+    use base64::Engine;
+    if let Some(token) = token {
+        return Some(format!("Bearer {token}"));
+    }
+    let (username, password) = (username?, password.unwrap_or_default());
+    let pair = format!("{username}:{password}");
+    Some(format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode(pair)
+    ))
+}
+
 fn string_at(value: &Value, path: &[&str]) -> Option<String> {
     let mut at = value;
     for key in path {
@@ -220,5 +259,31 @@ fn quoted(text: &str) -> String {
         format!("{line}...")
     } else {
         line
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn credentials_come_as_mlflows_client_sends_them() {
+        let s = |v: &str| Some(v.to_string());
+        assert_eq!(authorization(None, None, None), None);
+        assert_eq!(authorization(None, None, s("pw")), None);
+        assert_eq!(authorization(s("t0k"), s("u"), s("p")), s("Bearer t0k"));
+        // RFC 7617's example.
+        assert_eq!(
+            authorization(None, s("Aladdin"), s("open sesame")),
+            s("Basic QWxhZGRpbjpvcGVuIHNlc2FtZQ==")
+        );
+    }
+
+    #[test]
+    fn quoted_answers_are_one_short_line() {
+        let quoted_line = quoted(&format!("a\nb\u{1b}{}", "x".repeat(300)));
+        assert!(quoted_line.starts_with("a b "), "{quoted_line}");
+        assert!(quoted_line.ends_with("..."));
+        assert_eq!(quoted_line.chars().count(), QUOTED + 3);
     }
 }
