@@ -314,6 +314,7 @@ fn trials_are_runs_on_a_real_mlflow_server() {
     a_killed_and_resumed_run_logs_each_step_once(&server);
     an_outage_in_the_middle_loses_nothing_and_is_said_once(&server);
     an_outage_past_the_end_is_counted(&server);
+    a_server_stopped_for_good_is_said_once_and_counted(server);
 }
 
 fn a_run_logs_every_trial(server: &MlflowServer) {
@@ -430,6 +431,41 @@ fn an_outage_past_the_end_is_counted(server: &MlflowServer) {
     let out = dir.path().join("out");
     for i in 0..4 {
         assert_eq!(results(&out.join(format!("trial_{i:04}"))).len(), 6);
+    }
+}
+
+/// The real server killed in the middle of a run and never started again:
+/// the experiment finishes whole, the problem is said once and what never
+/// reached the server is counted.
+fn a_server_stopped_for_good_is_said_once_and_counted(server: MlflowServer) {
+    let dir = tempfile::tempdir().unwrap();
+    let toml = experiment(&server.url, "stopped", 40, "")
+        .replace("buffer_kib = 1024", "buffer_kib = 4096");
+    let out = dir.path().join("out");
+    let mut child = common::wtune_run("stateful", &write_config(dir.path(), &toml), &out)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    common::wait_while_running(&mut child, || {
+        out.join("trial_0000/mlflow_run.json").exists()
+    });
+    drop(server);
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let warnings = mlflow_warnings(&stderr);
+    assert_eq!(warnings.len(), 2, "said once, counted once: {stderr}");
+    assert!(warnings[0].contains("goes on"), "{stderr}");
+    // "... N metric values (...) and M run updates were not sent ..."
+    let unsent: u64 = warnings[1]
+        .split(" metric values (")
+        .next()
+        .and_then(|before| before.rsplit(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no count in {}", warnings[1]));
+    assert!(unsent > 0, "{stderr}");
+    for i in 0..4 {
+        assert_eq!(results(&out.join(format!("trial_{i:04}"))).len(), 40);
     }
 }
 
