@@ -47,6 +47,7 @@ use std::time::Duration;
 
 use serde_json::{Map, Value};
 
+use super::scalars::Scalars;
 use super::tfevents;
 use crate::persist;
 use crate::tune::{Callback, ExperimentSummary, Trial, TrialSetup, TrialStatus};
@@ -533,7 +534,7 @@ pub struct TrialFiles {
 struct Buffers {
     flat: Flat,
     path: String,
-    scalars: tfevents::Scalars,
+    scalars: Scalars,
 }
 
 impl Default for TrialFiles {
@@ -715,7 +716,7 @@ impl Open {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0.0, |d| d.as_secs_f64());
             scalars.fill(result, matches!(which, Logged::MetricsAndConfig));
-            scalars.write(&mut pending.events, wall_time, step);
+            tfevents::scalars(&mut pending.events, scalars.as_slice(), wall_time, step);
         }
         let added = (pending.jsonl.len() - before.0 + pending.csv.len() - before.1
             + pending.events.len()

@@ -31,7 +31,7 @@ use std::thread::JoinHandle;
 
 use serde_json::{Map, Value};
 
-use super::tfevents::Scalars;
+use super::scalars::Scalars;
 use crate::tune::{Callback, ExperimentSummary, Trial, TrialStatus};
 use worker::{Op, Outcome, Worker, now_ms};
 

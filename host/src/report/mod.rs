@@ -9,6 +9,7 @@ mod experiment;
 mod files;
 mod mlflow;
 mod progress;
+mod scalars;
 pub mod state;
 mod summary;
 pub mod terminal;

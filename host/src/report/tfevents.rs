@@ -3,8 +3,9 @@
 //! CRC32C of the length, a protobuf `Event`, masked CRC32C of the event),
 //! and wtune writes four kinds of event:
 //! - the file version (`brain.Event:2`), first in every file;
-//! - scalars: one `Summary` per result, a `simple_value` per numeric metric,
-//!   at the result's `training_iteration`;
+//! - scalars: one `Summary` per result, a `simple_value` per numeric metric
+//!   (as [`super::scalars::Scalars`] takes them), at the result's
+//!   `training_iteration`;
 //! - the HParams plugin's `session_start_info` (the trial's configuration)
 //!   and `session_end_info` (its status), which TensorBoard's HParams tab
 //!   reads to compare trials side by side.
@@ -20,7 +21,7 @@
 
 use std::path::Path;
 
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 /// Event files' names start with this; TensorBoard reads any file whose
 /// name holds `tfevents`.
@@ -78,112 +79,38 @@ pub fn file_version(out: &mut Vec<u8>, wall_time: f64) {
     record(out, &event);
 }
 
-/// A result's numeric metrics, named as TensorBoard's tags, reused from
-/// one result to the next.
-#[derive(Default)]
-pub struct Scalars {
-    values: Vec<(String, f64)>,
-    len: usize,
-}
-
-/// Result fields that are not metrics (or are one already elsewhere: the
-/// step is `training_iteration`), and counters that start again at every
-/// restore and would draw a saw-tooth.
-const NOT_SCALARS: &[&str] = &[
-    "trial_id",
-    "training_iteration",
-    "timestamp",
-    "date",
-    "done",
-    "config",
-    "iterations_since_restore",
-    "time_since_restore",
-    "fuel_since_restore",
-];
-
-impl Scalars {
-    /// Takes `result`'s numbers: top-level ones by their key, nested ones
-    /// as `outer/inner` (TensorBoard groups tags by what precedes the
-    /// first `/`), and with `config` those of its configuration as
-    /// `config/name`. Booleans, strings, lists and non-finite values (which
-    /// the result holds as strings or null) are left out.
-    pub fn fill(&mut self, result: &Map<String, Value>, config: bool) {
-        self.len = 0;
-        let mut path = String::new();
-        for (key, value) in result {
-            if NOT_SCALARS.contains(&key.as_str()) && !(config && key == "config") {
-                continue;
-            }
-            path.clear();
-            path.push_str(key);
-            self.take(&mut path, value);
-        }
+/// Appends one event holding every scalar of `values` (tag, value) at
+/// `step`; nothing when there are none. Written straight into `out`,
+/// with no allocation: results arrive hundreds of thousands a second
+/// (BENCHMARKS.md).
+pub fn scalars(out: &mut Vec<u8>, values: &[(String, f64)], wall_time: f64, step: u64) {
+    if values.is_empty() {
+        return;
     }
-
-    fn take(&mut self, path: &mut String, value: &Value) {
-        match value {
-            Value::Number(n) => {
-                let Some(x) = n.as_f64() else { return };
-                if self.len == self.values.len() {
-                    self.values.push(Default::default());
-                }
-                let slot = &mut self.values[self.len];
-                self.len += 1;
-                slot.0.clear();
-                slot.0.push_str(path);
-                slot.1 = x;
-            }
-            Value::Object(map) => {
-                for (key, inner) in map {
-                    let len = path.len();
-                    path.push('/');
-                    path.push_str(key);
-                    self.take(path, inner);
-                    path.truncate(len);
-                }
-            }
-            _ => {}
-        }
+    let value_len = |tag: &str| 1 + varint_len(tag.len() as u64) + tag.len() + 5;
+    let summary_len: usize = values
+        .iter()
+        .map(|(tag, _)| {
+            let n = value_len(tag);
+            1 + varint_len(n as u64) + n
+        })
+        .sum();
+    let event_len = 9 + 1 + varint_len(step) + 1 + varint_len(summary_len as u64) + summary_len;
+    let start = begin_record(out, event_len);
+    double(out, 1, wall_time);
+    key(out, 2, VARINT);
+    varint(out, step);
+    key(out, 5, LEN);
+    varint(out, summary_len as u64);
+    for (tag, x) in values {
+        key(out, 1, LEN);
+        varint(out, value_len(tag) as u64);
+        bytes(out, 1, tag.as_bytes());
+        key(out, 2, FIXED32);
+        // TensorBoard's `simple_value` is a float.
+        out.extend_from_slice(&(*x as f32).to_le_bytes());
     }
-
-    /// The tags and values taken by the last [`Scalars::fill`].
-    pub fn as_slice(&self) -> &[(String, f64)] {
-        &self.values[..self.len]
-    }
-
-    /// Appends one event holding every scalar at `step`; nothing when there
-    /// are none. Written straight into `out`, with no allocation: results
-    /// arrive hundreds of thousands a second (BENCHMARKS.md).
-    pub fn write(&self, out: &mut Vec<u8>, wall_time: f64, step: u64) {
-        let values = self.as_slice();
-        if values.is_empty() {
-            return;
-        }
-        let value_len = |tag: &str| 1 + varint_len(tag.len() as u64) + tag.len() + 5;
-        let summary_len: usize = values
-            .iter()
-            .map(|(tag, _)| {
-                let n = value_len(tag);
-                1 + varint_len(n as u64) + n
-            })
-            .sum();
-        let event_len = 9 + 1 + varint_len(step) + 1 + varint_len(summary_len as u64) + summary_len;
-        let start = begin_record(out, event_len);
-        double(out, 1, wall_time);
-        key(out, 2, VARINT);
-        varint(out, step);
-        key(out, 5, LEN);
-        varint(out, summary_len as u64);
-        for (tag, x) in values {
-            key(out, 1, LEN);
-            varint(out, value_len(tag) as u64);
-            bytes(out, 1, tag.as_bytes());
-            key(out, 2, FIXED32);
-            // TensorBoard's `simple_value` is a float.
-            out.extend_from_slice(&(*x as f32).to_le_bytes());
-        }
-        end_record(out, start);
-    }
+    end_record(out, start);
 }
 
 /// Appends the HParams `session_start_info` for a trial starting with
@@ -473,32 +400,6 @@ mod tests {
         }
     }
 
-    #[test]
-    fn scalars_are_the_numeric_metrics() {
-        let result = json!({"loss": 0.5, "acc": 1, "ok": true, "name": "x", "nan": null,
-            "nested": {"a": 2.0, "b": {"c": 3}}, "training_iteration": 4, "done": false,
-            "config": {"lr": 0.1}, "fuel_total": 123, "time_since_restore": 1.0});
-        let mut scalars = Scalars::default();
-        scalars.fill(result.as_object().unwrap(), false);
-        let tags: Vec<(&str, f64)> = scalars
-            .as_slice()
-            .iter()
-            .map(|(t, x)| (t.as_str(), *x))
-            .collect();
-        assert_eq!(
-            tags,
-            [
-                ("loss", 0.5),
-                ("acc", 1.0),
-                ("nested/a", 2.0),
-                ("nested/b/c", 3.0),
-                ("fuel_total", 123.0)
-            ]
-        );
-        scalars.fill(result.as_object().unwrap(), true);
-        assert_eq!(scalars.as_slice()[4], ("config/lr".to_string(), 0.1));
-    }
-
     /// Records of every kind, then `kept` at several cut points.
     #[test]
     fn cutting_back_keeps_whole_records_up_to_the_step() {
@@ -510,15 +411,12 @@ mod tests {
             "trial_0000",
             &json!({"lr": 0.1, "opt": {"m": 0.9}, "l": [1]}),
         );
-        let mut scalars = Scalars::default();
         for step in 1..=3 {
-            scalars.fill(
-                json!({"loss": step, "config": {"lr": 0.1}})
-                    .as_object()
-                    .unwrap(),
-                true,
-            );
-            scalars.write(&mut file, 2.0, step);
+            let values = [
+                ("loss".to_string(), step as f64),
+                ("config/lr".to_string(), 0.1),
+            ];
+            scalars(&mut file, &values, 2.0, step);
         }
         session_end(&mut file, 4.0, 3, SessionStatus::Success);
         let records = |bytes: &[u8]| {
