@@ -14,7 +14,7 @@ use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -470,8 +470,8 @@ fn a_server_stopped_for_good_is_said_once_and_counted(server: MlflowServer) {
 }
 
 /// A server that answers every request with `status` and `body`, on a
-/// free port.
-fn bad_server(status: &str, content_type: &str, body: &str) -> String {
+/// free port; and how many requests it has had.
+fn bad_server(status: &str, content_type: &str, body: &str) -> (String, Arc<AtomicUsize>) {
     let answer = format!(
         "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n\
          Connection: close\r\n\r\n{body}",
@@ -479,9 +479,12 @@ fn bad_server(status: &str, content_type: &str, body: &str) -> String {
     );
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
+    let requests = Arc::new(AtomicUsize::new(0));
+    let counted = requests.clone();
     std::thread::spawn(move || {
         for stream in listener.incoming() {
             let Ok(mut stream) = stream else { continue };
+            counted.fetch_add(1, Ordering::SeqCst);
             let answer = answer.clone();
             std::thread::spawn(move || {
                 let mut buffer = [0u8; 65536];
@@ -491,7 +494,7 @@ fn bad_server(status: &str, content_type: &str, body: &str) -> String {
             });
         }
     });
-    url
+    (url, requests)
 }
 
 /// What is not an MLflow server, or not a URI, never touches the
@@ -514,12 +517,19 @@ fn bad_tracking_servers_and_uris_leave_the_experiment_alone() {
         assert!(!dir.path().join("out").exists(), "{uri}");
     }
     let closed = format!("http://127.0.0.1:{}", common::free_port());
-    let failing = bad_server("500 Internal Server Error", "text/plain", "boom");
-    let garbage = bad_server("200 OK", "text/html", "<html>\x1b[31m</html>");
+    let (failing, _) = bad_server("500 Internal Server Error", "text/plain", "boom");
+    let (garbage, _) = bad_server("200 OK", "text/html", "<html>\x1b[31m</html>");
+    // Credentials refused, as MLflow's basic-auth app answers.
+    let (unauthorized, asked) = bad_server(
+        "401 Unauthorized",
+        "application/json",
+        r#"{"error_code": "UNAUTHENTICATED", "message": "You are not authenticated."}"#,
+    );
     for (uri, said) in [
         (closed.as_str(), "goes on"),
         (failing.as_str(), "HTTP 500"),
         (garbage.as_str(), "not MLflow's"),
+        (unauthorized.as_str(), "HTTP 401: UNAUTHENTICATED"),
     ] {
         let dir = tempfile::tempdir().unwrap();
         let began = Instant::now();
@@ -545,4 +555,11 @@ fn bad_tracking_servers_and_uris_leave_the_experiment_alone() {
         // The end does not wait on a server that is away.
         assert!(began.elapsed() < Duration::from_secs(60), "{uri}");
     }
+    // A refused experiment is asked for once or twice (looked up, made),
+    // not again for each of the 16 results.
+    assert!(
+        asked.load(Ordering::SeqCst) <= 3,
+        "{} requests",
+        asked.load(Ordering::SeqCst)
+    );
 }

@@ -4,6 +4,7 @@
 //! bound and counts them.
 
 use std::collections::{HashMap, VecDeque};
+use std::mem;
 use std::path::PathBuf;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
@@ -119,6 +120,9 @@ pub(super) struct Worker {
     told_back: bool,
     backoff: Duration,
     outcome: Outcome,
+    /// The server refused the experiment itself (credentials, say): no
+    /// run can be logged, so nothing more is sent, only counted.
+    refusing: bool,
 }
 
 impl Worker {
@@ -136,6 +140,7 @@ impl Worker {
             told_back: false,
             backoff: FIRST_BACKOFF,
             outcome: Outcome::default(),
+            refusing: false,
         }
     }
 
@@ -208,6 +213,16 @@ impl Worker {
                     retry_at = Some(Instant::now() + self.backoff);
                     self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
                 }
+                Err(CallError::Rejected(message)) if self.experiment_id.is_none() => {
+                    // Without its experiment nothing can be logged: asking
+                    // again for every result would only load the server.
+                    self.refused(message);
+                    self.refusing = true;
+                    for op in mem::take(&mut self.queue) {
+                        self.unsent(&op);
+                    }
+                    self.waiting_values = 0;
+                }
                 Err(CallError::Rejected(message)) => {
                     // Sending it again would be refused again: it goes.
                     let op = self.queue.pop_front();
@@ -221,20 +236,26 @@ impl Worker {
                 break;
             }
         }
-        for op in &self.queue {
-            match op {
-                Op::Metrics { values, .. } => self.outcome.unsent_values += values.len() as u64,
-                Op::Finish => {}
-                _ => self.outcome.unsent_updates += 1,
-            }
+        for op in mem::take(&mut self.queue) {
+            self.unsent(&op);
         }
         self.outcome
+    }
+
+    /// Counts `op` as never sent.
+    fn unsent(&mut self, op: &Op) {
+        match op {
+            Op::Metrics { values, .. } => self.outcome.unsent_values += values.len() as u64,
+            Op::Finish => {}
+            _ => self.outcome.unsent_updates += 1,
+        }
     }
 
     /// Queues `op`; true for [`Op::Finish`].
     fn accept(&mut self, op: Op) -> bool {
         match op {
             Op::Finish => return true,
+            op if self.refusing => self.unsent(&op),
             Op::Metrics { ref values, .. } => {
                 self.waiting_values += values.len();
                 self.queue.push_back(op);
