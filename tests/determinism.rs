@@ -429,3 +429,190 @@ fn a_fail_fast_halt_keeps_the_fuel_order() {
         assert_eq!(seen, seen_again, "delays {seed}");
     }
 }
+
+/// Runs `guest` under `config` into `out`, killing it (SIGKILL) at
+/// pseudo-random moments of its first attempts and resuming it with
+/// `wtune resume` until it finishes; returns how many kills landed.
+/// `clean` is how long an uninterrupted run took.
+fn killed_and_resumed(guest: &str, config: &Path, out: &Path, clean: Duration, seed: u64) -> u32 {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    // Every attempt but the one that finishes is killed.
+    for attempt in 0..30 {
+        // Killed before its first state was written, an experiment has
+        // nothing to resume: it is run again.
+        let mut command = if out.join("experiment_state.json").exists() {
+            let mut resume = common::wtune();
+            resume.arg("resume").arg(out);
+            resume
+        } else {
+            let _ = std::fs::remove_dir_all(out);
+            common::wtune_run(guest, config, out)
+        };
+        let mut child = command
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let delay = if attempt < 6 {
+            clean.mul_f64(rng.random_range(0.1..0.9))
+        } else {
+            Duration::from_secs(600)
+        };
+        let began = std::time::Instant::now();
+        loop {
+            if child.try_wait().unwrap().is_some() {
+                let output = child.wait_with_output().unwrap();
+                let stderr = String::from_utf8_lossy(&output.stderr);
+                assert!(output.status.success(), "attempt {attempt}: {stderr}");
+                assert!(
+                    !stderr.contains("decisions may differ"),
+                    "attempt {attempt}: {stderr}"
+                );
+                return attempt;
+            }
+            if began.elapsed() >= delay {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+    panic!("{guest} under {} never finished", config.display());
+}
+
+/// `(trial_id, status, iterations, config, last result's metric)` per
+/// trial, from `experiment.json`.
+fn final_trials(out: &Path, metric: &str) -> Vec<(String, String, u64, Value, Value)> {
+    let text = std::fs::read_to_string(out.join("experiment.json")).unwrap();
+    let doc: Value = serde_json::from_str(&text).unwrap();
+    doc["trials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            (
+                t["trial_id"].as_str().unwrap().to_string(),
+                t["status"].as_str().unwrap().to_string(),
+                t["iterations"].as_u64().unwrap(),
+                t["config"].clone(),
+                t["last_result"][metric].clone(),
+            )
+        })
+        .collect()
+}
+
+/// A seeded experiment in fuel order, killed outright at random moments
+/// and resumed each time, makes the decisions of an uninterrupted run and
+/// ends with its results. Before saved states marked a moment of the run,
+/// a resume restarted every trial's clock at fuel time 0 and decided again
+/// on the steps it redid: the records parted at the first kill.
+fn assert_kills_and_resumes_decide_as_one_run(
+    guest: &str,
+    toml: &str,
+    metric: &str,
+    seeds: &[u64],
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("experiment.toml");
+    std::fs::write(&config, toml).unwrap();
+    let clean = dir.path().join("clean");
+    let began = std::time::Instant::now();
+    let output = common::wtune_run(guest, &config, &clean).output().unwrap();
+    let took = began.elapsed();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let expected = final_trials(&clean, metric);
+    let mut kills = 0;
+    for &seed in seeds {
+        let out = dir.path().join(format!("killed-{seed}"));
+        kills += killed_and_resumed(guest, &config, &out, took, seed);
+        let compared = common::wtune()
+            .arg("decisions")
+            .arg(&clean)
+            .arg(&out)
+            .output()
+            .unwrap();
+        assert!(
+            compared.status.success(),
+            "{guest}, kills seeded {seed}: {}",
+            String::from_utf8_lossy(&compared.stderr)
+        );
+        assert_eq!(
+            final_trials(&out, metric),
+            expected,
+            "{guest}, kills seeded {seed}"
+        );
+    }
+    assert!(
+        kills >= seeds.len() as u32,
+        "only {kills} kills landed: make the runs longer"
+    );
+}
+
+#[test]
+fn asha_in_fuel_order_decides_across_kills_and_resumes_as_in_one_run() {
+    // Twelve trials of two fuel costs per step, so their results interleave
+    // in fuel time; ASHA stops most of them at its rungs.
+    let toml = r#"
+name = "fuel-asha"
+metric = "digest"
+mode = "max"
+max_concurrent_trials = 2
+checkpoint_freq = 2
+[stop]
+training_iteration = 12
+[scheduler]
+type = "asha"
+time_attr = "fuel_total"
+max_t = 2e8
+grace_period = 3e7
+reduction_factor = 2
+[param_space]
+seed = { grid_search = [1, 2, 3, 4, 5, 6] }
+buffer_kib = { grid_search = [2048, 3072] }
+iterations = 1000
+"#;
+    assert_kills_and_resumes_decide_as_one_run("stateful", toml, "digest", &[1, 2, 3]);
+}
+
+#[test]
+fn pbt_in_fuel_order_exploits_across_kills_and_resumes_as_in_one_run() {
+    // Exploits clone checkpoints over the exploiting trial's own: a resume
+    // must not continue from a clone made after the moment it resumes.
+    let data = common::workspace().join("examples/digits-mlp/data");
+    let toml = format!(
+        r#"
+name = "fuel-pbt"
+metric = "val_accuracy"
+mode = "max"
+num_samples = 6
+seed = 7
+max_concurrent_trials = 2
+checkpoint_freq = 2
+[stop]
+training_iteration = 16
+[scheduler]
+type = "pbt"
+time_attr = "fuel_total"
+perturbation_interval = 1.3e8
+[scheduler.hyperparam_mutations]
+lr = {{ loguniform = [0.03, 0.3] }}
+[data]
+digits = {data:?}
+[param_space]
+lr = {{ loguniform = [0.03, 0.3] }}
+hidden = 32
+batch_size = 64
+momentum = 0.8
+weight_decay = 1e-4
+math = "wasm"
+"#,
+        data = data.display().to_string()
+    );
+    assert_kills_and_resumes_decide_as_one_run("digits_mlp", &toml, "val_accuracy", &[1, 2, 3]);
+}

@@ -9,8 +9,8 @@ use crate::sandbox::human_bytes;
 use crate::serve;
 use crate::tune::resume;
 use crate::tune::{
-    DecisionState, ExperimentSummary, RunError, RunSpec, Runner, STOPPED_BY_REQUEST, Scheduler,
-    SchedulerSpec, Searcher, Trial, TrialStatus, control, fit_gpu,
+    DecisionState, ExperimentSummary, ResultOrder, RunError, RunSpec, Runner, STOPPED_BY_REQUEST,
+    Scheduler, SchedulerSpec, Searcher, Trial, TrialStatus, control, fit_gpu,
 };
 use crate::wasm_backend::WasmBackend;
 use tokio::sync::mpsc::UnboundedSender;
@@ -122,13 +122,25 @@ fn assemble(
     let total = searcher.total().map(|n| n.max(trials.len() as u64));
     let setup_json = serde_json::to_value(setup).expect("the setup serializes");
     let state = StateFile::new(setup_json);
+    // In fuel order, the moment the saved state was taken at.
+    let moment = resumed
+        .as_ref()
+        .and_then(|(decisions, _)| decisions.moment.clone())
+        .filter(|_| spec.result_order == ResultOrder::Fuel);
     // Resuming, a trial the saved state does not list yet may have left
-    // its directory, results and checkpoints behind: its work is picked up.
+    // its directory, results and checkpoints behind: its work is picked up
+    // (or, continuing a moment, which the trial postdates, redone).
     let adopt = {
         let (backend, policy) = (backend.clone(), spec.checkpoint.clone());
-        move |trial: &mut Trial| resume::adopt_reported(&backend, trial, &policy)
+        let at_moment = moment.is_some();
+        move |trial: &mut Trial| resume::adopt_reported_at(&backend, trial, &policy, at_moment)
     };
+    let mut decision_log = DecisionLog::new();
     let mut runner = Runner::new(backend, spec, scheduler).searcher(searcher);
+    if let Some(moment) = moment {
+        decision_log = decision_log.resumed_at(moment.decisions);
+        runner = runner.continue_at(moment);
+    }
     if let Some((resumed, extended)) = resumed {
         runner = runner.adopt_from_disk(adopt);
         runner = runner.fuel_burned(resumed.fuel_burned);
@@ -150,7 +162,7 @@ fn assemble(
                 .tensorboard(setup.tracking.tensorboard)
                 .config_scalars(pbt),
         )
-        .callback(DecisionLog::new())
+        .callback(decision_log)
         .callback(ExperimentFile::new(setup.run_info()));
     if let Some(target) = &setup.tracking.mlflow {
         match MlflowLogger::start(&target.uri, &target.experiment) {

@@ -7,7 +7,7 @@ mod changes;
 use crate::report::state;
 use crate::sandbox::{Program, SandboxOptions};
 use crate::tune::resume::{self, ErroredTrials};
-use crate::tune::{DecisionState, Listed, Scheduler, Searcher};
+use crate::tune::{DecisionState, FuelMoment, Listed, ResultOrder, Scheduler, Searcher};
 use crate::wasm_backend::WasmBackend;
 
 use super::Failure;
@@ -57,12 +57,14 @@ pub(super) fn resume_experiment(args: ResumeArgs) -> Result<(), Failure> {
         ErroredTrials::Keep
     };
     let output_dir = std::path::absolute(&args.dir).unwrap_or(args.dir);
-    let plan = resume::prepare(
+    let moment = fuel_moment(&setup, decisions, &state.status);
+    let plan = resume::prepare_at(
         &backend,
         &mut trials,
         &output_dir,
         &setup.spec.checkpoint,
         errored,
+        moment,
     );
     for (path, why) in &plan.damaged {
         eprintln!(
@@ -109,6 +111,28 @@ pub(super) fn resume_experiment(args: ResumeArgs) -> Result<(), Failure> {
         lock,
         serve,
     )
+}
+
+/// The moment a run in fuel order continues from: the saved state's, or
+/// none, said once, when an unfinished run's state (`status`) marks none
+/// (a halted run, an older wtune's state) and decisions may then differ
+/// from an uninterrupted run's.
+fn fuel_moment<'a>(
+    setup: &Setup,
+    decisions: &'a DecisionState,
+    status: &str,
+) -> Option<&'a FuelMoment> {
+    if setup.spec.result_order != ResultOrder::Fuel {
+        return None;
+    }
+    if decisions.moment.is_none() && status != "finished" {
+        eprintln!(
+            "note: the saved state marks no moment of the run to continue from (the run was \
+             halted, or saved by an older wtune): from here, decisions may differ from those \
+             of an uninterrupted run"
+        );
+    }
+    decisions.moment.as_ref()
 }
 
 /// Locks the experiment directory, then reads its state (the one before

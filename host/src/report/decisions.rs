@@ -4,14 +4,18 @@
 //!
 //! Lines are buffered and written at most [`FLUSH_AFTER`] apart, and at the
 //! experiment's end: a process killed outright loses at most that much of
-//! the record. `wtune resume` appends to the record it continues.
+//! the record. In fuel order they are also written at every moment a state
+//! may be saved at, so that a state's moment never counts decisions the
+//! record lacks. `wtune resume` appends to the record it continues, first
+//! cutting it back to the moment it continues from
+//! ([`DecisionLog::resumed_at`]): the decisions after it are made again.
 
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::tune::{Callback, DecisionRecord, ExperimentSummary, RunSpec, Trial};
+use crate::tune::{Callback, Deciders, DecisionRecord, ExperimentSummary, RunSpec, Trial};
 
 /// The record's file name in the experiment directory.
 pub const DECISIONS_FILE: &str = "decisions.jsonl";
@@ -30,12 +34,21 @@ pub struct DecisionLog {
     /// The first write error, reported once; the run goes on without the
     /// record.
     failed: bool,
+    /// Decisions to keep of the record a resumed run continues.
+    keep: Option<u64>,
 }
 
 impl DecisionLog {
     /// A log that opens its file when the experiment starts.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A log continuing a record at a resumed moment that had made
+    /// `decisions`: the lines after them are cut off when the run starts.
+    pub fn resumed_at(mut self, decisions: u64) -> Self {
+        self.keep = Some(decisions);
+        self
     }
 
     fn flush(&mut self) -> Result<(), String> {
@@ -62,6 +75,9 @@ impl DecisionLog {
 impl Callback for DecisionLog {
     fn on_experiment_start(&mut self, spec: &RunSpec, _trials: &[Trial]) -> Result<(), String> {
         self.path = spec.output_dir.join(DECISIONS_FILE);
+        if let Some(keep) = self.keep {
+            cut_back(&self.path, keep)?;
+        }
         let file = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -85,9 +101,53 @@ impl Callback for DecisionLog {
         Ok(())
     }
 
+    fn on_state(&mut self, _trials: &[Trial], deciders: &Deciders<'_>) -> Result<(), String> {
+        if !self.buffer.is_empty() && deciders.fuel_order.is_some_and(|o| o.at_moment()) {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
     fn on_experiment_end(&mut self, _summary: &ExperimentSummary) -> Result<(), String> {
         self.flush()
     }
+}
+
+/// Cuts the record at `path` back to its first `keep` decisions. A record
+/// with fewer (a run killed before its last lines were written) is kept
+/// whole, with a warning: comparing it with another run will find those
+/// decisions missing.
+fn cut_back(path: &Path, keep: u64) -> Result<(), String> {
+    let text = match std::fs::read(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => return Err(format!("reading {}: {e}", path.display())),
+    };
+    let mut lines = 0;
+    let mut end = 0;
+    for (at, _) in text.iter().enumerate().filter(|(_, b)| **b == b'\n') {
+        if lines == keep {
+            break;
+        }
+        lines += 1;
+        end = at + 1;
+    }
+    if lines < keep {
+        tracing::warn!(
+            "{} holds {lines} of the {keep} decisions made before the run stopped (the last \
+             were not written yet when it was killed): `wtune decisions` will find them missing",
+            path.display()
+        );
+    }
+    if end < text.len() {
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(path)
+            .map_err(|e| format!("opening {}: {e}", path.display()))?;
+        file.set_len(end as u64)
+            .map_err(|e| format!("cutting back {}: {e}", path.display()))?;
+    }
+    Ok(())
 }
 
 impl Drop for DecisionLog {
@@ -183,5 +243,31 @@ mod tests {
         assert!(err.contains("(no more decisions)"), "{err}");
         let missing = compare(a.path(), &a.path().join("nowhere")).unwrap_err();
         assert!(missing.contains("decisions.jsonl"), "{missing}");
+    }
+
+    #[test]
+    fn a_resumed_record_is_cut_back_to_its_moment_and_kept_whole_when_short() {
+        let dir = tempfile::tempdir().unwrap();
+        let records: Vec<_> = ["START", "CONTINUE", "CHECKPOINT", "STOP"]
+            .into_iter()
+            .map(|d| record("trial_0000", d))
+            .collect();
+        write(dir.path(), &records);
+        // The killed run's last two decisions are made again.
+        let mut log = DecisionLog::new().resumed_at(2);
+        log.on_experiment_start(&RunSpec::new("x", dir.path()), &[])
+            .unwrap();
+        log.on_decision(&records[2]).unwrap();
+        drop(log);
+        let again = tempfile::tempdir().unwrap();
+        write(again.path(), &records[..3]);
+        assert_eq!(compare(dir.path(), again.path()), Ok(3));
+        // A moment past the record's end (its last lines lost in a kill)
+        // keeps what there is.
+        let mut log = DecisionLog::new().resumed_at(10);
+        log.on_experiment_start(&RunSpec::new("x", dir.path()), &[])
+            .unwrap();
+        drop(log);
+        assert_eq!(compare(dir.path(), again.path()), Ok(3));
     }
 }

@@ -17,7 +17,10 @@
 //! [`MAX_LOOP_SHARE`] of the runner's time, and never more often than
 //! [`MIN_INTERVAL`]; after a trial starts or ends, as soon as
 //! [`MIN_CHANGE_INTERVAL`] allows (within the same share), so that a process
-//! killed just after rarely loses a trial's start or end.
+//! killed just after rarely loses a trial's start or end. In fuel order a
+//! mid-run state is written only at a moment between two events, and keeps
+//! it ([`crate::tune::FuelMoment`]): `wtune resume` continues from there as
+//! if the run had never stopped.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -207,7 +210,7 @@ pub struct StateFile {
     /// [`MAX_LOOP_SHARE`]; [`MIN_INTERVAL`] and [`MIN_CHANGE_INTERVAL`] apply
     /// on top.
     spacing: Duration,
-    /// A trial started or ended since the last write.
+    /// A trial started, ended or was checkpointed since the last write.
     changed: bool,
     background: Option<persist::LatestWriter>,
     stats: Arc<StateStats>,
@@ -296,7 +299,14 @@ impl Callback for StateFile {
             return Ok(());
         }
         let started = Instant::now();
-        let bytes = self.bytes("running", trials, &deciders.state());
+        let moment = match deciders.fuel_order {
+            // Mid-event in fuel order: a resume could not continue from
+            // here exactly. The loop is done with the event soon.
+            Some(order) if !order.at_moment() => return Ok(()),
+            Some(order) => order.moment(),
+            None => None,
+        };
+        let bytes = self.bytes("running", trials, &deciders.state_at(moment));
         let cost = started.elapsed();
         let stats = &self.stats;
         stats
@@ -322,6 +332,13 @@ impl Callback for StateFile {
     }
 
     fn on_trial_end(&mut self, _trials: &[Trial], _index: usize) -> Result<(), String> {
+        self.changed = true;
+        Ok(())
+    }
+
+    /// A state listing the new checkpoint lets a resume continue from it
+    /// rather than from an older one.
+    fn on_checkpoint(&mut self, _trials: &[Trial], _index: usize) -> Result<(), String> {
         self.changed = true;
         Ok(())
     }
@@ -356,6 +373,7 @@ mod tests {
             searcher: None,
             stopper: None,
             fuel_burned: 0,
+            moment: None,
         };
         StateFile::new(json!({"model": "m.wasm"})).bytes("running", &trials, &decisions)
     }
@@ -402,6 +420,7 @@ mod tests {
             searcher: &searcher,
             stopper: None,
             fuel_burned: 0,
+            fuel_order: None,
         };
         // The first state is written at once, listing no trial.
         file.on_state(&trials, &deciders).unwrap();
@@ -433,6 +452,54 @@ mod tests {
         // The writer thread has the newest state on disk by the end.
         file.background.take().unwrap().finish();
         assert_eq!(load(dir.path(), false).unwrap().trials.len(), 1);
+    }
+
+    #[test]
+    fn in_fuel_order_a_state_is_written_only_at_a_moment_and_keeps_it() {
+        use crate::tune::{AtMoment, Fifo, FuelMoment, Listed};
+        use std::cell::Cell;
+        struct Order(Cell<bool>);
+        impl AtMoment for Order {
+            fn at_moment(&self) -> bool {
+                self.0.get()
+            }
+            fn moment(&self) -> Option<FuelMoment> {
+                self.0.get().then(|| FuelMoment {
+                    now: 42,
+                    decisions: 3,
+                    clocks: Vec::new(),
+                })
+            }
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let mut file = StateFile::new(json!({"model": "m.wasm"}));
+        let spec = RunSpec::new("state", dir.path().to_path_buf());
+        let trials = Vec::new();
+        file.on_experiment_start(&spec, &trials).unwrap();
+        let (scheduler, searcher) = (Fifo::default(), Listed::default());
+        let order = Order(Cell::new(true));
+        let deciders = Deciders {
+            scheduler: &scheduler,
+            searcher: &searcher,
+            stopper: None,
+            fuel_burned: 0,
+            fuel_order: Some(&order),
+        };
+        file.on_state(&trials, &deciders).unwrap();
+        let stats = file.stats();
+        // Mid-event: a change is due, but nothing is written...
+        order.0.set(false);
+        file.on_trial_end(&trials, 0).unwrap();
+        std::thread::sleep(MIN_CHANGE_INTERVAL);
+        file.on_state(&trials, &deciders).unwrap();
+        assert_eq!(stats.writes.load(Ordering::Relaxed), 0);
+        // ... until the next moment.
+        order.0.set(true);
+        file.on_state(&trials, &deciders).unwrap();
+        assert_eq!(stats.writes.load(Ordering::Relaxed), 1);
+        file.background.take().unwrap().finish();
+        let saved = load(dir.path(), false).unwrap().decisions.moment.unwrap();
+        assert_eq!((saved.now, saved.decisions), (42, 3));
     }
 
     #[test]

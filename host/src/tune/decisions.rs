@@ -36,6 +36,43 @@ pub struct DecisionState {
     /// Fuel burned by all trials' steps so far (what `max_fuel` bounds).
     #[serde(default)]
     pub fuel_burned: u64,
+    /// In fuel order, the moment of the run this state was taken at, from
+    /// which `wtune resume` continues as if the run had never stopped.
+    /// Absent in arrival order, at the end of a run, after a halt, and in
+    /// states written before it existed: a resume from those may decide
+    /// differently from an uninterrupted run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moment: Option<FuelMoment>,
+}
+
+/// A moment of a run in fuel order between two events: every event before
+/// it carried out, none after it begun. Enough, with the trials and the
+/// decision makers' states, to continue the run exactly.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FuelMoment {
+    /// Experiment fuel time of the last event released.
+    pub now: u64,
+    /// Decisions recorded up to it (`decisions.jsonl`'s lines).
+    pub decisions: u64,
+    /// The trials holding a slot then, with their clocks.
+    pub clocks: Vec<SavedClock>,
+}
+
+/// A trial's clock in fuel order, saved (see [`FuelMoment`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SavedClock {
+    /// The trial.
+    pub trial_id: String,
+    /// Experiment fuel time when its session started.
+    pub start: u64,
+    /// Its own fuel count then, once its session launched.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fuel_at_start: Option<u64>,
+    /// Fuel time of its last event released (or its start).
+    pub floor: u64,
+    /// Its results decided so far: a resumed trial redoes the steps up to
+    /// here without deciding on them again.
+    pub iteration: u64,
 }
 
 /// The decision makers of a live run, lent to callbacks that save state.
@@ -50,11 +87,30 @@ pub struct Deciders<'a> {
     pub stopper: Option<&'a ExperimentStopper>,
     /// Fuel burned by all trials' steps so far.
     pub fuel_burned: u64,
+    /// In fuel order, where the run is ([`FuelMoment`]); `None` in arrival
+    /// order and where no state may mark a moment (the end of a run, a
+    /// halt).
+    pub fuel_order: Option<&'a dyn AtMoment>,
+}
+
+/// A run in fuel order as a state writer sees it.
+pub trait AtMoment {
+    /// Whether the run is at a moment: `false` while it is carrying out an
+    /// event, when a state written could not be continued exactly, so a
+    /// state writer waits for the next call (it comes soon).
+    fn at_moment(&self) -> bool;
+    /// The moment the run is at, when [`AtMoment::at_moment`].
+    fn moment(&self) -> Option<FuelMoment>;
 }
 
 impl Deciders<'_> {
     /// Their states, now.
     pub fn state(&self) -> DecisionState {
+        self.state_at(self.fuel_order.and_then(AtMoment::moment))
+    }
+
+    /// Their states, now, at `moment` (see [`AtMoment::moment`]).
+    pub fn state_at(&self, moment: Option<FuelMoment>) -> DecisionState {
         DecisionState {
             scheduler: SavedState {
                 name: self.scheduler.name().to_string(),
@@ -66,6 +122,7 @@ impl Deciders<'_> {
             }),
             stopper: self.stopper.map(ExperimentStopper::state),
             fuel_burned: self.fuel_burned,
+            moment,
         }
     }
 }

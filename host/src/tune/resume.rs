@@ -11,6 +11,7 @@
 use std::path::{Path, PathBuf};
 
 use super::backend::TrialBackend;
+use super::decisions::FuelMoment;
 use super::runner::{CHECKPOINT_DIR, CheckpointPolicy, checkpoint_iteration, checkpoint_path};
 use super::schedulers::Scheduler;
 use super::search::Searcher;
@@ -62,6 +63,24 @@ pub fn prepare<B: TrialBackend>(
     policy: &CheckpointPolicy,
     errored: ErroredTrials,
 ) -> ResumePlan {
+    prepare_at(backend, trials, output_dir, policy, errored, None)
+}
+
+/// [`prepare`], for a run in fuel order continued from the saved `moment`
+/// ([`super::Runner::continue_at`]): no trial continues from a checkpoint
+/// past where the moment had it, since the steps after it are decided
+/// again, and checkpoints past it are deleted (the resumed run makes them
+/// again, the same). The trials that held slots at the moment continue
+/// whatever their saved status (a state written as a resumed run starts
+/// has them PAUSED, or PENDING to start over).
+pub fn prepare_at<B: TrialBackend>(
+    backend: &B,
+    trials: &mut [Trial],
+    output_dir: &Path,
+    policy: &CheckpointPolicy,
+    errored: ErroredTrials,
+    moment: Option<&FuelMoment>,
+) -> ResumePlan {
     let mut plan = ResumePlan::default();
     for trial in trials.iter_mut() {
         // The directory may have moved since the state was written.
@@ -70,8 +89,16 @@ pub fn prepare<B: TrialBackend>(
             trial.held = false;
             plan.released.push(trial.trial_id.clone());
         }
+        let held_slot = moment
+            .and_then(|m| m.clocks.iter().find(|c| c.trial_id == trial.trial_id))
+            .map(|clock| clock.iteration);
+        let bound = moment.map(|_| held_slot.unwrap_or(trial.iterations));
         let action = match (trial.status, errored) {
+            _ if held_slot.is_some() => Action::Continue,
             (TrialStatus::Pending, _) => {
+                if let Some(bound) = bound {
+                    remove_checkpoints_after::<B>(trial, bound);
+                }
                 plan.pending += 1;
                 continue;
             }
@@ -99,7 +126,11 @@ pub fn prepare<B: TrialBackend>(
             plan.restarted.push(trial.trial_id.clone());
             continue;
         }
-        match newest_intact(backend, trial, policy, &mut plan.damaged) {
+        if let Some(bound) = bound {
+            remove_checkpoints_after::<B>(trial, bound);
+        }
+        let listed_only = moment.is_some();
+        match newest_intact_of(backend, trial, policy, &mut plan.damaged, listed_only) {
             Some(iteration) => plan.continued.push((trial.trial_id.clone(), iteration)),
             None => {
                 start_over(trial);
@@ -187,6 +218,21 @@ pub fn adopt<B: TrialBackend>(
 
 /// [`adopt`], saying what it found (for [`super::Runner::adopt_from_disk`]).
 pub fn adopt_reported<B: TrialBackend>(backend: &B, trial: &mut Trial, policy: &CheckpointPolicy) {
+    adopt_reported_at(backend, trial, policy, false);
+}
+
+/// [`adopt_reported`]; `at_moment`: the run continues from a saved moment
+/// in fuel order ([`prepare_at`]), which the trial postdates: it starts over
+/// (its steps are decided again), its checkpoints deleted.
+pub fn adopt_reported_at<B: TrialBackend>(
+    backend: &B,
+    trial: &mut Trial,
+    policy: &CheckpointPolicy,
+    at_moment: bool,
+) {
+    if at_moment {
+        remove_checkpoints_after::<B>(trial, 0);
+    }
     let mut damaged = Vec::new();
     let adopted = adopt(backend, trial, policy, &mut damaged);
     for (path, why) in damaged {
@@ -230,6 +276,23 @@ fn start_over(trial: &mut Trial) {
     trial.fuel_since_restore = 0;
 }
 
+/// Deletes `trial`'s checkpoint files past `iteration`, and forgets them.
+fn remove_checkpoints_after<B: TrialBackend>(trial: &mut Trial, iteration: u64) {
+    let dir = trial.dir.join(CHECKPOINT_DIR);
+    for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+        let name = entry.file_name();
+        let Some(at) = name.to_str().and_then(checkpoint_iteration::<B>) else {
+            continue;
+        };
+        if at > iteration
+            && let Err(err) = std::fs::remove_file(entry.path())
+        {
+            tracing::warn!("removing {}: {err}", entry.path().display());
+        }
+    }
+    trial.checkpoints.retain(|c| c.iteration <= iteration);
+}
+
 /// Makes `trial` PAUSED at its newest intact checkpoint; returns its
 /// iteration, or `None` when there is none.
 fn newest_intact<B: TrialBackend>(
@@ -237,6 +300,20 @@ fn newest_intact<B: TrialBackend>(
     trial: &mut Trial,
     policy: &CheckpointPolicy,
     damaged: &mut Vec<(PathBuf, String)>,
+) -> Option<u64> {
+    newest_intact_of(backend, trial, policy, damaged, false)
+}
+
+/// [`newest_intact`]; `listed_only`: only a checkpoint the saved trial
+/// lists counts (continuing a moment, whose state lists every checkpoint
+/// written before it): a file that differs from its listing replaced it
+/// after the moment (a PBT exploit's clone does), and is deleted.
+fn newest_intact_of<B: TrialBackend>(
+    backend: &B,
+    trial: &mut Trial,
+    policy: &CheckpointPolicy,
+    damaged: &mut Vec<(PathBuf, String)>,
+    listed_only: bool,
 ) -> Option<u64> {
     let dir = trial.dir.join(CHECKPOINT_DIR);
     let mut files: Vec<(u64, PathBuf)> = std::fs::read_dir(&dir)
@@ -264,6 +341,24 @@ fn newest_intact<B: TrialBackend>(
                 continue;
             }
         };
+        let listed = trial.checkpoints.iter().any(|c| {
+            c.iteration == iteration
+                && c.fuel_total == meta.fuel_total
+                // Within a rounding: the listing went through JSON.
+                && (c.time_total_s - meta.time_total_s).abs() <= 1e-9 * meta.time_total_s.abs()
+        });
+        if listed_only && !listed {
+            let file = trial.dir.join(&path);
+            tracing::info!(
+                trial = %trial.trial_id,
+                "deleting {}: written after the moment the run continues from",
+                file.display()
+            );
+            if let Err(err) = std::fs::remove_file(&file) {
+                tracing::warn!("removing {}: {err}", file.display());
+            }
+            continue;
+        }
         // Keep the recorded checkpoints that still exist and are older.
         trial.checkpoints.retain(|c| {
             c.iteration < iteration && c.path != path && trial.dir.join(&c.path).is_file()

@@ -16,8 +16,17 @@
 //!
 //! The cost is waiting: a trial ahead of its siblings in fuel time waits for
 //! them at its next result. `BENCHMARKS.md` measures it.
+//!
+//! Between two events the order is at a moment ([`FuelOrder::moment`]) that
+//! the saved state keeps, so that `wtune resume` after a kill continues the
+//! same run: the trials that held slots get their clocks back
+//! ([`FuelOrder::carry`]) and redo, without deciding again, the steps the
+//! killed run had already decided on.
 
 use std::collections::{BTreeMap, BTreeSet};
+
+use crate::tune::decisions::{FuelMoment, SavedClock};
+use crate::tune::trial::Trial;
 
 /// Where an event sits in fuel-time order: fuel time, then trial id.
 pub(super) type Key = (u64, String);
@@ -34,6 +43,12 @@ struct Clock {
     /// Fuel time of its last released event (or its start): its next one
     /// comes later.
     floor: u64,
+    /// Carried from a saved moment and not started again yet: the trial's
+    /// next start continues this clock instead of making a new one.
+    carried: bool,
+    /// Results up to this iteration were decided before the run was
+    /// resumed: the trial redoes those steps without a turn or a decision.
+    redo_until: u64,
 }
 
 /// The fuel-time order of one experiment's events.
@@ -59,8 +74,16 @@ impl FuelOrder {
     }
 
     /// Trial `index` takes a slot now (launched fresh, from a checkpoint,
-    /// or relaunched after a failure or an exploit).
-    pub(super) fn start(&mut self, index: usize, trial_id: &str) {
+    /// or relaunched after a failure or an exploit). Returns `true` when it
+    /// continues a clock carried from a saved moment instead: it held its
+    /// slot at that moment, and takes it again, not a new one.
+    pub(super) fn start(&mut self, index: usize, trial_id: &str) -> bool {
+        if let Some(clock) = self.clocks.get_mut(&index)
+            && clock.carried
+        {
+            clock.carried = false;
+            return true;
+        }
         self.clocks.insert(
             index,
             Clock {
@@ -68,14 +91,91 @@ impl FuelOrder {
                 start: self.now,
                 fuel_at_start: None,
                 floor: self.now,
+                carried: false,
+                redo_until: 0,
             },
         );
+        false
     }
 
-    /// The launched session of trial `index` starts with `fuel_total`.
+    /// The launched session of trial `index` starts with `fuel_total`. A
+    /// clock carried from a moment where the trial had launched keeps its
+    /// fuel count then: the trial may restart from an older checkpoint,
+    /// and its results must fall at the same fuel times as before.
     pub(super) fn launched(&mut self, index: usize, fuel_total: u64) {
-        if let Some(clock) = self.clocks.get_mut(&index) {
+        if let Some(clock) = self.clocks.get_mut(&index)
+            && clock.fuel_at_start.is_none()
+        {
             clock.fuel_at_start = Some(fuel_total);
+        }
+    }
+
+    /// How many of trial `index`'s next steps, now at `iteration`, were
+    /// decided on before the run was resumed (see [`FuelOrder::carry`]).
+    pub(super) fn redo_left(&self, index: usize, iteration: u64) -> u64 {
+        self.clocks
+            .get(&index)
+            .map_or(0, |clock| clock.redo_until.saturating_sub(iteration))
+    }
+
+    /// Whether no released event is being carried out.
+    pub(super) fn between_events(&self) -> bool {
+        self.in_loop.is_empty() && self.leaving.is_empty()
+    }
+
+    /// The moment the order is at, when it is between two events: every
+    /// released event carried out, none begun. `decisions` counts the
+    /// decisions recorded so far; `trials` gives each clock's progress.
+    pub(super) fn moment(&self, trials: &[Trial], decisions: u64) -> Option<FuelMoment> {
+        if !self.between_events() {
+            return None;
+        }
+        let clocks = self
+            .clocks
+            .iter()
+            .map(|(&index, clock)| SavedClock {
+                trial_id: clock.trial_id.clone(),
+                start: clock.start,
+                fuel_at_start: clock.fuel_at_start,
+                floor: clock.floor,
+                iteration: trials
+                    .get(index)
+                    .map_or(0, |trial| match clock.fuel_at_start {
+                        // Launching: it starts from its newest checkpoint,
+                        // whatever its counters still say (an exploit's or a
+                        // failure's relaunch goes back).
+                        None => trial.latest_checkpoint().map_or(0, |c| c.iteration),
+                        Some(_) => trial.iterations.max(clock.redo_until),
+                    }),
+            })
+            .collect();
+        Some(FuelMoment {
+            now: self.now,
+            decisions,
+            clocks,
+        })
+    }
+
+    /// Continues from a saved `moment`: its clocks, for the trials
+    /// `index_of` finds, are carried until those trials start again, and
+    /// hold back every later event until they get there.
+    pub(super) fn carry(&mut self, moment: &FuelMoment, index_of: impl Fn(&str) -> Option<usize>) {
+        self.now = moment.now;
+        for saved in &moment.clocks {
+            let Some(index) = index_of(&saved.trial_id) else {
+                continue;
+            };
+            self.clocks.insert(
+                index,
+                Clock {
+                    trial_id: saved.trial_id.clone(),
+                    start: saved.start,
+                    fuel_at_start: saved.fuel_at_start,
+                    floor: saved.floor,
+                    carried: true,
+                    redo_until: saved.iteration,
+                },
+            );
         }
     }
 
@@ -218,6 +318,66 @@ mod tests {
         let next = order.key(0, 90).unwrap();
         order.arrive(0, next);
         assert!(order.is_turn(1, &b));
+    }
+
+    #[test]
+    fn a_saved_moment_carries_clocks_that_hold_later_events_back() {
+        let dir = std::path::Path::new("/nonexistent");
+        let mut trials: Vec<Trial> = ["trial_0000", "trial_0001"]
+            .into_iter()
+            .map(|id| Trial::new(id.into(), serde_json::json!({}), dir.join(id)))
+            .collect();
+        let mut order = FuelOrder::default();
+        for (i, trial) in trials.iter().enumerate() {
+            order.start(i, &trial.trial_id);
+            order.launched(i, 10);
+        }
+        let (late, early) = (order.key(1, 160).unwrap(), order.key(0, 110).unwrap());
+        order.arrive(1, late.clone());
+        order.arrive(0, early.clone());
+        order.release(0, &early);
+        trials[0].iterations = 3;
+        // Carrying out the release (a checkpoint, say) is no moment.
+        order.hold(0);
+        assert_eq!(order.moment(&trials, 7), None);
+        order.handed_back(0);
+        order.loop_done();
+        let moment = order.moment(&trials, 7).unwrap();
+        assert_eq!((moment.now, moment.decisions), (100, 7));
+        let clock = |id: &str| moment.clocks.iter().find(|c| c.trial_id == id).unwrap();
+        assert_eq!(
+            (clock("trial_0000").floor, clock("trial_0000").iteration),
+            (100, 3)
+        );
+        // Trial 1's event waiting at 150 is not decided: it is redone.
+        assert_eq!(
+            (clock("trial_0001").floor, clock("trial_0001").iteration),
+            (0, 0)
+        );
+
+        // Resumed: trial 0 restarts from a checkpoint at its iteration 1
+        // (its own fuel 40), trial 2 is new.
+        let mut resumed = FuelOrder::default();
+        resumed.carry(&moment, |id| trials.iter().position(|t| t.trial_id == id));
+        assert!(resumed.start(0, "trial_0000"), "takes its slot back");
+        resumed.launched(0, 40);
+        assert_eq!(resumed.redo_left(0, 1), 2);
+        assert_eq!(resumed.key(0, 210), order.key(0, 210), "the same clock");
+        assert!(!resumed.start(2, "trial_0002"));
+        resumed.launched(2, 0);
+        let new = resumed.key(2, 10).unwrap();
+        assert_eq!(new, key(110, "trial_0002"));
+        resumed.arrive(2, new.clone());
+        // Trial 1, not back yet, could still produce an event at 150.
+        assert!(!resumed.is_turn(2, &new));
+        assert!(resumed.start(1, "trial_0001"));
+        resumed.launched(1, 10);
+        let back = resumed.key(1, 160).unwrap();
+        assert_eq!(back, late);
+        let after = resumed.key(0, 210).unwrap();
+        resumed.arrive(0, after);
+        resumed.arrive(1, back.clone());
+        assert!(resumed.is_turn(2, &new));
     }
 
     #[test]

@@ -16,7 +16,7 @@ use tokio::sync::mpsc;
 
 use super::backend::{CheckpointInfo, Step, TrialBackend, TrialFailure, TrialLaunch, TrialSession};
 use super::control::{ControlRequest, Requests};
-use super::decisions::Deciders;
+use super::decisions::{AtMoment, Deciders, FuelMoment};
 use super::experiment_stop::{ExperimentStopper, Totals};
 use super::resources::{Acquire, ResourcePool, Resources};
 use super::result;
@@ -50,6 +50,27 @@ pub use record::DecisionRecord;
 pub use spec::{CheckpointPolicy, FailFast, FailurePolicy, ResultOrder, RunSpec};
 pub use summary::ExperimentSummary;
 pub(crate) use summary::best_trial;
+
+/// The fuel order as state writers see it ([`AtMoment`]).
+struct OrderView<'a> {
+    order: &'a FuelOrder,
+    trials: &'a [Trial],
+    decisions: u64,
+    at_moment: bool,
+}
+
+impl AtMoment for OrderView<'_> {
+    fn at_moment(&self) -> bool {
+        self.at_moment && self.order.between_events()
+    }
+
+    fn moment(&self) -> Option<FuelMoment> {
+        if !self.at_moment {
+            return None;
+        }
+        self.order.moment(self.trials, self.decisions)
+    }
+}
 
 /// What [`Runner::adopt_from_disk`] calls on each new trial.
 type Adopter = Box<dyn FnMut(&mut Trial) + Send>;
@@ -130,6 +151,14 @@ pub struct Runner<B: TrialBackend> {
     /// Why the run must halt, found while recording a result (the loop
     /// halts it: see `Shared::dispatch`).
     halt_for: Option<String>,
+    /// Decisions recorded so far, in this run and the runs it resumes.
+    decisions_made: u64,
+    /// The saved moment a resumed run in fuel order continues from
+    /// ([`Runner::continue_at`]), until the run starts.
+    resume_moment: Option<FuelMoment>,
+    /// Trials that held slots at that moment: they take them again before
+    /// anything else starts.
+    relaunch: VecDeque<usize>,
 }
 
 impl<B: TrialBackend> Runner<B> {
@@ -167,7 +196,23 @@ impl<B: TrialBackend> Runner<B> {
             launched_once: false,
             extending: HashSet::new(),
             halt_for: None,
+            decisions_made: 0,
+            resume_moment: None,
+            relaunch: VecDeque::new(),
         }
+    }
+
+    /// Continues a run in fuel order from the saved `moment`
+    /// ([`DecisionState::moment`](super::DecisionState::moment)), as if it
+    /// had never stopped: the trials that held slots then take them again
+    /// first, on their own clocks, and redo the steps already decided on
+    /// without deciding again; the decision count goes on from the
+    /// moment's. Give the trials and decision makers saved with it, the
+    /// trials prepared by [`super::resume::prepare`] with the same moment.
+    /// Ignored in arrival order.
+    pub fn continue_at(mut self, moment: FuelMoment) -> Self {
+        self.resume_moment = Some(moment);
+        self
     }
 
     /// Takes requests from a [`Controller`](super::control::Controller)
@@ -291,6 +336,7 @@ impl<B: TrialBackend> Runner<B> {
     /// Tells every callback of `record` (a callback's error is logged: a
     /// record that cannot be kept does not change the run).
     fn decided(&mut self, record: DecisionRecord) {
+        self.decisions_made += 1;
         for cb in &mut self.callbacks {
             if let Err(reason) = cb.on_decision(&record) {
                 tracing::warn!(trial = %record.trial_id, "{reason}");
@@ -572,15 +618,20 @@ impl<B: TrialBackend> Runner<B> {
         previous: Option<B::Session>,
         setups: Vec<TrialSetup>,
     ) {
+        let mut carried = false;
         if let Some(order) = &mut self.order {
             // The trial takes its slot at the moment being carried out.
-            order.start(index, &trial.trial_id);
+            carried = order.start(index, &trial.trial_id);
             order.handed_back(index);
         }
-        let from = trial
-            .latest_checkpoint()
-            .map(|c| format!("from its checkpoint at iteration {}", c.iteration));
-        self.decided(DecisionRecord::new(trial, self.fuel_time(), "START").why(from));
+        // A trial taking back the slot it held at a resumed moment was
+        // started then, and recorded so.
+        if !carried {
+            let from = trial
+                .latest_checkpoint()
+                .map(|c| format!("from its checkpoint at iteration {}", c.iteration));
+            self.decided(DecisionRecord::new(trial, self.fuel_time(), "START").why(from));
+        }
         let launch = TrialLaunch {
             trial_id: trial.trial_id.clone(),
             config: trial.config.clone(),
@@ -1000,14 +1051,36 @@ impl<B: TrialBackend> Runner<B> {
             _ => None,
         };
         self.spare_record = trial.last_result.replace(record);
+        self.tell_result(trials, index)?;
+        Ok(decision)
+    }
+
+    /// Records a result of a step redone after a resume (see
+    /// [`Runner::continue_at`]): the files get it again (they were cut back
+    /// to the checkpoint the trial restarted from), the decision makers do
+    /// not: they decided on it before the run stopped.
+    fn record_redone(
+        &mut self,
+        trials: &mut [Trial],
+        index: usize,
+        step: &Step,
+        elapsed: Duration,
+    ) -> Result<(), String> {
+        let reuse = self.spare_record.take();
+        let record = result::record(&trials[index], step, elapsed, false, reuse)?;
+        self.spare_record = trials[index].last_result.replace(record);
+        self.tell_result(trials, index)
+    }
+
+    /// Tells every callback of trial `index`'s `last_result`.
+    fn tell_result(&mut self, trials: &[Trial], index: usize) -> Result<(), String> {
         self.each(
             |cb, t| {
-                let record = t[index].last_result.as_ref().expect("stored above");
+                let record = t[index].last_result.as_ref().expect("a result was stored");
                 cb.on_result(t, index, record)
             },
             trials,
-        )?;
-        Ok(decision)
+        )
     }
 
     /// Why a trial that was just restored from a checkpoint must not train
@@ -1089,18 +1162,23 @@ impl<B: TrialBackend> Runner<B> {
         }
     }
 
+    /// The decision makers for a state that marks no moment (the end of a
+    /// run).
     fn deciders(&self) -> Deciders<'_> {
         Deciders {
             scheduler: self.scheduler.as_ref(),
             searcher: self.searcher.as_ref(),
             stopper: self.stopper.as_ref(),
             fuel_burned: self.fuel_burned,
+            fuel_order: None,
         }
     }
 
     /// Offers every callback the state ([`Callback::on_state`]); returns
-    /// their errors.
-    fn states(&mut self, trials: &[Trial]) -> Vec<String> {
+    /// their errors. `at_moment`: in fuel order, the run may be at a moment
+    /// a resume can continue from (not once it halts: trials then pause
+    /// wherever their step ends, which no uninterrupted run does).
+    fn states(&mut self, trials: &[Trial], at_moment: bool) -> Vec<String> {
         // The callbacks are borrowed mutably, the decision makers shared.
         let Self {
             scheduler,
@@ -1108,13 +1186,22 @@ impl<B: TrialBackend> Runner<B> {
             stopper,
             fuel_burned,
             callbacks,
+            order,
+            decisions_made,
             ..
         } = self;
+        let view = order.as_ref().map(|order| OrderView {
+            order,
+            trials,
+            decisions: *decisions_made,
+            at_moment,
+        });
         let deciders = Deciders {
             scheduler: scheduler.as_ref(),
             searcher: searcher.as_ref(),
             stopper: stopper.as_ref(),
             fuel_burned: *fuel_burned,
+            fuel_order: view.as_ref().map(|v| v as &dyn AtMoment),
         };
         callbacks
             .iter_mut()
@@ -1122,8 +1209,8 @@ impl<B: TrialBackend> Runner<B> {
             .collect()
     }
 
-    fn persist(&mut self, trials: &[Trial]) {
-        for reason in self.states(trials) {
+    fn persist(&mut self, trials: &[Trial], at_moment: bool) {
+        for reason in self.states(trials, at_moment) {
             tracing::warn!("{reason}");
         }
     }

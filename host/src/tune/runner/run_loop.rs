@@ -136,13 +136,25 @@ impl<B: TrialBackend> Runner<B> {
         self.fuel_burned = self
             .fuel_burned
             .max(trials.iter().map(|t| t.fuel_total).sum());
+        if let Some(moment) = self.resume_moment.take()
+            && let Some(order) = &mut self.order
+        {
+            let index_of = |id: &str| trials.iter().position(|t| t.trial_id == id);
+            order.carry(&moment, index_of);
+            self.relaunch = moment
+                .clocks
+                .iter()
+                .filter_map(|clock| index_of(&clock.trial_id))
+                .collect();
+            self.decisions_made = moment.decisions;
+        }
         for cb in &mut self.callbacks {
             cb.on_experiment_start(&self.spec, &trials)
                 .map_err(RunError::Callback)?;
         }
         // The first state, before any trial starts: a callback that cannot
         // save it stops the run now rather than after hours of training.
-        if let Some(reason) = self.states(&trials).into_iter().next() {
+        if let Some(reason) = self.states(&trials, true).into_iter().next() {
             return Err(RunError::Callback(reason));
         }
         Ok(trials)
@@ -187,11 +199,16 @@ impl<B: TrialBackend> Shared<B> {
             && stopped.is_none()
             && !runner.probing(*live)
         {
+            // Trials that held slots at a resumed moment take them back
+            // before the scheduler picks anything.
             let chosen = match runner.waiting.front() {
                 Some(&index) => Some(index),
-                None => match runner.choose_next(trials) {
+                None => match runner.relaunch.pop_front() {
                     Some(index) => Some(index),
-                    None => runner.create_trial(trials),
+                    None => match runner.choose_next(trials) {
+                        Some(index) => Some(index),
+                        None => runner.create_trial(trials),
+                    },
                 },
             };
             let Some(index) = chosen else {
@@ -276,7 +293,7 @@ impl<B: TrialBackend> Shared<B> {
             tasks.handed.clear();
         }
         tasks.turns.notify_all();
-        runner.persist(trials);
+        runner.persist(trials, halted.is_none());
         // Held trials may be resumed: with nothing running, wait for
         // the request rather than end the run.
         let hold_open = tasks.set.is_empty()

@@ -60,17 +60,30 @@ impl<B: TrialBackend> Shared<B> {
             ..
         } = self;
         let trial = &mut trials[index];
-        let secs = elapsed.as_secs_f64();
-        trial.iterations += 1;
-        trial.iterations_since_restore += 1;
-        trial.time_total_s += secs;
-        trial.time_since_restore += secs;
-        trial.fuel_since_restore += fuel_total.saturating_sub(trial.fuel_total);
+        book_step(trial, elapsed, fuel_total);
         runner.burn(trial, fuel_total);
         let decision = runner.record(trials, index, step, elapsed)?;
         let decision = runner.after_result(trials, index, decision, *started, stopped);
         runner.decided_on(trials, index, &decision);
         Ok(decision)
+    }
+
+    /// Books a step redone after a resume and records its result, without
+    /// a decision ([`Runner::continue_at`]). Its fuel is not counted again
+    /// toward `max_fuel`: the run it continues counted it, and a resumed run
+    /// stops where an uninterrupted one would.
+    fn redo(
+        &mut self,
+        index: usize,
+        step: &Step,
+        elapsed: Duration,
+        fuel_total: u64,
+    ) -> Result<(), String> {
+        let Shared { runner, trials, .. } = self;
+        let trial = &mut trials[index];
+        book_step(trial, elapsed, fuel_total);
+        trial.fuel_total = fuel_total;
+        runner.record_redone(trials, index, step, elapsed)
     }
 
     /// Whether a trial just launched starts training on its launching
@@ -138,7 +151,7 @@ impl<B: TrialBackend> Shared<B> {
             return false;
         }
         runner.take_stops(trials);
-        runner.persist(trials);
+        runner.persist(trials, true);
         // With a slot free and nobody waiting for resources, the scheduler
         // or the searcher may have a trial to start after this result.
         *live >= runner.spec.max_concurrent.max(1) || !runner.waiting.is_empty()
@@ -232,11 +245,36 @@ pub(super) fn train<B: TrialBackend>(
     index: usize,
     mut session: B::Session,
 ) -> (usize, Event<B::Session>) {
+    let mut redo = {
+        let guard = lock(shared);
+        let iteration = guard.trials[index].iterations;
+        (guard.runner.order.as_ref()).map_or(0, |order| order.redo_left(index, iteration))
+    };
     loop {
         let begun = Instant::now();
         let step = session.train();
         let elapsed = begun.elapsed();
         let fuel_total = session.fuel_total();
+        if redo > 0
+            && let Ok(done) = &step
+        {
+            let mut guard = lock(shared);
+            if !guard.closed {
+                match guard.redo(index, done, elapsed, fuel_total) {
+                    Ok(()) => {
+                        redo -= 1;
+                        continue;
+                    }
+                    Err(reason) => {
+                        drop(guard);
+                        let mut shared = turn(shared, turns, index, Some(fuel_total));
+                        shared.hand_to_loop(index, turns);
+                        let decision = Err(reason);
+                        return (index, Event::Settled { session, decision });
+                    }
+                }
+            }
+        }
         let mut shared = turn(shared, turns, index, Some(fuel_total));
         let step = match step {
             Ok(step) => step,
@@ -323,6 +361,17 @@ impl<B: TrialBackend> Shared<B> {
             turns.notify_all();
         }
     }
+}
+
+/// Books a step that took `elapsed` and brought the trial's session to
+/// `fuel_total` on its counters, all but `fuel_total` itself.
+fn book_step(trial: &mut Trial, elapsed: Duration, fuel_total: u64) {
+    let secs = elapsed.as_secs_f64();
+    trial.iterations += 1;
+    trial.iterations_since_restore += 1;
+    trial.time_total_s += secs;
+    trial.time_since_restore += secs;
+    trial.fuel_since_restore += fuel_total.saturating_sub(trial.fuel_total);
 }
 
 /// Books a launched session on its trial: where it starts (a restored
