@@ -430,11 +430,12 @@ fn a_fail_fast_halt_keeps_the_fuel_order() {
     }
 }
 
-/// Runs `guest` under `config` into `out`, killing it (SIGKILL) at
-/// pseudo-random moments of its first attempts and resuming it with
-/// `wtune resume` until it finishes; returns how many kills landed.
-/// `clean` is how long an uninterrupted run took.
-fn killed_and_resumed(guest: &str, config: &Path, out: &Path, clean: Duration, seed: u64) -> u32 {
+/// Runs `guest` under `config` into `out`, stopping it at pseudo-random
+/// moments of its first attempts, with SIGKILL or with SIGINT (Ctrl-C: the
+/// run halts, checkpointing its trials), and resuming it with `wtune
+/// resume` until it finishes; returns how many stops landed. `clean` is how
+/// long an uninterrupted run took.
+fn stopped_and_resumed(guest: &str, config: &Path, out: &Path, clean: Duration, seed: u64) -> u32 {
     use rand::{Rng, SeedableRng};
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
     // Every attempt but the one that finishes is killed.
@@ -476,7 +477,15 @@ fn killed_and_resumed(guest: &str, config: &Path, out: &Path, clean: Duration, s
             }
             std::thread::sleep(Duration::from_millis(2));
         }
-        child.kill().unwrap();
+        if rng.random_bool(0.5) {
+            let interrupted = std::process::Command::new("kill")
+                .args(["-INT", &child.id().to_string()])
+                .status()
+                .unwrap();
+            assert!(interrupted.success());
+        } else {
+            child.kill().unwrap(); // SIGKILL
+        }
         child.wait().unwrap();
     }
     panic!("{guest} under {} never finished", config.display());
@@ -503,12 +512,13 @@ fn final_trials(out: &Path, metric: &str) -> Vec<(String, String, u64, Value, Va
         .collect()
 }
 
-/// A seeded experiment in fuel order, killed outright at random moments
-/// and resumed each time, makes the decisions of an uninterrupted run and
-/// ends with its results. Before saved states marked a moment of the run,
-/// a resume restarted every trial's clock at fuel time 0 and decided again
-/// on the steps it redid: the records parted at the first kill.
-fn assert_kills_and_resumes_decide_as_one_run(
+/// A seeded experiment in fuel order, killed outright or interrupted at
+/// random moments and resumed each time, makes the decisions of an
+/// uninterrupted run and ends with its results. Before saved states marked
+/// a moment of the run, a resume restarted every trial's clock at fuel time
+/// 0 and decided again on the steps it redid, and a halt decided on the
+/// steps trials finished after it: the records parted at the first stop.
+fn assert_stops_and_resumes_decide_as_one_run(
     guest: &str,
     toml: &str,
     metric: &str,
@@ -530,7 +540,7 @@ fn assert_kills_and_resumes_decide_as_one_run(
     let mut kills = 0;
     for &seed in seeds {
         let out = dir.path().join(format!("killed-{seed}"));
-        kills += killed_and_resumed(guest, &config, &out, took, seed);
+        kills += stopped_and_resumed(guest, &config, &out, took, seed);
         let compared = common::wtune()
             .arg("decisions")
             .arg(&clean)
@@ -539,13 +549,13 @@ fn assert_kills_and_resumes_decide_as_one_run(
             .unwrap();
         assert!(
             compared.status.success(),
-            "{guest}, kills seeded {seed}: {}",
+            "{guest}, stops seeded {seed}: {}",
             String::from_utf8_lossy(&compared.stderr)
         );
         assert_eq!(
             final_trials(&out, metric),
             expected,
-            "{guest}, kills seeded {seed}"
+            "{guest}, stops seeded {seed}"
         );
     }
     assert!(
@@ -555,7 +565,7 @@ fn assert_kills_and_resumes_decide_as_one_run(
 }
 
 #[test]
-fn asha_in_fuel_order_decides_across_kills_and_resumes_as_in_one_run() {
+fn asha_in_fuel_order_decides_across_kills_interrupts_and_resumes_as_in_one_run() {
     // Twelve trials of two fuel costs per step, so their results interleave
     // in fuel time; ASHA stops most of them at its rungs.
     let toml = r#"
@@ -577,11 +587,11 @@ seed = { grid_search = [1, 2, 3, 4, 5, 6] }
 buffer_kib = { grid_search = [2048, 3072] }
 iterations = 1000
 "#;
-    assert_kills_and_resumes_decide_as_one_run("stateful", toml, "digest", &[1, 2, 3]);
+    assert_stops_and_resumes_decide_as_one_run("stateful", toml, "digest", &[1, 2, 3]);
 }
 
 #[test]
-fn pbt_in_fuel_order_exploits_across_kills_and_resumes_as_in_one_run() {
+fn pbt_in_fuel_order_exploits_across_kills_interrupts_and_resumes_as_in_one_run() {
     // Exploits clone checkpoints over the exploiting trial's own: a resume
     // must not continue from a clone made after the moment it resumes.
     let data = common::workspace().join("examples/digits-mlp/data");
@@ -614,5 +624,5 @@ math = "wasm"
 "#,
         data = data.display().to_string()
     );
-    assert_kills_and_resumes_decide_as_one_run("digits_mlp", &toml, "val_accuracy", &[1, 2, 3]);
+    assert_stops_and_resumes_decide_as_one_run("digits_mlp", &toml, "val_accuracy", &[1, 2, 3]);
 }

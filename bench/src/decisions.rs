@@ -373,6 +373,7 @@ fn checkpoint(trial: &mut Trial) {
         fuel_total: trial.fuel_total,
         score: None,
         bytes: 0,
+        halt: false,
     }];
 }
 

@@ -1247,6 +1247,7 @@ mod tests {
             fuel_total: 0,
             score: None,
             bytes: 0,
+            halt: false,
         }
     }
 

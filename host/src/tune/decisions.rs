@@ -48,7 +48,7 @@ pub struct DecisionState {
 /// A moment of a run in fuel order between two events: every event before
 /// it carried out, none after it begun. Enough, with the trials and the
 /// decision makers' states, to continue the run exactly.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct FuelMoment {
     /// Experiment fuel time of the last event released.
     pub now: u64,
@@ -59,7 +59,7 @@ pub struct FuelMoment {
 }
 
 /// A trial's clock in fuel order, saved (see [`FuelMoment`]).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SavedClock {
     /// The trial.
     pub trial_id: String,
@@ -73,6 +73,25 @@ pub struct SavedClock {
     /// Its results decided so far: a resumed trial redoes the steps up to
     /// here without deciding on them again.
     pub iteration: u64,
+    /// The step it finished after the run halted, not decided on: its
+    /// checkpoint is taken after it, and the resumed run decides on it
+    /// first, in its turn.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending: Option<PendingStep>,
+}
+
+/// A step a trial finished after its run halted in fuel order, kept
+/// undecided for the run that resumes it (see [`SavedClock::pending`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PendingStep {
+    /// Its metrics, in the trainable's order.
+    pub metrics: Vec<(String, f64)>,
+    /// Whether the trainable said it had finished.
+    pub done: bool,
+    /// Fuel the step burned.
+    pub fuel: u64,
+    /// Wall time it took, in seconds.
+    pub elapsed_s: f64,
 }
 
 /// The decision makers of a live run, lent to callbacks that save state.

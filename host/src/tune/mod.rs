@@ -26,7 +26,9 @@ pub use backend::{
     CheckpointInfo, CheckpointMeta, Step, TrialBackend, TrialFailure, TrialLaunch, TrialSession,
 };
 pub use control::{Command, ControlError, Controller, Reply, Requests};
-pub use decisions::{AtMoment, Deciders, DecisionState, FuelMoment, SavedClock, SavedState};
+pub use decisions::{
+    AtMoment, Deciders, DecisionState, FuelMoment, PendingStep, SavedClock, SavedState,
+};
 /// [`experiment_stop`] under its earlier name.
 pub use experiment_stop as stopper;
 pub use experiment_stop::{ExperimentStop, ExperimentStopper, PlateauConfig, Totals};

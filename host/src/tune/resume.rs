@@ -89,9 +89,11 @@ pub fn prepare_at<B: TrialBackend>(
             trial.held = false;
             plan.released.push(trial.trial_id.clone());
         }
+        // A step a halted run left pending was checkpointed after: the
+        // trial continues from there, and decides on the step first.
         let held_slot = moment
             .and_then(|m| m.clocks.iter().find(|c| c.trial_id == trial.trial_id))
-            .map(|clock| clock.iteration);
+            .map(|clock| clock.iteration + u64::from(clock.pending.is_some()));
         let bound = moment.map(|_| held_slot.unwrap_or(trial.iterations));
         let action = match (trial.status, errored) {
             _ if held_slot.is_some() => Action::Continue,
@@ -341,12 +343,13 @@ fn newest_intact_of<B: TrialBackend>(
                 continue;
             }
         };
-        let listed = trial.checkpoints.iter().any(|c| {
+        let listing = trial.checkpoints.iter().find(|c| {
             c.iteration == iteration
                 && c.fuel_total == meta.fuel_total
                 // Within a rounding: the listing went through JSON.
                 && (c.time_total_s - meta.time_total_s).abs() <= 1e-9 * meta.time_total_s.abs()
         });
+        let (listed, halt) = (listing.is_some(), listing.is_some_and(|c| c.halt));
         if listed_only && !listed {
             let file = trial.dir.join(&path);
             tracing::info!(
@@ -372,6 +375,7 @@ fn newest_intact_of<B: TrialBackend>(
             fuel_total: meta.fuel_total,
             score,
             bytes,
+            halt,
         });
         trial.status = TrialStatus::Paused;
         trial.iterations = meta.iteration;

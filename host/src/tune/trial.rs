@@ -60,6 +60,11 @@ pub struct Checkpoint {
     pub score: Option<f64>,
     /// Size on disk.
     pub bytes: u64,
+    /// Taken only because the run halted in fuel order, where an
+    /// uninterrupted run takes none: the trial resumes from it, but PBT
+    /// does not clone it, and the trial's next checkpoint replaces it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub halt: bool,
 }
 
 /// One trial's state as the runner keeps it.
@@ -143,6 +148,12 @@ impl Trial {
     /// The newest checkpoint, if any.
     pub fn latest_checkpoint(&self) -> Option<&Checkpoint> {
         self.checkpoints.last()
+    }
+
+    /// The newest checkpoint an uninterrupted run would also have (not one
+    /// taken only for a halt, see [`Checkpoint::halt`]): what PBT clones.
+    pub fn cloneable_checkpoint(&self) -> Option<&Checkpoint> {
+        self.checkpoints.iter().rev().find(|c| !c.halt)
     }
 
     /// Where the trial continues from when launched: its newest checkpoint,

@@ -1,9 +1,11 @@
 //! What the runner's loop hears from trial threads, and what it remembers
 //! between events.
 
+use std::time::Duration;
+
 use serde_json::Value;
 
-use crate::tune::backend::TrialFailure;
+use crate::tune::backend::{Step, TrialFailure};
 use crate::tune::schedulers::Decision;
 use crate::tune::trial::Checkpoint;
 
@@ -40,6 +42,15 @@ pub(super) enum Event<S> {
     Settled {
         session: S,
         decision: Result<Decision, String>,
+    },
+    /// In fuel order, a `train()` step that finished after the run halted:
+    /// not released, so not decided on. `booked`: it is a step a halted run
+    /// left pending, replayed and already on the trial's counters.
+    HaltedStep {
+        session: S,
+        step: Step,
+        elapsed: Duration,
+        booked: bool,
     },
     /// A checkpoint was written (or failed); `then` says what comes next.
     Saved {

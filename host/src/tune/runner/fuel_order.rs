@@ -23,9 +23,9 @@
 //! ([`FuelOrder::carry`]) and redo, without deciding again, the steps the
 //! killed run had already decided on.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use crate::tune::decisions::{FuelMoment, SavedClock};
+use crate::tune::decisions::{FuelMoment, PendingStep, SavedClock};
 use crate::tune::trial::Trial;
 
 /// Where an event sits in fuel-time order: fuel time, then trial id.
@@ -126,27 +126,42 @@ impl FuelOrder {
     /// The moment the order is at, when it is between two events: every
     /// released event carried out, none begun. `decisions` counts the
     /// decisions recorded so far; `trials` gives each clock's progress.
-    pub(super) fn moment(&self, trials: &[Trial], decisions: u64) -> Option<FuelMoment> {
+    /// `pending`: the steps trials finished after a halt, booked on their
+    /// counters but not decided on.
+    pub(super) fn moment(
+        &self,
+        trials: &[Trial],
+        decisions: u64,
+        pending: &HashMap<usize, PendingStep>,
+    ) -> Option<FuelMoment> {
         if !self.between_events() {
             return None;
         }
         let clocks = self
             .clocks
             .iter()
-            .map(|(&index, clock)| SavedClock {
-                trial_id: clock.trial_id.clone(),
-                start: clock.start,
-                fuel_at_start: clock.fuel_at_start,
-                floor: clock.floor,
-                iteration: trials
+            .map(|(&index, clock)| {
+                let pending = pending.get(&index).cloned();
+                let iteration = trials
                     .get(index)
                     .map_or(0, |trial| match clock.fuel_at_start {
                         // Launching: it starts from its newest checkpoint,
                         // whatever its counters still say (an exploit's or a
                         // failure's relaunch goes back).
                         None => trial.latest_checkpoint().map_or(0, |c| c.iteration),
-                        Some(_) => trial.iterations.max(clock.redo_until),
-                    }),
+                        Some(_) => {
+                            let booked = trial.iterations - u64::from(pending.is_some());
+                            booked.max(clock.redo_until)
+                        }
+                    });
+                SavedClock {
+                    trial_id: clock.trial_id.clone(),
+                    start: clock.start,
+                    fuel_at_start: clock.fuel_at_start,
+                    floor: clock.floor,
+                    iteration,
+                    pending,
+                }
             })
             .collect();
         Some(FuelMoment {
@@ -235,6 +250,18 @@ impl FuelOrder {
         if self.in_loop.contains(&index) {
             self.leaving.insert(index);
         }
+    }
+
+    /// Trial `index`'s event at `key` is not released: the run halted.
+    pub(super) fn withdraw(&mut self, index: usize, key: &Key) {
+        self.waiting.remove(&(key.clone(), index));
+    }
+
+    /// Trial `index` was paused because the run halted: its slot is free,
+    /// but it keeps its clock, which the halted run's last moment saves
+    /// (nothing is released after a halt, so it holds nothing back).
+    pub(super) fn set_aside(&mut self, index: usize) {
+        self.handed_back(index);
     }
 
     /// Trial `index` no longer holds a slot.
@@ -339,10 +366,10 @@ mod tests {
         trials[0].iterations = 3;
         // Carrying out the release (a checkpoint, say) is no moment.
         order.hold(0);
-        assert_eq!(order.moment(&trials, 7), None);
+        assert_eq!(order.moment(&trials, 7, &HashMap::new()), None);
         order.handed_back(0);
         order.loop_done();
-        let moment = order.moment(&trials, 7).unwrap();
+        let moment = order.moment(&trials, 7, &HashMap::new()).unwrap();
         assert_eq!((moment.now, moment.decisions), (100, 7));
         let clock = |id: &str| moment.clocks.iter().find(|c| c.trial_id == id).unwrap();
         assert_eq!(

@@ -48,6 +48,9 @@ impl<B: TrialBackend> Shared<B> {
             Event::Launched(Ok(session)) => {
                 book_launch(&mut trials[index], &session);
                 runner.launched(trials, index);
+                if halted.is_some() {
+                    runner.halt_kept.insert(index);
+                }
                 match halted.as_ref().or(stopped.as_ref()) {
                     Some(reason) => {
                         runner.halt_trial(trials, index, reason);
@@ -90,8 +93,21 @@ impl<B: TrialBackend> Shared<B> {
                     Some(reason)
                 }
                 // Halting: checkpoint the trial so that `wtune
-                // resume` loses none of its work, then release it.
-                Ok(decision) if halted.is_some() && decision != Decision::Stop => {
+                // resume` loses none of its work, then release it. Unless
+                // the scheduler paused it, it held its slot at the moment
+                // the run halted at.
+                Ok(decision)
+                    if halted.is_some()
+                        && decision != Decision::Stop
+                        && !(runner.order.is_some()
+                            && matches!(decision, Decision::Exploit { .. })) =>
+                {
+                    if decision != Decision::Pause {
+                        runner.halt_kept.insert(index);
+                    }
+                    if runner.order.is_some() && !runner.checkpoint_due(&trials[index], &decision) {
+                        runner.halt_saves.insert(index);
+                    }
                     runner.after_step(tasks, trials, index, session, Decision::Pause);
                     None
                 }
@@ -104,6 +120,15 @@ impl<B: TrialBackend> Shared<B> {
                     None
                 }
             },
+            Event::HaltedStep {
+                session,
+                step,
+                elapsed,
+                booked,
+            } => {
+                runner.halted_step(tasks, trials, index, session, step, elapsed, booked);
+                None
+            }
             Event::Saved {
                 session,
                 saved,
@@ -125,7 +150,13 @@ impl<B: TrialBackend> Shared<B> {
         } = self;
         *live -= 1;
         if let Some(order) = &mut runner.order {
-            order.stopped(index);
+            // A trial the halt paused in its slot keeps its clock for the
+            // halted run's last moment.
+            if halted.is_some() && runner.halt_kept.contains(&index) {
+                order.set_aside(index);
+            } else {
+                order.stopped(index);
+            }
         }
         // The trial keeps the status it ended with: its results
         // are complete. A cleanup that failed (ran out of fuel,
@@ -181,6 +212,11 @@ impl<B: TrialBackend> Shared<B> {
             halted,
             ..
         } = self;
+        // A trial that was to train on after this checkpoint held its slot
+        // at the moment the run halted at.
+        if halted.is_some() && then == Then::Train {
+            runner.halt_kept.insert(index);
+        }
         match saved {
             Err(failure) if halted.is_some() => {
                 // Not the trial's fault that the run is ending: it is
@@ -208,7 +244,8 @@ impl<B: TrialBackend> Shared<B> {
                 tasks.stop(index, session, false);
                 Some(reason)
             }
-            Ok(checkpoint) => {
+            Ok(mut checkpoint) => {
+                checkpoint.halt = runner.halt_saves.remove(&index);
                 runner.keep(&mut trials[index], checkpoint);
                 runner.notify(trials, index, |cb, t| cb.on_checkpoint(t, index));
                 match then {

@@ -16,7 +16,7 @@ use tokio::sync::mpsc;
 
 use super::backend::{CheckpointInfo, Step, TrialBackend, TrialFailure, TrialLaunch, TrialSession};
 use super::control::{ControlRequest, Requests};
-use super::decisions::{AtMoment, Deciders, FuelMoment};
+use super::decisions::{AtMoment, Deciders, DecisionState, FuelMoment, PendingStep};
 use super::experiment_stop::{ExperimentStopper, Totals};
 use super::resources::{Acquire, ResourcePool, Resources};
 use super::result;
@@ -57,6 +57,8 @@ struct OrderView<'a> {
     trials: &'a [Trial],
     decisions: u64,
     at_moment: bool,
+    /// Steps of a halted run resumed, not yet decided on.
+    replays: &'a HashMap<usize, (u64, PendingStep)>,
 }
 
 impl AtMoment for OrderView<'_> {
@@ -68,7 +70,10 @@ impl AtMoment for OrderView<'_> {
         if !self.at_moment {
             return None;
         }
-        self.order.moment(self.trials, self.decisions)
+        // Taken before any halt: only a resumed halt's steps are pending.
+        let pending = self.replays.iter().map(|(&i, (_, p))| (i, p.clone()));
+        self.order
+            .moment(self.trials, self.decisions, &pending.collect())
     }
 }
 
@@ -159,6 +164,20 @@ pub struct Runner<B: TrialBackend> {
     /// Trials that held slots at that moment: they take them again before
     /// anything else starts.
     relaunch: VecDeque<usize>,
+    /// Steps trials finished after the run halted in fuel order, booked
+    /// but not decided on: the halted run's last moment saves them.
+    halted_steps: HashMap<usize, PendingStep>,
+    /// Trials the halt paused while they held their slot (not those the
+    /// scheduler paused, nor ended): in fuel order they keep their clocks,
+    /// and the halted run's last moment lists them.
+    halt_kept: HashSet<usize>,
+    /// Trials whose checkpoint in flight is taken only for the halt
+    /// ([`Checkpoint::halt`]).
+    halt_saves: HashSet<usize>,
+    /// Such steps of a halted run this one resumes: each is decided on, in
+    /// its turn, before its trial trains on (`iteration`: the trial's
+    /// decided iteration before it).
+    replays: HashMap<usize, (u64, PendingStep)>,
 }
 
 impl<B: TrialBackend> Runner<B> {
@@ -199,6 +218,10 @@ impl<B: TrialBackend> Runner<B> {
             decisions_made: 0,
             resume_moment: None,
             relaunch: VecDeque::new(),
+            halted_steps: HashMap::new(),
+            halt_kept: HashSet::new(),
+            halt_saves: HashSet::new(),
+            replays: HashMap::new(),
         }
     }
 
@@ -480,18 +503,40 @@ impl<B: TrialBackend> Runner<B> {
     /// Whether `trial` is checkpointed before it goes on as `decision`
     /// says.
     fn checkpoint_due(&self, trial: &Trial, decision: &Decision) -> bool {
-        let policy = &self.spec.checkpoint;
         let already = trial
             .latest_checkpoint()
             .is_some_and(|c| c.iteration == trial.iterations);
+        self.wants_checkpoint(trial, decision) && !already
+    }
+
+    /// Whether `decision` on `trial`'s last result calls for a checkpoint
+    /// there, whether or not it has one.
+    fn wants_checkpoint(&self, trial: &Trial, decision: &Decision) -> bool {
+        let policy = &self.spec.checkpoint;
         let periodic = policy.freq > 0 && trial.iterations.is_multiple_of(policy.freq);
-        let due = match Then::after(decision) {
+        match Then::after(decision) {
             Then::Train => periodic || *decision == Decision::Checkpoint,
             Then::Stop => periodic || policy.at_end,
             // A pause must leave a checkpoint to continue from.
             Then::Pause => true,
-        };
-        due && !already
+        }
+    }
+
+    /// A step a halted run left pending was just decided on: if the
+    /// decision calls for a checkpoint there, the one taken for the halt
+    /// (of the same state) becomes that checkpoint, as an uninterrupted
+    /// run would have written it.
+    fn adopt_halt_checkpoint(&self, trial: &mut Trial, decision: &Decision) {
+        let at_halt = trial
+            .latest_checkpoint()
+            .is_some_and(|c| c.halt && c.iteration == trial.iterations);
+        if at_halt
+            && self.wants_checkpoint(trial, decision)
+            && let Some(mut checkpoint) = trial.checkpoints.pop()
+        {
+            checkpoint.halt = false;
+            self.keep(trial, checkpoint);
+        }
     }
 
     /// Asks the searcher for a new trial when the scheduler has nothing to
@@ -714,6 +759,7 @@ impl<B: TrialBackend> Runner<B> {
                     fuel_total: session.fuel_total(),
                     score,
                     bytes,
+                    halt: false,
                 });
                 (
                     index,
@@ -770,7 +816,7 @@ impl<B: TrialBackend> Runner<B> {
                 Some((
                     t.trial_id.clone(),
                     t.dir.clone(),
-                    t.latest_checkpoint()?.clone(),
+                    t.cloneable_checkpoint()?.clone(),
                 ))
             });
         let Some((source_id, source_dir, checkpoint)) = cloned else {
@@ -838,7 +884,10 @@ impl<B: TrialBackend> Runner<B> {
             .partition(|p| p.source == source);
         self.parked = waiting;
         for parked in ready {
-            if halting {
+            // In fuel order the exploit was decided before the moment the
+            // run halted at, so it is carried out (the clone then pauses
+            // as it launches), as a resume expects.
+            if halting && self.order.is_none() {
                 self.after_step(tasks, trials, parked.index, parked.session, Decision::Pause);
             } else if let Some(reason) = stopped {
                 // The experiment stopped while the exploit waited: the trial
@@ -899,8 +948,15 @@ impl<B: TrialBackend> Runner<B> {
         };
         if allowed && let Some(halted) = halted {
             // The run is ending: count the failure and leave the trial to
-            // be continued by `wtune resume`, as a retry would have.
-            trial.num_failures += 1;
+            // be continued by `wtune resume`, as a retry would have. In fuel
+            // order the failure came after the moment the run halted at:
+            // the resume meets it again in its turn, if it recurs, and the
+            // trial held its slot then.
+            if self.order.is_some() {
+                self.halt_kept.insert(index);
+            } else {
+                trial.num_failures += 1;
+            }
             tracing::debug!(trial = %trial.trial_id, "failed while halting: {reason}");
             self.halt_trial(trials, index, halted);
             release(tasks, session);
@@ -928,6 +984,21 @@ impl<B: TrialBackend> Runner<B> {
     fn keep(&self, trial: &mut Trial, checkpoint: Checkpoint) {
         // A trial that recovered may checkpoint the same iteration again.
         trial.checkpoints.retain(|c| c.path != checkpoint.path);
+        if checkpoint.halt {
+            // Outside the policy: it only carries the trial over the halt.
+            trial.checkpoints.push(checkpoint);
+            return;
+        }
+        // The trial is past the halt it carried the trial over.
+        trial.checkpoints.retain(|c| {
+            if c.halt {
+                let file = trial.dir.join(&c.path);
+                if let Err(err) = std::fs::remove_file(&file) {
+                    tracing::warn!("removing {}: {err}", file.display());
+                }
+            }
+            !c.halt
+        });
         trial.checkpoints.push(checkpoint);
         let policy = &self.spec.checkpoint;
         let Some(keep) = policy.keep_num else {
@@ -1124,6 +1195,39 @@ impl<B: TrialBackend> Runner<B> {
         self.notify(trials, index, |cb, t| cb.on_trial_end(t, index));
     }
 
+    /// A step trial `index` finished after the run halted in fuel order:
+    /// booked on its counters (unless `booked` already), not decided on,
+    /// and kept pending for a resume; the trial is checkpointed after it
+    /// and paused in its slot.
+    #[allow(clippy::too_many_arguments)]
+    fn halted_step(
+        &mut self,
+        tasks: &mut Tasks<B>,
+        trials: &mut [Trial],
+        index: usize,
+        session: B::Session,
+        step: Step,
+        elapsed: Duration,
+        booked: bool,
+    ) {
+        let trial = &mut trials[index];
+        if !booked {
+            shared::book_step(trial, elapsed, session.fuel_total());
+            trial.fuel_total = session.fuel_total();
+        }
+        let pending = PendingStep {
+            metrics: step.metrics,
+            done: step.done,
+            fuel: step.fuel,
+            elapsed_s: elapsed.as_secs_f64(),
+        };
+        self.replays.remove(&index);
+        self.halted_steps.insert(index, pending);
+        self.halt_kept.insert(index);
+        self.halt_saves.insert(index);
+        self.after_step(tasks, trials, index, session, Decision::Pause);
+    }
+
     /// Releases a live trial because the experiment is halting. It is left
     /// PAUSED, not TERMINATED: it did not finish, and `wtune resume`
     /// continues it from its newest checkpoint.
@@ -1174,6 +1278,28 @@ impl<B: TrialBackend> Runner<B> {
         }
     }
 
+    /// The decision makers' states for the end of a run: in fuel order, a
+    /// run that `halted` ends at the moment it halted at (nothing was
+    /// decided after it; the steps trials finished since are pending), so
+    /// that `wtune resume` continues it exactly.
+    fn final_decisions(&self, trials: &[Trial], halted: bool) -> DecisionState {
+        let moment = self
+            .order
+            .as_ref()
+            .filter(|_| halted)
+            .and_then(|order| order.moment(trials, self.decisions_made, &self.pending_steps()));
+        self.deciders().state_at(moment)
+    }
+
+    /// The steps booked on trials' counters but not decided on: those they
+    /// finished after this run halted, and those of a halted run this one
+    /// resumes that are not yet decided.
+    fn pending_steps(&self) -> HashMap<usize, PendingStep> {
+        let replays = self.replays.iter().map(|(&i, (_, p))| (i, p.clone()));
+        let halted = self.halted_steps.iter().map(|(&i, p)| (i, p.clone()));
+        replays.chain(halted).collect()
+    }
+
     /// Offers every callback the state ([`Callback::on_state`]); returns
     /// their errors. `at_moment`: in fuel order, the run may be at a moment
     /// a resume can continue from (not once it halts: trials then pause
@@ -1188,6 +1314,7 @@ impl<B: TrialBackend> Runner<B> {
             callbacks,
             order,
             decisions_made,
+            replays,
             ..
         } = self;
         let view = order.as_ref().map(|order| OrderView {
@@ -1195,6 +1322,7 @@ impl<B: TrialBackend> Runner<B> {
             trials,
             decisions: *decisions_made,
             at_moment,
+            replays,
         });
         let deciders = Deciders {
             scheduler: scheduler.as_ref(),

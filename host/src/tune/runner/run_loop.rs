@@ -146,6 +146,14 @@ impl<B: TrialBackend> Runner<B> {
                 .iter()
                 .filter_map(|clock| index_of(&clock.trial_id))
                 .collect();
+            self.replays = moment
+                .clocks
+                .iter()
+                .filter_map(|clock| {
+                    let pending = clock.pending.clone()?;
+                    Some((index_of(&clock.trial_id)?, (clock.iteration, pending)))
+                })
+                .collect();
             self.decisions_made = moment.decisions;
         }
         for cb in &mut self.callbacks {
@@ -470,6 +478,7 @@ impl<B: TrialBackend> Shared<B> {
             started,
             ..
         } = self;
+        let decisions = runner.final_decisions(trials, halted.is_some());
         let trials = std::mem::take(trials);
         let best = runner
             .spec
@@ -486,7 +495,7 @@ impl<B: TrialBackend> Shared<B> {
             wall_time: started.elapsed(),
             halted: halted.take(),
             stopped: stopped.take(),
-            decisions: runner.deciders().state(),
+            decisions,
         };
         // Every callback gets the end, so one that cannot write (say,
         // experiment.json on a full disk) does not keep the final state

@@ -44,13 +44,16 @@ pub(super) struct Shared<B: TrialBackend> {
 impl<B: TrialBackend> Shared<B> {
     /// Books a step on its trial, records its result and decides what
     /// follows (stopping criteria, the scheduler, the experiment stopper, a
-    /// resize). `Err` is a reason to fail the trial.
+    /// resize). `Err` is a reason to fail the trial. `booked`: the step is
+    /// one a halted run left pending, already on the trial's counters (its
+    /// checkpoint was taken after it); only its fuel is counted now.
     pub(super) fn settle(
         &mut self,
         index: usize,
         step: &Step,
         elapsed: Duration,
         fuel_total: u64,
+        booked: bool,
     ) -> Result<Decision, String> {
         let Shared {
             runner,
@@ -60,11 +63,19 @@ impl<B: TrialBackend> Shared<B> {
             ..
         } = self;
         let trial = &mut trials[index];
-        book_step(trial, elapsed, fuel_total);
-        runner.burn(trial, fuel_total);
+        if booked {
+            runner.replays.remove(&index);
+            runner.fuel_burned = runner.fuel_burned.saturating_add(step.fuel);
+        } else {
+            book_step(trial, elapsed, fuel_total);
+            runner.burn(trial, fuel_total);
+        }
         let decision = runner.record(trials, index, step, elapsed)?;
         let decision = runner.after_result(trials, index, decision, *started, stopped);
         runner.decided_on(trials, index, &decision);
+        if booked {
+            runner.adopt_halt_checkpoint(&mut trials[index], &decision);
+        }
         Ok(decision)
     }
 
@@ -245,15 +256,42 @@ pub(super) fn train<B: TrialBackend>(
     index: usize,
     mut session: B::Session,
 ) -> (usize, Event<B::Session>) {
-    let mut redo = {
-        let guard = lock(shared);
+    let (mut redo, mut replay) = {
+        let mut guard = lock(shared);
         let iteration = guard.trials[index].iterations;
-        (guard.runner.order.as_ref()).map_or(0, |order| order.redo_left(index, iteration))
+        let redo =
+            (guard.runner.order.as_ref()).map_or(0, |order| order.redo_left(index, iteration));
+        // A step a halted run left pending comes first, if the trial
+        // restarted from the checkpoint taken right after it (otherwise it
+        // trains that step again). It stays pending until decided on.
+        let replays = &mut guard.runner.replays;
+        let replay = match replays.get(&index) {
+            Some((decided, pending)) if iteration == decided + 1 => Some(pending.clone()),
+            Some(_) => {
+                replays.remove(&index);
+                None
+            }
+            None => None,
+        };
+        (redo, replay)
     };
     loop {
-        let begun = Instant::now();
-        let step = session.train();
-        let elapsed = begun.elapsed();
+        let replayed = replay.is_some();
+        let (step, elapsed) = match replay.take() {
+            Some(pending) => (
+                Ok(Step {
+                    metrics: pending.metrics,
+                    done: pending.done,
+                    fuel: pending.fuel,
+                }),
+                Duration::try_from_secs_f64(pending.elapsed_s).unwrap_or_default(),
+            ),
+            None => {
+                let begun = Instant::now();
+                let step = session.train();
+                (step, begun.elapsed())
+            }
+        };
         let fuel_total = session.fuel_total();
         if redo > 0
             && let Ok(done) = &step
@@ -293,7 +331,18 @@ pub(super) fn train<B: TrialBackend>(
             let decision = Err("the run has ended".to_string());
             return (index, Event::Settled { session, decision });
         }
-        let decision = shared.settle(index, &step, elapsed, fuel_total);
+        if shared.halted.is_some() && shared.runner.order.is_some() {
+            // Not released (see `turn`): the step stays undecided.
+            shared.hand_to_loop(index, turns);
+            let halted = Event::HaltedStep {
+                session,
+                step,
+                elapsed,
+                booked: replayed,
+            };
+            return (index, halted);
+        }
+        let decision = shared.settle(index, &step, elapsed, fuel_total, replayed);
         if shared.continues_here(index, &decision) {
             drop(shared);
             turns.notify_all();
@@ -318,7 +367,8 @@ const TURN_RECHECK: Duration = Duration::from_millis(100);
 /// count `fuel_total` (`None`: where its session started, for a launch
 /// that failed or needs the loop). In fuel order, first waits until the
 /// event is next ([`FuelOrder`](super::fuel_order::FuelOrder)) and releases
-/// it; a closed run (nobody reads its results) releases at once.
+/// it; a closed run (nobody reads its results) releases at once, and a
+/// halted one releases nothing (the caller sees `halted`).
 pub(super) fn turn<'a, B: TrialBackend>(
     shared: &'a Mutex<Shared<B>>,
     turns: &Condvar,
@@ -339,9 +389,14 @@ pub(super) fn turn<'a, B: TrialBackend>(
     // A trial that waited for this one's next event may go now.
     turns.notify_all();
     loop {
-        // A halt keeps the order: what halts a run in fuel order (fail_fast,
-        // a metric or config no trial can use) happens at a fuel time too,
-        // and results still decided after it must come in the same order.
+        // Nothing is released once the run halts: the halt happened between
+        // two events (the last one released), and a resume continues from
+        // there, deciding on the steps trials finished since in their turn.
+        if guard.halted.is_some() {
+            let order = guard.runner.order.as_mut().expect("checked above");
+            order.withdraw(index, &key);
+            return guard;
+        }
         let free = guard.closed;
         let order = guard.runner.order.as_mut().expect("checked above");
         if free || order.is_turn(index, &key) {
@@ -365,7 +420,7 @@ impl<B: TrialBackend> Shared<B> {
 
 /// Books a step that took `elapsed` and brought the trial's session to
 /// `fuel_total` on its counters, all but `fuel_total` itself.
-fn book_step(trial: &mut Trial, elapsed: Duration, fuel_total: u64) {
+pub(super) fn book_step(trial: &mut Trial, elapsed: Duration, fuel_total: u64) {
     let secs = elapsed.as_secs_f64();
     trial.iterations += 1;
     trial.iterations_since_restore += 1;

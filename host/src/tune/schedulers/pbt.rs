@@ -490,7 +490,7 @@ impl PopulationBasedTraining {
                 finished: false,
             });
         member.config = trial.config.clone();
-        member.has_checkpoint |= trial.latest_checkpoint().is_some();
+        member.has_checkpoint |= trial.cloneable_checkpoint().is_some();
         member
     }
 
@@ -725,7 +725,7 @@ impl Scheduler for PopulationBasedTraining {
         // What it has now, not what its failed run had: its checkpoints
         // may be gone (`--restart-errored`), and a trial starting over has
         // no standing until it reports again.
-        member.has_checkpoint = trial.latest_checkpoint().is_some();
+        member.has_checkpoint = trial.cloneable_checkpoint().is_some();
         if !member.has_checkpoint {
             member.score = None;
             member.last_perturbation_time = 0.0;
@@ -849,6 +849,7 @@ mod tests {
             fuel_total: 0,
             score: None,
             bytes: 1,
+            halt: false,
         });
     }
 
