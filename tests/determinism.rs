@@ -494,11 +494,7 @@ fn stopped_and_resumed(guest: &str, config: &Path, out: &Path, clean: Duration, 
 /// `(trial_id, status, iterations, config, last result's metric)` per
 /// trial, from `experiment.json`.
 fn final_trials(out: &Path, metric: &str) -> Vec<(String, String, u64, Value, Value)> {
-    let text = std::fs::read_to_string(out.join("experiment.json")).unwrap();
-    let doc: Value = serde_json::from_str(&text).unwrap();
-    doc["trials"]
-        .as_array()
-        .unwrap()
+    common::experiment_trials(out)
         .iter()
         .map(|t| {
             (

@@ -54,11 +54,7 @@ fn ok(output: &Output) -> String {
 /// `(trial_id, status, digest, iterations, num_failures)` per trial, from
 /// `experiment.json`.
 fn outcomes(out: &Path) -> Vec<(String, String, f64, u64, u64)> {
-    let text = std::fs::read_to_string(out.join("experiment.json")).unwrap();
-    let doc: Value = serde_json::from_str(&text).unwrap();
-    doc["trials"]
-        .as_array()
-        .unwrap()
+    common::experiment_trials(out)
         .iter()
         .map(|t| {
             (

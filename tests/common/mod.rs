@@ -194,3 +194,15 @@ pub fn run_cli(guest_name: &str, toml: &str, args: &[&str]) -> CliRun {
         .unwrap();
     CliRun { dir, output }
 }
+
+/// The trials `OUT/experiment.json` lists, as JSON objects.
+pub fn experiment_trials(out: &Path) -> Vec<Value> {
+    let path = out.join("experiment.json");
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    let mut doc: Value = serde_json::from_str(&text).unwrap();
+    match doc["trials"].take() {
+        Value::Array(trials) => trials,
+        other => panic!("{}: trials is {other}", path.display()),
+    }
+}

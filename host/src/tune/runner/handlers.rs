@@ -5,6 +5,7 @@ use super::STOPPED_BY_REQUEST;
 use super::event::{Event, Requested, Then};
 use super::shared::{Shared, Tasks, book_launch};
 use crate::tune::backend::{TrialBackend, TrialFailure};
+use crate::tune::decisions::PendingStep;
 use crate::tune::schedulers::Decision;
 use crate::tune::trial::{Checkpoint, TrialStatus};
 
@@ -126,7 +127,13 @@ impl<B: TrialBackend> Shared<B> {
                 elapsed,
                 booked,
             } => {
-                runner.halted_step(tasks, trials, index, session, step, elapsed, booked);
+                let pending = PendingStep {
+                    metrics: step.metrics,
+                    done: step.done,
+                    fuel: step.fuel,
+                    elapsed_s: elapsed.as_secs_f64(),
+                };
+                runner.halted_step(tasks, trials, index, session, (pending, booked));
                 None
             }
             Event::Saved {

@@ -1197,30 +1197,22 @@ impl<B: TrialBackend> Runner<B> {
 
     /// A step trial `index` finished after the run halted in fuel order:
     /// booked on its counters (unless `booked` already), not decided on,
-    /// and kept pending for a resume; the trial is checkpointed after it
+    /// and kept `pending` for a resume; the trial is checkpointed after it
     /// and paused in its slot.
-    #[allow(clippy::too_many_arguments)]
     fn halted_step(
         &mut self,
         tasks: &mut Tasks<B>,
         trials: &mut [Trial],
         index: usize,
         session: B::Session,
-        step: Step,
-        elapsed: Duration,
-        booked: bool,
+        (pending, booked): (PendingStep, bool),
     ) {
         let trial = &mut trials[index];
         if !booked {
+            let elapsed = Duration::try_from_secs_f64(pending.elapsed_s).unwrap_or_default();
             shared::book_step(trial, elapsed, session.fuel_total());
             trial.fuel_total = session.fuel_total();
         }
-        let pending = PendingStep {
-            metrics: step.metrics,
-            done: step.done,
-            fuel: step.fuel,
-            elapsed_s: elapsed.as_secs_f64(),
-        };
         self.replays.remove(&index);
         self.halted_steps.insert(index, pending);
         self.halt_kept.insert(index);
