@@ -118,6 +118,15 @@ impl FuelOrder {
             .map_or(0, |clock| clock.redo_until.saturating_sub(iteration))
     }
 
+    /// Forgets the clocks carried from a saved moment whose trials have
+    /// not started again (they will start on new clocks); returns whether
+    /// there were any. For a resumed run that cannot start them all.
+    pub(super) fn drop_carried(&mut self) -> bool {
+        let before = self.clocks.len();
+        self.clocks.retain(|_, clock| !clock.carried);
+        self.clocks.len() < before
+    }
+
     /// Whether no released event is being carried out.
     pub(super) fn between_events(&self) -> bool {
         self.in_loop.is_empty() && self.leaving.is_empty()

@@ -261,6 +261,21 @@ impl<B: TrialBackend> Shared<B> {
                     if runner.waiting.front() != Some(&index) {
                         runner.waiting.push_back(index);
                     }
+                    // A trial that held its slot at the resumed moment must
+                    // start before anything is decided; this machine's pool
+                    // has no room for it now, so the run goes on without
+                    // that promise rather than wait for a slot forever.
+                    if let Some(order) = &mut runner.order
+                        && order.drop_carried()
+                    {
+                        tracing::warn!(
+                            trial = %trials[index].trial_id,
+                            "the resources cannot hold every trial that ran at the moment this \
+                             run resumes from (resources_per_trial against this machine's \
+                             resources): from here, decisions may differ from those of an \
+                             uninterrupted run"
+                        );
+                    }
                     break;
                 }
                 Err(reason) => {
