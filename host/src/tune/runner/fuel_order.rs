@@ -159,7 +159,9 @@ impl FuelOrder {
                         // failure's relaunch goes back).
                         None => trial.latest_checkpoint().map_or(0, |c| c.iteration),
                         Some(_) => {
-                            let booked = trial.iterations - u64::from(pending.is_some());
+                            let booked = trial
+                                .iterations
+                                .saturating_sub(u64::from(pending.is_some()));
                             booked.max(clock.redo_until)
                         }
                     });
