@@ -161,6 +161,10 @@ pub struct Runner<B: TrialBackend> {
     /// The saved moment a resumed run in fuel order continues from
     /// ([`Runner::continue_at`]), until the run starts.
     resume_moment: Option<FuelMoment>,
+    /// Whether states may mark moments: not in a run that resumed saved
+    /// trials without a moment, whose decision count is unknown (a moment
+    /// would count from 0, and a later resume cut the record back to it).
+    moments_ok: bool,
     /// Trials that held slots at that moment: they take them again before
     /// anything else starts.
     relaunch: VecDeque<usize>,
@@ -218,6 +222,7 @@ impl<B: TrialBackend> Runner<B> {
             decisions_made: 0,
             resume_moment: None,
             relaunch: VecDeque::new(),
+            moments_ok: true,
             halted_steps: HashMap::new(),
             halt_kept: HashSet::new(),
             halt_saves: HashSet::new(),
@@ -1278,7 +1283,7 @@ impl<B: TrialBackend> Runner<B> {
         let moment = self
             .order
             .as_ref()
-            .filter(|_| halted)
+            .filter(|_| halted && self.moments_ok)
             .and_then(|order| order.moment(trials, self.decisions_made, &self.pending_steps()));
         self.deciders().state_at(moment)
     }
@@ -1307,15 +1312,19 @@ impl<B: TrialBackend> Runner<B> {
             order,
             decisions_made,
             replays,
+            moments_ok,
             ..
         } = self;
-        let view = order.as_ref().map(|order| OrderView {
-            order,
-            trials,
-            decisions: *decisions_made,
-            at_moment,
-            replays,
-        });
+        let view = order
+            .as_ref()
+            .filter(|_| *moments_ok)
+            .map(|order| OrderView {
+                order,
+                trials,
+                decisions: *decisions_made,
+                at_moment,
+                replays,
+            });
         let deciders = Deciders {
             scheduler: scheduler.as_ref(),
             searcher: searcher.as_ref(),

@@ -136,6 +136,7 @@ impl<B: TrialBackend> Runner<B> {
         self.fuel_burned = self
             .fuel_burned
             .max(trials.iter().map(|t| t.fuel_total).sum());
+        self.moments_ok = self.resume_moment.is_some() || trials.is_empty();
         if let Some(moment) = self.resume_moment.take()
             && let Some(order) = &mut self.order
         {
