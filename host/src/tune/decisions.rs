@@ -2,9 +2,12 @@
 //! experiment stopper), so that `wtune resume` continues with the same
 //! decisions.
 
+use std::time::Duration;
+
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::backend::Step;
 use super::experiment_stop::ExperimentStopper;
 use super::schedulers::Scheduler;
 use super::search::Searcher;
@@ -92,6 +95,32 @@ pub struct PendingStep {
     pub fuel: u64,
     /// Wall time it took, in seconds.
     pub elapsed_s: f64,
+}
+
+impl PendingStep {
+    /// `step`, which took `elapsed`, kept undecided.
+    pub fn new(step: Step, elapsed: Duration) -> Self {
+        Self {
+            metrics: step.metrics,
+            done: step.done,
+            fuel: step.fuel,
+            elapsed_s: elapsed.as_secs_f64(),
+        }
+    }
+
+    /// The step again, to decide on.
+    pub fn step(&self) -> Step {
+        Step {
+            metrics: self.metrics.clone(),
+            done: self.done,
+            fuel: self.fuel,
+        }
+    }
+
+    /// The wall time it took.
+    pub fn elapsed(&self) -> Duration {
+        Duration::try_from_secs_f64(self.elapsed_s).unwrap_or_default()
+    }
 }
 
 /// The decision makers of a live run, lent to callbacks that save state.

@@ -127,12 +127,7 @@ impl<B: TrialBackend> Shared<B> {
                 elapsed,
                 booked,
             } => {
-                let pending = PendingStep {
-                    metrics: step.metrics,
-                    done: step.done,
-                    fuel: step.fuel,
-                    elapsed_s: elapsed.as_secs_f64(),
-                };
+                let pending = PendingStep::new(step, elapsed);
                 runner.halted_step(tasks, trials, index, session, (pending, booked));
                 None
             }

@@ -1214,8 +1214,7 @@ impl<B: TrialBackend> Runner<B> {
     ) {
         let trial = &mut trials[index];
         if !booked {
-            let elapsed = Duration::try_from_secs_f64(pending.elapsed_s).unwrap_or_default();
-            shared::book_step(trial, elapsed, session.fuel_total());
+            shared::book_step(trial, pending.elapsed(), session.fuel_total());
             trial.fuel_total = session.fuel_total();
         }
         self.replays.remove(&index);

@@ -278,14 +278,7 @@ pub(super) fn train<B: TrialBackend>(
     loop {
         let replayed = replay.is_some();
         let (step, elapsed) = match replay.take() {
-            Some(pending) => (
-                Ok(Step {
-                    metrics: pending.metrics,
-                    done: pending.done,
-                    fuel: pending.fuel,
-                }),
-                Duration::try_from_secs_f64(pending.elapsed_s).unwrap_or_default(),
-            ),
+            Some(pending) => (Ok(pending.step()), pending.elapsed()),
             None => {
                 let begun = Instant::now();
                 let step = session.train();
