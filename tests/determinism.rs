@@ -560,11 +560,9 @@ fn assert_stops_and_resumes_decide_as_one_run(
     );
 }
 
-#[test]
-fn asha_in_fuel_order_decides_across_kills_interrupts_and_resumes_as_in_one_run() {
-    // Twelve trials of two fuel costs per step, so their results interleave
-    // in fuel time; ASHA stops most of them at its rungs.
-    let toml = r#"
+/// Twelve trials of two fuel costs per step, so their results interleave
+/// in fuel time; ASHA stops most of them at its rungs.
+const FUEL_ASHA: &str = r#"
 name = "fuel-asha"
 metric = "digest"
 mode = "max"
@@ -583,7 +581,79 @@ seed = { grid_search = [1, 2, 3, 4, 5, 6] }
 buffer_kib = { grid_search = [2048, 3072] }
 iterations = 1000
 "#;
-    assert_stops_and_resumes_decide_as_one_run("stateful", toml, "digest", &[1, 2, 3]);
+
+#[test]
+fn asha_in_fuel_order_decides_across_kills_interrupts_and_resumes_as_in_one_run() {
+    assert_stops_and_resumes_decide_as_one_run("stateful", FUEL_ASHA, "digest", &[1, 2, 3]);
+}
+
+/// How many trials held slots at the moment the saved state of `out`
+/// marks (0 when it marks none).
+fn slots_at_saved_moment(out: &Path) -> usize {
+    wtune::report::state::load(out, false)
+        .ok()
+        .and_then(|state| state.decisions.moment)
+        .map_or(0, |moment| moment.clocks.len())
+}
+
+#[test]
+fn a_resume_with_fewer_slots_than_its_moment_held_goes_on_and_says_so() {
+    // Both slots were held at the moment the killed run saved; resumed with
+    // one, the trial left without a slot must not hold back the other's
+    // results for a slot only those results can free. Before, it did: the
+    // resumed run waited forever.
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("experiment.toml");
+    std::fs::write(&config, FUEL_ASHA).unwrap();
+    let out = dir.path().join("out");
+    let mut killed_at = None;
+    for wait_ms in (100..5_000).step_by(20) {
+        let _ = std::fs::remove_dir_all(&out);
+        let mut child = common::wtune_run("stateful", &config, &out)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(wait_ms));
+        let finished = child.try_wait().unwrap().is_some();
+        child.kill().unwrap(); // SIGKILL
+        child.wait().unwrap();
+        assert!(!finished, "the run ended before two trials held slots");
+        if slots_at_saved_moment(&out) == 2 {
+            killed_at = Some(wait_ms);
+            break;
+        }
+    }
+    assert!(killed_at.is_some(), "no saved moment with both slots held");
+    let mut resume = common::wtune()
+        .args(["resume", "--max-concurrent", "1"])
+        .arg(&out)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let began = std::time::Instant::now();
+    while resume.try_wait().unwrap().is_none() {
+        if began.elapsed() > Duration::from_secs(300) {
+            resume.kill().unwrap();
+            panic!("the resumed run with fewer slots never finished");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let output = resume.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("max_concurrent_trials (1) leaves no slot for 1 of the trials")
+            && stderr.contains("decisions may differ"),
+        "{stderr}"
+    );
+    let trials = final_trials(&out, "digest");
+    assert_eq!(trials.len(), 12);
+    assert!(
+        trials.iter().all(|t| t.1 == "TERMINATED"),
+        "every trial ends: {trials:?}"
+    );
 }
 
 #[test]

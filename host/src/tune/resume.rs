@@ -350,6 +350,22 @@ fn newest_intact_of<B: TrialBackend>(
                 && (c.time_total_s - meta.time_total_s).abs() <= 1e-9 * meta.time_total_s.abs()
         });
         let (listed, halt) = (listing.is_some(), listing.is_some_and(|c| c.halt));
+        // A checkpoint taken only because the run halted in fuel order may
+        // hold a step no decision was made on, which only the halt's saved
+        // moment remembers: without it, the trial does the step again, and
+        // it is decided on then.
+        if !listed_only && halt {
+            let file = trial.dir.join(&path);
+            tracing::info!(
+                trial = %trial.trial_id,
+                "not continuing from {}: taken as the run halted, whose moment the saved state lacks",
+                file.display()
+            );
+            if let Err(err) = std::fs::remove_file(&file) {
+                tracing::warn!("removing {}: {err}", file.display());
+            }
+            continue;
+        }
         if listed_only && !listed {
             let file = trial.dir.join(&path);
             tracing::info!(

@@ -127,6 +127,14 @@ impl FuelOrder {
         self.clocks.len() < before
     }
 
+    /// Forgets trial `index`'s clock if it is carried from a saved moment
+    /// and not started again: the trial will not take its slot back.
+    pub(super) fn forget_carried(&mut self, index: usize) {
+        if self.clocks.get(&index).is_some_and(|clock| clock.carried) {
+            self.clocks.remove(&index);
+        }
+    }
+
     /// Whether no released event is being carried out.
     pub(super) fn between_events(&self) -> bool {
         self.in_loop.is_empty() && self.leaving.is_empty()
@@ -416,6 +424,36 @@ mod tests {
         resumed.arrive(0, after);
         resumed.arrive(1, back.clone());
         assert!(resumed.is_turn(2, &new));
+    }
+
+    #[test]
+    fn a_carried_clock_given_up_holds_nothing_back() {
+        let mut order = FuelOrder::default();
+        for (i, id) in ["trial_0000", "trial_0001"].into_iter().enumerate() {
+            order.start(i, id);
+            order.launched(i, 0);
+        }
+        let trials: Vec<Trial> = ["trial_0000", "trial_0001"]
+            .into_iter()
+            .map(|id| Trial::new(id.into(), serde_json::json!({}), id.into()))
+            .collect();
+        let moment = order.moment(&trials, 0, &HashMap::new()).unwrap();
+        let mut resumed = FuelOrder::default();
+        resumed.carry(&moment, |id| trials.iter().position(|t| t.trial_id == id));
+        assert!(resumed.start(1, "trial_0001"));
+        resumed.launched(1, 0);
+        let result = resumed.key(1, 100).unwrap();
+        resumed.arrive(1, result.clone());
+        assert!(!resumed.is_turn(1, &result), "trial_0000 may come back");
+        resumed.forget_carried(1);
+        assert!(!resumed.is_turn(1, &result), "a started clock stays");
+        resumed.forget_carried(0);
+        assert!(resumed.is_turn(1, &result));
+        let mut dropped = FuelOrder::default();
+        dropped.carry(&moment, |id| trials.iter().position(|t| t.trial_id == id));
+        assert!(dropped.start(1, "trial_0001"));
+        assert!(dropped.drop_carried());
+        assert!(!dropped.drop_carried());
     }
 
     #[test]

@@ -151,15 +151,6 @@ impl<B: TrialBackend> Shared<B> {
             ..
         } = self;
         *live -= 1;
-        if let Some(order) = &mut runner.order {
-            // A trial the halt paused in its slot keeps its clock for the
-            // halted run's last moment.
-            if halted.is_some() && runner.halt_kept.contains(&index) {
-                order.set_aside(index);
-            } else {
-                order.stopped(index);
-            }
-        }
         // The trial keeps the status it ended with: its results
         // are complete. A cleanup that failed (ran out of fuel,
         // past its deadline) is still the trainable's fault, so
@@ -193,6 +184,19 @@ impl<B: TrialBackend> Shared<B> {
             runner.notify(trials, index, |cb, t| cb.on_trial_pause(t, index));
             if runner.resizing.remove(&index) && !held && halted.is_none() && stopped.is_none() {
                 runner.waiting.push_back(index);
+            }
+        }
+        if let Some(order) = &mut runner.order {
+            // A trial the halt paused in its slot keeps its clock for the
+            // halted run's last moment; one that ended (a stop request
+            // carried out as it paused) does not come back.
+            if halted.is_some()
+                && runner.halt_kept.contains(&index)
+                && trials[index].status == TrialStatus::Paused
+            {
+                order.set_aside(index);
+            } else {
+                order.stopped(index);
             }
         }
     }

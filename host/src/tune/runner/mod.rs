@@ -399,6 +399,23 @@ impl<B: TrialBackend> Runner<B> {
         self.decided(DecisionRecord::new(trial, self.fuel_time(), name).why(why));
     }
 
+    /// Gives up the promise of a run resumed at a saved moment that the
+    /// trials which held slots then take them back before anything else
+    /// happens (`continue_at`): they start when the scheduler picks them,
+    /// on new clocks. `why`, when said, is warned: from here, decisions may
+    /// differ from an uninterrupted run's.
+    fn give_up_carried(&mut self, why: Option<&str>) {
+        self.relaunch.clear();
+        if let Some(order) = &mut self.order
+            && order.drop_carried()
+            && let Some(why) = why
+        {
+            tracing::warn!(
+                "{why}: from here, decisions may differ from those of an uninterrupted run"
+            );
+        }
+    }
+
     /// Whether the first trial to launch is still the only one starting,
     /// with `live` trials running. Until one trial's `setup` has taken its
     /// config, one launches at a time: a space that does not fit the
@@ -1236,6 +1253,12 @@ impl<B: TrialBackend> Runner<B> {
     fn fail(&mut self, trials: &mut [Trial], index: usize, reason: String) {
         tracing::debug!(trial = %trials[index].trial_id, "ERROR: {reason}");
         let told = self.told.contains(&index);
+        // Failing before it took back the slot it held at a resumed moment
+        // (its resources, a callback), it will not: its clock must not
+        // hold back the events of the trials that did.
+        if let Some(order) = &mut self.order {
+            order.forget_carried(index);
+        }
         self.release_hold(trials, index);
         let trial = &mut trials[index];
         trial.status = TrialStatus::Error;
@@ -1275,14 +1298,14 @@ impl<B: TrialBackend> Runner<B> {
     }
 
     /// The decision makers' states for the end of a run: in fuel order, a
-    /// run that `halted` ends at the moment it halted at (nothing was
-    /// decided after it; the steps trials finished since are pending), so
-    /// that `wtune resume` continues it exactly.
-    fn final_decisions(&self, trials: &[Trial], halted: bool) -> DecisionState {
+    /// run that ends `at_moment` (halted: at the moment it halted at,
+    /// nothing was decided after it and the steps trials finished since
+    /// are pending) marks it, so that `wtune resume` continues it exactly.
+    fn final_decisions(&self, trials: &[Trial], at_moment: bool) -> DecisionState {
         let moment = self
             .order
             .as_ref()
-            .filter(|_| halted && self.moments_ok)
+            .filter(|_| at_moment && self.moments_ok)
             .and_then(|order| order.moment(trials, self.decisions_made, &self.pending_steps()));
         self.deciders().state_at(moment)
     }
@@ -1344,7 +1367,9 @@ impl<B: TrialBackend> Runner<B> {
     }
 
     /// Persists state before the run ends abnormally: the state hook is
-    /// throttled, so end-of-experiment hooks get the final word.
+    /// throttled, so end-of-experiment hooks get the final word. In fuel
+    /// order the state marks the moment the run is at, if it is between
+    /// two events, as a kill there would find it.
     fn persist_now(&mut self, trials: &[Trial], why: &str) {
         let summary = ExperimentSummary {
             name: self.spec.name.clone(),
@@ -1356,7 +1381,7 @@ impl<B: TrialBackend> Runner<B> {
             wall_time: Duration::ZERO,
             halted: Some(why.to_string()),
             stopped: None,
-            decisions: self.deciders().state(),
+            decisions: self.final_decisions(trials, true),
         };
         for cb in &mut self.callbacks {
             if let Err(reason) = cb.on_experiment_end(&summary) {

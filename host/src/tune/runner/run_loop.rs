@@ -132,15 +132,28 @@ impl<B: TrialBackend> Runner<B> {
         // configs: nothing to probe.
         self.launched_once = trials.iter().any(|t| t.iterations > 0);
         // States written before the count was kept: at least what the
-        // trials hold.
-        self.fuel_burned = self
-            .fuel_burned
-            .max(trials.iter().map(|t| t.fuel_total).sum());
+        // trials hold, but for the steps a halt left pending, which are
+        // on their trials' counters and counted when decided on
+        // (`Shared::settle`).
+        let pending: u64 = (self.resume_moment.iter())
+            .flat_map(|moment| &moment.clocks)
+            .filter_map(|clock| clock.pending.as_ref().map(|p| p.fuel))
+            .sum();
+        let held: u64 = trials.iter().map(|t| t.fuel_total).sum();
+        self.fuel_burned = self.fuel_burned.max(held.saturating_sub(pending));
         self.moments_ok = self.resume_moment.is_some() || trials.is_empty();
         if let Some(moment) = self.resume_moment.take()
             && let Some(order) = &mut self.order
         {
-            let index_of = |id: &str| trials.iter().position(|t| t.trial_id == id);
+            // Only a trial that may start again takes its slot back
+            // (`resume::prepare_at` left them PAUSED or PENDING; a state
+            // given by other means may not have).
+            let index_of = |id: &str| {
+                trials.iter().position(|t| {
+                    t.trial_id == id
+                        && matches!(t.status, TrialStatus::Pending | TrialStatus::Paused)
+                })
+            };
             order.carry(&moment, index_of);
             self.relaunch = moment
                 .clocks
@@ -206,23 +219,39 @@ impl<B: TrialBackend> Shared<B> {
             && *live < max_concurrent
             && halted.is_none()
             && stopped.is_none()
-            && !runner.probing(*live)
+            // The trials that held slots at a resumed moment had all
+            // launched once: no probing holds them back.
+            && (!runner.relaunch.is_empty() || !runner.probing(*live))
         {
             // Trials that held slots at a resumed moment take them back
             // before the scheduler picks anything.
-            let chosen = match runner.waiting.front() {
-                Some(&index) => Some(index),
+            let (chosen, relaunched) = match runner.waiting.front() {
+                Some(&index) => (Some(index), false),
                 None => match runner.relaunch.pop_front() {
-                    Some(index) => Some(index),
+                    Some(index) => (Some(index), true),
                     None => match runner.choose_next(trials) {
-                        Some(index) => Some(index),
-                        None => runner.create_trial(trials),
+                        Some(index) => (Some(index), false),
+                        None => (runner.create_trial(trials), false),
                     },
                 },
             };
             let Some(index) = chosen else {
                 break;
             };
+            if relaunched
+                && (runner.held.contains(&index)
+                    || !matches!(
+                        trials[index].status,
+                        TrialStatus::Pending | TrialStatus::Paused
+                    ))
+            {
+                // Not for this run to start again: its carried clock must
+                // not hold back the events of the trials that do.
+                if let Some(order) = &mut runner.order {
+                    order.forget_carried(index);
+                }
+                continue;
+            }
             if runner.held.contains(&index) {
                 tracing::warn!(
                     trial = %trials[index].trial_id,
@@ -266,17 +295,10 @@ impl<B: TrialBackend> Shared<B> {
                     // start before anything is decided; this machine's pool
                     // has no room for it now, so the run goes on without
                     // that promise rather than wait for a slot forever.
-                    if let Some(order) = &mut runner.order
-                        && order.drop_carried()
-                    {
-                        tracing::warn!(
-                            trial = %trials[index].trial_id,
-                            "the resources cannot hold every trial that ran at the moment this \
-                             run resumes from (resources_per_trial against this machine's \
-                             resources): from here, decisions may differ from those of an \
-                             uninterrupted run"
-                        );
-                    }
+                    runner.give_up_carried(Some(
+                        "the resources cannot hold every trial that ran at the moment this run \
+                         resumes from (resources_per_trial against this machine's resources)",
+                    ));
                     break;
                 }
                 Err(reason) => {
@@ -304,6 +326,19 @@ impl<B: TrialBackend> Shared<B> {
         if halted.is_none() {
             // Stops the scheduler decided while no slot was free.
             runner.take_stops(trials);
+            // Trials that held slots at the resumed moment and found none
+            // now (fewer slots than then) would hold back every later
+            // event until they start, which only a later event can let
+            // them do: they start when the scheduler picks them, on new
+            // clocks. A halted run keeps them for its saved moment.
+            if !runner.relaunch.is_empty() {
+                let why = format!(
+                    "max_concurrent_trials ({max_concurrent}) leaves no slot for {} of the \
+                     trials that ran at the moment this run resumes from",
+                    runner.relaunch.len()
+                );
+                runner.give_up_carried(stopped.is_none().then_some(why.as_str()));
+            }
         }
         if let Some(order) = &mut runner.order {
             // Trials the loop handed back to threads (after every task it

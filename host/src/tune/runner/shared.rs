@@ -292,6 +292,14 @@ pub(super) fn train<B: TrialBackend>(
             let mut guard = lock(shared);
             if !guard.closed {
                 match guard.redo(index, done, elapsed, fuel_total) {
+                    // Halted: the steps left to redo are redone by the
+                    // next resume; this one ends at the halt like any
+                    // trial that continues, checkpointed and paused.
+                    Ok(()) if guard.halted.is_some() => {
+                        guard.hand_to_loop(index, turns);
+                        let decision = Ok(Decision::Continue);
+                        return (index, Event::Settled { session, decision });
+                    }
                     Ok(()) => {
                         redo -= 1;
                         continue;
