@@ -38,6 +38,9 @@
 //!   in `wtune compile-worker`, and a cache hit.
 //! - `compare`: ASHA against random search at equal total fuel, on the
 //!   digits example and on the native replay of `CurveSet::synthetic()`.
+//! - `search`: regret of wtune's searchers and Optuna's samplers (in a venv
+//!   it makes under `target/`) on eight test functions of 2 to 20
+//!   dimensions, and the time a suggestion takes.
 //!
 //! A scenario that cannot run (no GPU adapter, a guest not built, a panic)
 //! says so in the output instead of stopping the others.
@@ -59,6 +62,7 @@ mod decisions;
 mod experiment;
 mod plain_wasm;
 mod report;
+mod search;
 mod trial;
 
 use std::panic::AssertUnwindSafe;
@@ -69,7 +73,7 @@ use wtune::compute::{ComputeMode, ComputeOptions};
 use wtune::sandbox::{Program, Sandbox, SandboxOptions, TrialEnv};
 
 /// Every scenario, in the order `all` runs them.
-const SCENARIOS: [&str; 11] = [
+const SCENARIOS: [&str; 12] = [
     "step",
     "overhead",
     "throughput",
@@ -81,6 +85,7 @@ const SCENARIOS: [&str; 11] = [
     "compute-gpu",
     "compile",
     "compare",
+    "search",
 ];
 
 const USAGE: &str = "usage: wtune-bench [SCENARIO...] [--write] [--note TEXT] [--file PATH]
@@ -315,6 +320,7 @@ fn main() {
                 compare::replay();
                 compare::digits(&root, &guest("digits_mlp"));
             }
+            "search" => search::run(&root),
             other => unreachable!("scenario {other} is in SCENARIOS"),
         });
     }

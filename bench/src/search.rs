@@ -1,0 +1,420 @@
+//! `search`: how good the configurations each searcher finds are, per
+//! trial spent, on synthetic functions with known optima, beside Optuna's
+//! samplers on the same functions in the same run.
+//!
+//! Each function is a one-iteration trainable: a searcher suggests a
+//! configuration, the function's value is its result, trials run one at a
+//! time (`max_concurrent_trials = 1`). Regret is the best value so far minus
+//! the function's minimum. wtune's searchers are driven directly (the
+//! `Searcher` trait, as the runner drives them); Optuna's through
+//! `bench/search/optuna_suite.py`, in a virtual environment this scenario
+//! creates under `target/` with Optuna's pinned version. The script first
+//! checks that its copy of every function gives the values this file's
+//! does at the same configurations, so the two sides measure the same
+//! thing.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use serde_json::{Value, json};
+use wtune::tune::{Mode, SearchSpace, SearchSpec, Searcher, Suggestion};
+
+const TRIALS: usize = 100;
+const SEEDS: u64 = 10;
+/// The trial counts regret is reported at.
+const AT: [usize; 3] = [25, 50, 100];
+/// Optuna's version, pinned so that runs compare.
+const OPTUNA: &str = "optuna==5.0.0";
+
+/// A test function: its search space (as `param_space` writes it) and its
+/// value, whose minimum is 0.
+struct Function {
+    name: &'static str,
+    space: Value,
+    value: fn(&Value) -> f64,
+}
+
+fn num(config: &Value, key: &str) -> f64 {
+    config[key].as_f64().expect("the space defines it")
+}
+
+/// `n` parameters `x0..` uniform in `[low, high]`.
+fn box_space(n: usize, low: f64, high: f64) -> Value {
+    (0..n)
+        .map(|i| (format!("x{i}"), json!({"uniform": [low, high]})))
+        .collect::<serde_json::Map<_, _>>()
+        .into()
+}
+
+fn xs(config: &Value, n: usize) -> Vec<f64> {
+    (0..n).map(|i| num(config, &format!("x{i}"))).collect()
+}
+
+fn branin(c: &Value) -> f64 {
+    let (x, y) = (num(c, "x0"), num(c, "x1"));
+    let pi = std::f64::consts::PI;
+    let (b, cc, t) = (5.1 / (4.0 * pi * pi), 5.0 / pi, 1.0 / (8.0 * pi));
+    (y - b * x * x + cc * x - 6.0).powi(2) + 10.0 * (1.0 - t) * x.cos() + 10.0
+        - 0.397_887_357_729_738_2
+}
+
+fn rotated(c: &Value) -> f64 {
+    let x = xs(c, 4);
+    10.0 * (x[0] + x[1] - 1.0).powi(2)
+        + 0.5 * (x[0] - x[1]).powi(2)
+        + 10.0 * (x[2] + x[3]).powi(2)
+        + 0.5 * (x[2] - x[3] - 2.0).powi(2)
+}
+
+fn hartmann6(c: &Value) -> f64 {
+    const A: [[f64; 6]; 4] = [
+        [10.0, 3.0, 17.0, 3.5, 1.7, 8.0],
+        [0.05, 10.0, 17.0, 0.1, 8.0, 14.0],
+        [3.0, 3.5, 1.7, 10.0, 17.0, 8.0],
+        [17.0, 8.0, 0.05, 10.0, 0.1, 14.0],
+    ];
+    const P: [[f64; 6]; 4] = [
+        [0.1312, 0.1696, 0.5569, 0.0124, 0.8283, 0.5886],
+        [0.2329, 0.4135, 0.8307, 0.3736, 0.1004, 0.9991],
+        [0.2348, 0.1451, 0.3522, 0.2883, 0.3047, 0.6650],
+        [0.4047, 0.8828, 0.8732, 0.5743, 0.1091, 0.0381],
+    ];
+    const ALPHA: [f64; 4] = [1.0, 1.2, 3.0, 3.2];
+    let x = xs(c, 6);
+    let sum: f64 = (0..4)
+        .map(|i| {
+            let e: f64 = (0..6).map(|j| A[i][j] * (x[j] - P[i][j]).powi(2)).sum();
+            ALPHA[i] * (-e).exp()
+        })
+        .sum();
+    3.322_368_011_415_515 - sum
+}
+
+fn rosenbrock(c: &Value) -> f64 {
+    let x = xs(c, 8);
+    x.windows(2)
+        .map(|w| 100.0 * (w[1] - w[0] * w[0]).powi(2) + (1.0 - w[0]).powi(2))
+        .sum()
+}
+
+fn ackley(c: &Value) -> f64 {
+    let x = xs(c, 10);
+    let n = x.len() as f64;
+    let squares = x.iter().map(|v| v * v).sum::<f64>() / n;
+    let cosines = x
+        .iter()
+        .map(|v| (std::f64::consts::TAU * v).cos())
+        .sum::<f64>()
+        / n;
+    -20.0 * (-0.2 * squares.sqrt()).exp() - cosines.exp() + 20.0 + std::f64::consts::E
+}
+
+fn shifted_sphere(c: &Value) -> f64 {
+    xs(c, 20)
+        .iter()
+        .enumerate()
+        .map(|(i, v)| (v - (i as f64 * 0.37).sin() * 3.0).powi(2))
+        .sum()
+}
+
+fn mixed(c: &Value) -> f64 {
+    let lr = num(c, "lr").log10();
+    let layers = num(c, "layers");
+    let act = match c["act"].as_str().expect("a choice of strings") {
+        "gelu" => 0.0,
+        "relu" => 0.5,
+        _ => 1.0,
+    };
+    (lr + 3.0 + 0.1 * (layers - 4.0)).powi(2) + act + (num(c, "dropout") - 0.3).powi(2)
+}
+
+fn categorical(c: &Value) -> f64 {
+    let pick = |key: &str, best: &str| {
+        if c[key].as_str() == Some(best) {
+            0.0
+        } else {
+            1.0
+        }
+    };
+    pick("a", "p")
+        + pick("b", "q") * 0.8
+        + pick("c", "r") * 0.6
+        + pick("d", "s") * 0.4
+        + (num(c, "u") - 0.25).powi(2)
+        + (num(c, "v") - 0.75).powi(2)
+}
+
+fn functions() -> Vec<Function> {
+    let choice = |values: [&str; 3]| json!({"choice": values});
+    vec![
+        Function {
+            name: "branin (2-d)",
+            space: json!({"x0": {"uniform": [-5, 10]}, "x1": {"uniform": [0, 15]}}),
+            value: branin,
+        },
+        Function {
+            name: "rotated quadratic (4-d)",
+            space: box_space(4, -5.0, 5.0),
+            value: rotated,
+        },
+        Function {
+            name: "mixed: log, int, choice, float (4-d)",
+            space: json!({
+                "lr": {"loguniform": [1e-5, 1.0]},
+                "layers": {"randint": [1, 9]},
+                "act": {"choice": ["relu", "tanh", "gelu", "none"]},
+                "dropout": {"uniform": [0.0, 0.6]},
+            }),
+            value: mixed,
+        },
+        Function {
+            name: "hartmann-6 (6-d)",
+            space: box_space(6, 0.0, 1.0),
+            value: hartmann6,
+        },
+        Function {
+            name: "categorical + 2 floats (6-d)",
+            space: json!({
+                "a": choice(["p", "x", "y"]), "b": choice(["x", "q", "y"]),
+                "c": choice(["x", "y", "r"]), "d": choice(["s", "x", "y"]),
+                "u": {"uniform": [0, 1]}, "v": {"uniform": [0, 1]},
+            }),
+            value: categorical,
+        },
+        Function {
+            name: "rosenbrock (8-d)",
+            space: box_space(8, -2.0, 2.0),
+            value: rosenbrock,
+        },
+        Function {
+            name: "ackley (10-d)",
+            space: box_space(10, -5.0, 5.0),
+            value: ackley,
+        },
+        Function {
+            name: "shifted sphere (20-d)",
+            space: box_space(20, -5.0, 5.0),
+            value: shifted_sphere,
+        },
+    ]
+}
+
+/// wtune's searchers compared, as `[search]` tables.
+fn searchers() -> Vec<(&'static str, Value)> {
+    vec![
+        ("wtune random", json!({"type": "random"})),
+        ("wtune tpe (joint, default)", json!({"type": "tpe"})),
+        (
+            "wtune tpe, multivariate = false",
+            json!({"type": "tpe", "multivariate": false}),
+        ),
+    ]
+}
+
+/// Best-so-far regret at each of [`AT`], one run.
+fn regrets(function: &Function, spec: &Value, seed: u64) -> Vec<f64> {
+    let space = SearchSpace::from_json(&function.space).expect("a valid space");
+    let mut searcher = SearchSpec::from_json(spec)
+        .and_then(|s| s.build(&space, TRIALS as u64, Some("loss"), Mode::Min, seed))
+        .expect("a valid searcher");
+    let mut best = f64::INFINITY;
+    let mut out = Vec::new();
+    for i in 0..TRIALS {
+        let id = format!("trial_{i:04}");
+        let Suggestion::Config(config) = searcher.suggest(&id) else {
+            panic!("{}: no suggestion at trial {i}", function.name);
+        };
+        let value = (function.value)(&config);
+        best = best.min(value);
+        let result = json!({"loss": value});
+        searcher.on_trial_complete(&id, result.as_object(), false);
+        if AT.contains(&(i + 1)) {
+            out.push(best.max(0.0));
+        }
+    }
+    out
+}
+
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    if n % 2 == 1 {
+        values[n / 2]
+    } else {
+        0.5 * (values[n / 2 - 1] + values[n / 2])
+    }
+}
+
+/// One table row: median regret at each of [`AT`], then the mean at the
+/// last.
+fn row(runs: &[Vec<f64>]) -> String {
+    let mut cells: Vec<String> = (0..AT.len())
+        .map(|k| {
+            let mut at: Vec<f64> = runs.iter().map(|r| r[k]).collect();
+            format!("{:.4}", median(&mut at))
+        })
+        .collect();
+    let last = runs.iter().map(|r| r[AT.len() - 1]).sum::<f64>() / runs.len() as f64;
+    cells.push(format!("{last:.4}"));
+    cells.join(" | ")
+}
+
+/// Milliseconds one TPE suggestion takes after `observations` completed
+/// trials (on Hartmann-6), median of 5.
+fn suggestion_ms(spec: &Value, observations: usize) -> f64 {
+    let function = &functions()[3];
+    let space = SearchSpace::from_json(&function.space).expect("a valid space");
+    let total = observations as u64 + 5;
+    let mut searcher: Box<dyn Searcher> = SearchSpec::from_json(spec)
+        .and_then(|s| s.build(&space, total, Some("loss"), Mode::Min, 1))
+        .expect("a valid searcher");
+    let mut times = Vec::new();
+    for i in 0..observations + 5 {
+        let id = format!("trial_{i:05}");
+        let began = Instant::now();
+        let Suggestion::Config(config) = searcher.suggest(&id) else {
+            panic!("no suggestion");
+        };
+        if i >= observations {
+            times.push(began.elapsed().as_secs_f64() * 1e3);
+        }
+        let result = json!({"loss": (function.value)(&config)});
+        searcher.on_trial_complete(&id, result.as_object(), false);
+    }
+    median(&mut times)
+}
+
+/// A venv under `target/` with Optuna; `None` (said) where it cannot be
+/// made, e.g. offline.
+fn optuna_python(root: &Path) -> Option<PathBuf> {
+    let venv = root.join("target/bench-optuna-venv");
+    let python = venv.join("bin/python");
+    let ready = || {
+        Command::new(&python)
+            .args(["-c", "import optuna"])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    if ready() {
+        return Some(python);
+    }
+    let made = Command::new("python3")
+        .arg("-m")
+        .arg("venv")
+        .arg(&venv)
+        .status()
+        .is_ok_and(|s| s.success())
+        && Command::new(&python)
+            .args(["-m", "pip", "install", "--quiet", OPTUNA])
+            .status()
+            .is_ok_and(|s| s.success());
+    if made && ready() {
+        Some(python)
+    } else {
+        out!(
+            "(Optuna could not be installed in {}: its rows are missing)",
+            venv.display()
+        );
+        None
+    }
+}
+
+/// Optuna's rows, by function name: `(sampler, cells)`; and its suggestion
+/// times. Checks first that the script's functions match these.
+fn optuna(root: &Path) -> Option<Value> {
+    let python = optuna_python(root)?;
+    // Each function's value at a few seeded random configurations.
+    let checks: Vec<Value> = functions()
+        .iter()
+        .map(|f| {
+            let space = SearchSpace::from_json(&f.space).expect("a valid space");
+            let mut random = SearchSpec::from_json(&json!({"type": "random"}))
+                .and_then(|s| s.build(&space, 5, Some("loss"), Mode::Min, 3))
+                .expect("random search");
+            let points: Vec<Value> = (0..5)
+                .map(|i| {
+                    let Suggestion::Config(config) = random.suggest(&format!("c{i}")) else {
+                        panic!("no suggestion");
+                    };
+                    json!({"config": config, "value": (f.value)(&config)})
+                })
+                .collect();
+            json!({"name": f.name, "space": f.space, "points": points})
+        })
+        .collect();
+    let input = json!({"functions": checks, "trials": TRIALS, "seeds": SEEDS, "at": AT});
+    let script = root.join("bench/search/optuna_suite.py");
+    let output = Command::new(&python)
+        .arg(&script)
+        .arg(input.to_string())
+        .output()
+        .ok()?;
+    if !output.status.success() {
+        out!(
+            "(Optuna's suite failed: {})",
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+        return None;
+    }
+    serde_json::from_slice(&output.stdout).ok()
+}
+
+pub fn run(root: &Path) {
+    out!("### Search quality: regret after 25 / 50 / 100 trials, beside Optuna");
+    out!();
+    out!(
+        "One-iteration trials, one at a time, {SEEDS} seeds per searcher (seeds 0 to {}); \
+         regret = best value so far minus the function's minimum. Median at 25, 50 and 100 \
+         trials, then the mean at 100. Optuna {} runs in the same sitting \
+         (`bench/search/optuna_suite.py`, its functions checked against these).",
+        SEEDS - 1,
+        OPTUNA.trim_start_matches("optuna==")
+    );
+    out!();
+    let optuna = optuna(root);
+    out!("| function | searcher | median @25 | median @50 | median @100 | mean @100 |");
+    out!("| --- | --- | --- | --- | --- | --- |");
+    for function in functions() {
+        for (label, spec) in searchers() {
+            let runs: Vec<Vec<f64>> = (0..SEEDS).map(|s| regrets(&function, &spec, s)).collect();
+            out!("| {} | {label} | {} |", function.name, row(&runs));
+        }
+        let rows = optuna
+            .as_ref()
+            .and_then(|o| o["rows"][function.name].as_array());
+        for r in rows.into_iter().flatten() {
+            let runs: Vec<Vec<f64>> =
+                serde_json::from_value(r["regrets"].clone()).expect("lists of regrets");
+            out!(
+                "| {} | {} | {} |",
+                function.name,
+                r["sampler"].as_str().unwrap_or("?"),
+                row(&runs)
+            );
+        }
+    }
+    out!();
+    out!("Time per suggestion on Hartmann-6 (median of 5 suggestions):");
+    out!();
+    out!("| searcher | after 100 observations | after 1,000 |");
+    out!("| --- | --- | --- |");
+    for (label, spec) in searchers().into_iter().skip(1) {
+        out!(
+            "| {label} | {:.2} ms | {:.2} ms |",
+            suggestion_ms(&spec, 100),
+            suggestion_ms(&spec, 1000)
+        );
+    }
+    if let Some(times) = optuna.as_ref().and_then(|o| o["times"].as_array()) {
+        for t in times {
+            out!(
+                "| {} | {:.2} ms | {:.2} ms |",
+                t["sampler"].as_str().unwrap_or("?"),
+                t["at_100"].as_f64().unwrap_or(f64::NAN),
+                t["at_1000"].as_f64().unwrap_or(f64::NAN)
+            );
+        }
+    }
+    out!();
+}
