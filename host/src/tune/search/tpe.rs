@@ -34,6 +34,8 @@
 //! trials against long ones. A trial stopped early by a scheduler counts
 //! with its last result, as in Ray Tune's TPE searchers. Trials that ended
 //! in error, or whose last result lacks a finite metric, teach nothing.
+//! Trials still running count among the bad ones (`constant_liar`), so
+//! trials started together explore different places.
 //!
 //! Suggestion `k` draws from a ChaCha8 generator seeded with the
 //! experiment's seed on stream `k`, so the saved state is just the
@@ -77,6 +79,11 @@ pub struct TpeConfig {
     /// whole configuration, see `tpe/joint.rs`), as Optuna's default TPE
     /// does; `false`: one independent model per parameter, as hyperopt.
     pub multivariate: bool,
+    /// Count trials suggested but not complete as bad ones (Optuna's
+    /// "constant liar", its default), so that trials running at once are
+    /// not suggested the same region; matters only with
+    /// `max_concurrent_trials > 1`.
+    pub constant_liar: bool,
 }
 
 impl Default for TpeConfig {
@@ -87,6 +94,7 @@ impl Default for TpeConfig {
             n_candidates: 24,
             prior_weight: 1.0,
             multivariate: true,
+            constant_liar: true,
         }
     }
 }
@@ -100,12 +108,13 @@ const FULL_WEIGHT_NEWEST: usize = 25;
 
 impl TpeConfig {
     /// The keys a `[search]` table with `type = "tpe"` takes.
-    pub const FIELDS: [&'static str; 5] = [
+    pub const FIELDS: [&'static str; 6] = [
         "n_initial_points",
         "gamma",
         "n_candidates",
         "prior_weight",
         "multivariate",
+        "constant_liar",
     ];
 
     /// Checks the parameters, naming the first bad one.
@@ -607,18 +616,25 @@ impl Tpe {
         let n_good = ((self.config.gamma * n as f64).ceil() as usize).clamp(1, n);
         let mut is_good = vec![false; n];
         ranked[..n_good].iter().for_each(|&i| is_good[i] = true);
-        if self.config.multivariate {
-            return self.joint_choice(&is_good, &mut rng);
+        let (mut good, mut bad): (Vec<&[f64]>, Vec<&[f64]>) = (Vec::new(), Vec::new());
+        for (obs, &g) in self.observations.iter().zip(&is_good) {
+            if g { &mut good } else { &mut bad }.push(&obs.values);
         }
+        if self.config.constant_liar {
+            // Trials suggested but not complete count as bad, the newest
+            // (trial ids sort in suggestion order): the next suggestion
+            // steers away from where they already look.
+            bad.extend(self.pending.values().map(Vec::as_slice));
+        }
+        if self.config.multivariate {
+            return self.joint_choice(&good, &bad, &mut rng);
+        }
+        let column = |group: &[&[f64]], j: usize| group.iter().map(|x| x[j]).collect::<Vec<_>>();
         self.params
             .iter()
             .enumerate()
             .map(|(j, param)| {
-                let (mut good, mut bad) = (Vec::new(), Vec::new());
-                for (obs, &g) in self.observations.iter().zip(&is_good) {
-                    if g { &mut good } else { &mut bad }.push(obs.values[j]);
-                }
-                param.choose(&good, &bad, &self.config, &mut rng)
+                param.choose(&column(&good, j), &column(&bad, j), &self.config, &mut rng)
             })
             .collect()
     }
@@ -626,16 +642,12 @@ impl Tpe {
 
 impl Tpe {
     /// The candidate, among `n_candidates` configurations drawn from the
-    /// joint estimator of the good observations, likeliest under it
-    /// relative to the joint estimator of the rest.
-    fn joint_choice(&self, is_good: &[bool], rng: &mut ChaCha8Rng) -> Vec<f64> {
-        let (mut good, mut bad): (Vec<&[f64]>, Vec<&[f64]>) = (Vec::new(), Vec::new());
-        for (obs, &g) in self.observations.iter().zip(is_good) {
-            if g { &mut good } else { &mut bad }.push(&obs.values);
-        }
+    /// joint estimator of the `good` configurations, likeliest under it
+    /// relative to the joint estimator of the `bad` ones.
+    fn joint_choice(&self, good: &[&[f64]], bad: &[&[f64]], rng: &mut ChaCha8Rng) -> Vec<f64> {
         let prior = self.config.prior_weight;
-        let l = JointParzen::fit(&self.params, &good, &recency_weights(good.len()), prior);
-        let g = JointParzen::fit(&self.params, &bad, &recency_weights(bad.len()), prior);
+        let l = JointParzen::fit(&self.params, good, &recency_weights(good.len()), prior);
+        let g = JointParzen::fit(&self.params, bad, &recency_weights(bad.len()), prior);
         let mut best: Option<(f64, Vec<f64>)> = None;
         for _ in 0..self.config.n_candidates {
             let x = l.sample(rng);
@@ -845,6 +857,49 @@ mod tests {
                 .collect(),
         );
         assert!(joint < 0.5 * random, "joint {joint} vs random {random}");
+    }
+
+    #[test]
+    fn trials_running_at_once_are_not_sent_to_the_same_place() {
+        // After 20 trials, 8 suggestions in a row with none complete (8
+        // trials running at once): with the constant liar each steers away
+        // from those before it, so they spread; without, they crowd where
+        // the model likes best.
+        let spread = |constant_liar: bool| -> f64 {
+            (0..5)
+                .map(|seed| {
+                    let config = TpeConfig {
+                        constant_liar,
+                        ..TpeConfig::default()
+                    };
+                    let s = bowl();
+                    let mut searcher = Tpe::new(config, &s, 28, "loss", Mode::Min, seed).unwrap();
+                    run(&mut searcher, 20, bowl_loss);
+                    let points: Vec<(f64, f64)> = (0..8)
+                        .map(|i| {
+                            let Suggestion::Config(c) = searcher.suggest(&format!("p{i}")) else {
+                                panic!("expected a configuration");
+                            };
+                            let y = c["y"].as_f64().unwrap().log10() / 4.0;
+                            (c["x"].as_f64().unwrap(), y)
+                        })
+                        .collect();
+                    let mut total = 0.0;
+                    for (i, a) in points.iter().enumerate() {
+                        for b in &points[i + 1..] {
+                            total += ((a.0 - b.0).powi(2) + (a.1 - b.1).powi(2)).sqrt();
+                        }
+                    }
+                    total / 28.0
+                })
+                .sum::<f64>()
+                / 5.0
+        };
+        let (liar, crowd) = (spread(true), spread(false));
+        assert!(
+            liar > 1.5 * crowd,
+            "mean distance {liar} with the liar, {crowd} without"
+        );
     }
 
     #[test]
