@@ -354,25 +354,14 @@ fn newest_intact_of<B: TrialBackend>(
         // hold a step no decision was made on, which only the halt's saved
         // moment remembers: without it, the trial does the step again, and
         // it is decided on then.
-        if !listed_only && halt {
+        let why = match (listed_only, listed, halt) {
+            (false, _, true) => "taken as the run halted, whose moment the saved state lacks",
+            (true, false, _) => "written after the moment the run continues from",
+            _ => "",
+        };
+        if !why.is_empty() {
             let file = trial.dir.join(&path);
-            tracing::info!(
-                trial = %trial.trial_id,
-                "not continuing from {}: taken as the run halted, whose moment the saved state lacks",
-                file.display()
-            );
-            if let Err(err) = std::fs::remove_file(&file) {
-                tracing::warn!("removing {}: {err}", file.display());
-            }
-            continue;
-        }
-        if listed_only && !listed {
-            let file = trial.dir.join(&path);
-            tracing::info!(
-                trial = %trial.trial_id,
-                "deleting {}: written after the moment the run continues from",
-                file.display()
-            );
+            tracing::info!(trial = %trial.trial_id, "deleting {}: {why}", file.display());
             if let Err(err) = std::fs::remove_file(&file) {
                 tracing::warn!("removing {}: {err}", file.display());
             }

@@ -64,6 +64,10 @@ pub(super) struct FuelOrder {
     leaving: BTreeSet<usize>,
     /// Fuel time of the last released event.
     now: u64,
+    /// For trials whose carried clocks were given up: the iteration up to
+    /// which their steps were decided before the resume. They redo those
+    /// steps on the new clock they start on, without deciding again.
+    decided_until: BTreeMap<usize, u64>,
 }
 
 impl FuelOrder {
@@ -92,7 +96,7 @@ impl FuelOrder {
                 fuel_at_start: None,
                 floor: self.now,
                 carried: false,
-                redo_until: 0,
+                redo_until: self.decided_until.remove(&index).unwrap_or(0),
             },
         );
         false
@@ -122,16 +126,25 @@ impl FuelOrder {
     /// not started again (they will start on new clocks); returns whether
     /// there were any. For a resumed run that cannot start them all.
     pub(super) fn drop_carried(&mut self) -> bool {
-        let before = self.clocks.len();
-        self.clocks.retain(|_, clock| !clock.carried);
-        self.clocks.len() < before
+        let carried: Vec<usize> = (self.clocks.iter())
+            .filter(|(_, clock)| clock.carried)
+            .map(|(&index, _)| index)
+            .collect();
+        for &index in &carried {
+            self.forget_carried(index);
+        }
+        !carried.is_empty()
     }
 
     /// Forgets trial `index`'s clock if it is carried from a saved moment
-    /// and not started again: the trial will not take its slot back.
+    /// and not started again: the trial will not take its slot back. The
+    /// steps it had decided on stay decided: when it starts (on a new
+    /// clock), it redoes them without deciding again.
     pub(super) fn forget_carried(&mut self, index: usize) {
-        if self.clocks.get(&index).is_some_and(|clock| clock.carried) {
-            self.clocks.remove(&index);
+        if self.clocks.get(&index).is_some_and(|clock| clock.carried)
+            && let Some(clock) = self.clocks.remove(&index)
+        {
+            self.decided_until.insert(index, clock.redo_until);
         }
     }
 
@@ -433,10 +446,11 @@ mod tests {
             order.start(i, id);
             order.launched(i, 0);
         }
-        let trials: Vec<Trial> = ["trial_0000", "trial_0001"]
+        let mut trials: Vec<Trial> = ["trial_0000", "trial_0001"]
             .into_iter()
             .map(|id| Trial::new(id.into(), serde_json::json!({}), id.into()))
             .collect();
+        trials[0].iterations = 3;
         let moment = order.moment(&trials, 0, &HashMap::new()).unwrap();
         let mut resumed = FuelOrder::default();
         resumed.carry(&moment, |id| trials.iter().position(|t| t.trial_id == id));
@@ -449,6 +463,10 @@ mod tests {
         assert!(!resumed.is_turn(1, &result), "a started clock stays");
         resumed.forget_carried(0);
         assert!(resumed.is_turn(1, &result));
+        // Started later on a new clock, it still does not decide again on
+        // the 3 steps decided before the resume.
+        assert!(!resumed.start(0, "trial_0000"));
+        assert_eq!(resumed.redo_left(0, 1), 2);
         let mut dropped = FuelOrder::default();
         dropped.carry(&moment, |id| trials.iter().position(|t| t.trial_id == id));
         assert!(dropped.start(1, "trial_0001"));

@@ -296,8 +296,9 @@ pub(super) fn train<B: TrialBackend>(
                     // next resume; this one ends at the halt like any
                     // trial that continues, checkpointed and paused.
                     Ok(()) if guard.halted.is_some() => {
-                        guard.hand_to_loop(index, turns);
                         let decision = Ok(Decision::Continue);
+                        guard.mark_saving(index, &decision);
+                        guard.hand_to_loop(index, turns);
                         return (index, Event::Settled { session, decision });
                     }
                     Ok(()) => {

@@ -344,6 +344,35 @@ fn pick(weights: &[f64], rng: &mut ChaCha8Rng) -> usize {
     weights.len() - 1
 }
 
+/// Each value's kernel width in one dimension: the larger gap to its
+/// neighbours (the bounds count as neighbours), but the outermost values
+/// use only their inner gap, so that empty space out to a bound does not
+/// widen them (the prior covers it), as in Optuna; kept within
+/// `[min_sigma, hi - lo]`. In the order of `values`.
+fn gap_widths(values: &[f64], lo: f64, hi: f64, min_sigma: f64) -> Vec<f64> {
+    let n = values.len();
+    let mut order: Vec<usize> = (0..n).collect();
+    order.sort_by(|&a, &b| values[a].total_cmp(&values[b]).then(a.cmp(&b)));
+    let at = |rank: usize| match rank {
+        0 => lo,
+        r if r > n => hi,
+        r => values[order[r - 1]],
+    };
+    let mut sigmas = vec![0.0; n];
+    for (rank, &i) in order.iter().enumerate() {
+        let (left, right) = (at(rank + 1) - at(rank), at(rank + 2) - at(rank + 1));
+        let sigma = if n >= 2 && rank == 0 {
+            right
+        } else if n >= 2 && rank == n - 1 {
+            left
+        } else {
+            left.max(right)
+        };
+        sigmas[i] = sigma.clamp(min_sigma, hi - lo);
+    }
+    sigmas
+}
+
 /// A mixture of Gaussians truncated to `[lo, hi)`.
 struct Parzen {
     lo: f64,
@@ -366,41 +395,14 @@ impl Parzen {
         let range = hi - lo;
         let prior_mu = 0.5 * (lo + hi);
         let n = observed.len();
-        // Widths from the gaps between sorted centers (the prior's center
-        // included, the bounds as outer neighbours); the outermost centers
-        // use only their inner gap, so that empty space out to a bound does
-        // not widen them (the prior already covers it), as in Optuna.
-        let mut order: Vec<(f64, usize)> = observed
-            .iter()
-            .copied()
-            .chain([prior_mu])
-            .enumerate()
-            .map(|(i, x)| (x, i))
-            .collect();
-        order.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-        let mut sorted = Vec::with_capacity(order.len() + 2);
-        sorted.push(lo);
-        sorted.extend(order.iter().map(|&(x, _)| x));
-        sorted.push(hi);
-        let m = order.len();
-        let min_sigma = range / (100.0f64).min(n as f64 + 2.0);
-        let mut sigmas = vec![0.0; m];
-        for (j, &(_, i)) in order.iter().enumerate() {
-            let (left, right) = (sorted[j + 1] - sorted[j], sorted[j + 2] - sorted[j + 1]);
-            let sigma = if m >= 2 && j == 0 {
-                right
-            } else if m >= 2 && j == m - 1 {
-                left
-            } else {
-                left.max(right)
-            };
-            sigmas[i] = sigma.clamp(min_sigma, range);
-        }
+        // The prior's center counts among the neighbours; its own width is
+        // the range.
+        let mus: Vec<f64> = observed.iter().copied().chain([prior_mu]).collect();
+        let mut sigmas = gap_widths(&mus, lo, hi, range / (100.0f64).min(n as f64 + 2.0));
         sigmas[n] = range;
         let mut mixture_weights: Vec<f64> = weights.to_vec();
         mixture_weights.push(prior_weight);
         let total: f64 = mixture_weights.iter().sum();
-        let mus: Vec<f64> = observed.iter().copied().chain([prior_mu]).collect();
         let log_scale: Vec<f64> = mus
             .iter()
             .zip(&sigmas)

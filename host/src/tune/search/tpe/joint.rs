@@ -6,13 +6,13 @@
 //! univariate estimator, one independent mixture per parameter, cannot.
 //! It is the estimator of Optuna's `multivariate=True`, which Optuna's
 //! default TPE uses. Each kernel's width in a dimension comes from the gaps
-//! between the group's values there, as the univariate estimator's does;
-//! Scott's rule (`0.2 n^(-1/(d+4))` of the range) measured worse on
+//! between the group's values there (without the prior's center among
+//! them, which the univariate estimator counts; as in Optuna); Scott's rule (`0.2 n^(-1/(d+4))` of the range) measured worse on
 //! Hartmann-6 (BENCHMARKS.md).
 
 use rand_chacha::ChaCha8Rng;
 
-use super::{LN_SQRT_2PI, Param, log_sum_exp, normal_mass, pick, standard_normal};
+use super::{LN_SQRT_2PI, Param, gap_widths, log_sum_exp, normal_mass, pick, standard_normal};
 
 /// One parameter's factor of every component.
 enum Factor {
@@ -29,39 +29,6 @@ enum Factor {
     },
     /// Per component, the `ln` probability of each choice.
     Choice(Vec<Vec<f64>>),
-}
-
-/// Each value's kernel width in one dimension: the larger gap to its
-/// neighbours (the bounds count as neighbours), but the outermost values
-/// use their inner gap, so empty space out to a bound does not widen them
-/// (the prior covers it); kept within `[range / min(100, n + 2), range]`.
-/// In the order of `values`.
-fn gap_widths(values: &[f64], lo: f64, hi: f64) -> Vec<f64> {
-    let n = values.len();
-    let range = hi - lo;
-    let mut order: Vec<usize> = (0..n).collect();
-    order.sort_by(|&a, &b| values[a].total_cmp(&values[b]).then(a.cmp(&b)));
-    let at = |i: usize| -> f64 {
-        match i {
-            0 => lo,
-            i if i > n => hi,
-            i => values[order[i - 1]],
-        }
-    };
-    let min_sigma = range / (100.0f64).min(n as f64 + 2.0);
-    let mut sigmas = vec![0.0; n];
-    for (rank, &i) in order.iter().enumerate() {
-        let (left, right) = (at(rank + 1) - at(rank), at(rank + 2) - at(rank + 1));
-        let sigma = if n >= 2 && rank == 0 {
-            right
-        } else if n >= 2 && rank == n - 1 {
-            left
-        } else {
-            left.max(right)
-        };
-        sigmas[i] = sigma.clamp(min_sigma, range);
-    }
-    sigmas
 }
 
 /// The joint density of one group (the good or the bad configurations).
@@ -90,7 +57,8 @@ impl<'a> JointParzen<'a> {
             .map(|(j, param)| match *param {
                 Param::Float { lo, hi, .. } | Param::Quantized { lo, hi, .. } => {
                     let values: Vec<f64> = observed.iter().map(|x| x[j]).collect();
-                    let mut sigmas = gap_widths(&values, lo, hi);
+                    let min_sigma = (hi - lo) / (100.0f64).min(n as f64 + 2.0);
+                    let mut sigmas = gap_widths(&values, lo, hi, min_sigma);
                     sigmas.push(hi - lo);
                     let mus: Vec<f64> = values.into_iter().chain([0.5 * (lo + hi)]).collect();
                     let ln_mass = mus
