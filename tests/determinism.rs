@@ -431,14 +431,20 @@ fn a_fail_fast_halt_keeps_the_fuel_order() {
 }
 
 /// Runs `guest` under `config` into `out`, stopping it at pseudo-random
-/// moments of its first attempts, with SIGKILL or with SIGINT (Ctrl-C: the
+/// points of its first attempts, with SIGKILL or with SIGINT (Ctrl-C: the
 /// run halts, checkpointing its trials), and resuming it with `wtune
-/// resume` until it finishes; returns how many stops landed. `clean` is how
-/// long an uninterrupted run took.
-fn stopped_and_resumed(guest: &str, config: &Path, out: &Path, clean: Duration, seed: u64) -> u32 {
+/// resume` until it finishes; returns how many stops landed. The points are
+/// measured in progress, not time (so that a machine slower or faster than
+/// when the uninterrupted run was timed still stops each attempt midway):
+/// a share of the decisions left, of the `decisions` an uninterrupted run
+/// records.
+fn stopped_and_resumed(guest: &str, config: &Path, out: &Path, decisions: usize, seed: u64) -> u32 {
     use rand::{Rng, SeedableRng};
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
-    // Every attempt but the one that finishes is killed.
+    let recorded = || {
+        std::fs::read_to_string(out.join("decisions.jsonl")).map_or(0, |log| log.lines().count())
+    };
+    // Every attempt but the one that finishes is stopped.
     for attempt in 0..30 {
         // Killed before its first state was written, an experiment has
         // nothing to resume: it is run again.
@@ -455,12 +461,12 @@ fn stopped_and_resumed(guest: &str, config: &Path, out: &Path, clean: Duration, 
             .stderr(std::process::Stdio::piped())
             .spawn()
             .unwrap();
-        let delay = if attempt < 6 {
-            clean.mul_f64(rng.random_range(0.1..0.9))
+        let (before, share) = (recorded(), rng.random_range(0.1..0.9));
+        let target = if attempt < 6 {
+            before + ((decisions.saturating_sub(before)) as f64 * share).ceil() as usize
         } else {
-            Duration::from_secs(600)
+            usize::MAX
         };
-        let began = std::time::Instant::now();
         loop {
             if child.try_wait().unwrap().is_some() {
                 let output = child.wait_with_output().unwrap();
@@ -472,7 +478,7 @@ fn stopped_and_resumed(guest: &str, config: &Path, out: &Path, clean: Duration, 
                 );
                 return attempt;
             }
-            if began.elapsed() >= delay {
+            if recorded() >= target {
                 break;
             }
             std::thread::sleep(Duration::from_millis(2));
@@ -524,9 +530,11 @@ fn assert_stops_and_resumes_decide_as_one_run(
     let config = dir.path().join("experiment.toml");
     std::fs::write(&config, toml).unwrap();
     let clean = dir.path().join("clean");
-    let began = std::time::Instant::now();
     let output = common::wtune_run(guest, &config, &clean).output().unwrap();
-    let took = began.elapsed();
+    let decisions = std::fs::read_to_string(clean.join("decisions.jsonl"))
+        .unwrap()
+        .lines()
+        .count();
     assert!(
         output.status.success(),
         "{}",
@@ -536,7 +544,7 @@ fn assert_stops_and_resumes_decide_as_one_run(
     let mut kills = 0;
     for &seed in seeds {
         let out = dir.path().join(format!("killed-{seed}"));
-        kills += stopped_and_resumed(guest, &config, &out, took, seed);
+        kills += stopped_and_resumed(guest, &config, &out, decisions, seed);
         let compared = common::wtune()
             .arg("decisions")
             .arg(&clean)
