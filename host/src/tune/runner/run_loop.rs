@@ -219,8 +219,9 @@ impl<B: TrialBackend> Shared<B> {
             && *live < max_concurrent
             && halted.is_none()
             && stopped.is_none()
-            // The trials that held slots at a resumed moment had all
-            // launched once: no probing holds them back.
+            // The trials that held slots at a resumed moment were started
+            // before (not all had finished launching): the probe, which
+            // guards the first starts of a run, does not hold them back.
             && (!runner.relaunch.is_empty() || !runner.probing(*live))
         {
             // Trials that held slots at a resumed moment take them back
