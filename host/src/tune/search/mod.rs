@@ -8,8 +8,11 @@
 //! saved with the experiment so that `wtune resume` continues the search.
 
 mod basic;
+mod history;
 mod limiter;
 mod listed;
+mod normal;
+mod param;
 mod searcher;
 mod spec;
 mod tpe;

@@ -44,18 +44,18 @@
 
 mod joint;
 
-use std::collections::BTreeMap;
-
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
-use serde_json::{Map, Number, Value};
+use serde_json::{Map, Value};
 
 use self::joint::JointParzen;
+use super::history::History;
+use super::normal::{LN_SQRT_2PI, normal_mass, standard_normal};
+use super::param::Param;
 use super::searcher::{Searcher, Suggestion};
 use crate::tune::result::Mode;
-use crate::tune::saved::read_saved;
-use crate::tune::space::{Domain, SearchSpace};
+use crate::tune::space::SearchSpace;
 
 /// TPE's parameters, with the defaults of hyperopt and Optuna (which call
 /// the first and third `n_startup_trials` and `n_ei_candidates`).
@@ -141,163 +141,55 @@ impl TpeConfig {
     }
 }
 
-/// One parameter as the model sees it. Values live in "model space": the
-/// value itself, its `ln` for loguniform, its index for choice.
-#[derive(Debug, Clone)]
-enum Param {
-    /// uniform (`log` false) or loguniform (`log` true, `lo`/`hi` are the
-    /// logs of the bounds, `low`/`high` the bounds).
-    Float {
-        lo: f64,
-        hi: f64,
-        log: bool,
-        low: f64,
-        high: f64,
-    },
-    /// randint and quniform: model values in `[lo, hi)` round to multiples
-    /// of `q` kept within `[min, max]`.
-    Quantized {
-        lo: f64,
-        hi: f64,
-        q: f64,
-        min: f64,
-        max: f64,
-        int: bool,
-    },
-    Categorical(Vec<Value>),
-}
-
-impl Param {
-    fn new(path: &str, domain: &Domain) -> Result<Self, String> {
-        Ok(match *domain {
-            Domain::GridSearch(_) => {
-                return Err(format!(
-                    "{path}: the tpe searcher cannot use grid_search domains (it chooses every \
-                     value itself); use choice, or search = \"random\" or \"grid\""
-                ));
-            }
-            Domain::Choice(ref values) => Param::Categorical(values.clone()),
-            Domain::Uniform { low, high } => Param::Float {
-                lo: low,
-                hi: high,
-                log: false,
-                low,
-                high,
-            },
-            Domain::LogUniform { low, high } => Param::Float {
-                lo: low.ln(),
-                hi: high.ln(),
-                log: true,
-                low,
-                high,
-            },
-            // Integer k owns [k - 1/2, k + 1/2), so every integer in
-            // [low, high) is equally likely under the prior.
-            Domain::RandInt { low, high } => Param::Quantized {
-                lo: low as f64 - 0.5,
-                hi: high as f64 - 0.5,
-                q: 1.0,
-                min: low as f64,
-                max: (high - 1) as f64,
-                int: true,
-            },
-            // As random search draws it: uniform in [low, high), rounded.
-            Domain::QUniform { low, high, q } => Param::Quantized {
-                lo: low,
-                hi: high,
-                q,
-                min: low,
-                max: high,
-                int: false,
-            },
-        })
-    }
-
-    /// A model value drawn as random search would draw it.
-    fn random(&self, rng: &mut ChaCha8Rng) -> f64 {
-        match *self {
-            Param::Float { lo, hi, .. } => rng.random_range(lo..hi),
-            Param::Quantized { lo, hi, .. } => self.quantize(rng.random_range(lo..hi)),
-            Param::Categorical(ref values) => rng.random_range(0..values.len()) as f64,
-        }
-    }
-
-    fn quantize(&self, x: f64) -> f64 {
-        match *self {
-            Param::Quantized { q, min, max, .. } => ((x / q).round() * q).clamp(min, max),
-            _ => x,
-        }
-    }
-
-    fn to_value(&self, x: f64) -> Value {
-        match *self {
-            Param::Float {
-                log: true,
-                low,
-                high,
-                ..
-            } => float(x.exp().clamp(low, high)),
-            Param::Float { .. } => float(x),
-            Param::Quantized { int: true, .. } => Value::from(x as i64),
-            Param::Quantized { .. } => float(x),
-            Param::Categorical(ref values) => values[x as usize].clone(),
-        }
-    }
-
-    /// Whether a saved model value could have come from this parameter.
-    fn admits(&self, x: f64) -> bool {
-        match *self {
-            Param::Float { lo, hi, .. } => (lo..=hi).contains(&x),
-            Param::Quantized { min, max, .. } => (min..=max).contains(&x),
-            Param::Categorical(ref values) => {
-                x.fract() == 0.0 && (0.0..values.len() as f64).contains(&x)
-            }
-        }
-    }
-
-    /// The value among `n_candidates` draws from the estimator fitted to
-    /// `good` that is likeliest under it relative to the one fitted to
-    /// `bad`. Each group is in chronological order.
-    fn choose(&self, good: &[f64], bad: &[f64], config: &TpeConfig, rng: &mut ChaCha8Rng) -> f64 {
-        let (w_good, w_bad) = (recency_weights(good.len()), recency_weights(bad.len()));
-        let mut best = (f64::NEG_INFINITY, f64::NAN);
-        match *self {
-            Param::Categorical(ref values) => {
-                let l = categorical(values.len(), good, &w_good, config.prior_weight);
-                let g = categorical(values.len(), bad, &w_bad, config.prior_weight);
-                for _ in 0..config.n_candidates {
-                    let k = pick(&l, rng);
-                    let score = l[k].ln() - g[k].ln();
-                    if score > best.0 {
-                        best = (score, k as f64);
-                    }
-                }
-            }
-            Param::Float { lo, hi, .. } | Param::Quantized { lo, hi, .. } => {
-                let l = Parzen::fit(good, &w_good, lo, hi, config.prior_weight);
-                let g = Parzen::fit(bad, &w_bad, lo, hi, config.prior_weight);
-                for _ in 0..config.n_candidates {
-                    let x = self.quantize(l.sample(rng));
-                    let score = match *self {
-                        Param::Quantized { q, .. } => {
-                            let (a, b) = ((x - q / 2.0).max(lo), (x + q / 2.0).min(hi));
-                            l.log_mass(a, b) - g.log_mass(a, b)
-                        }
-                        _ => l.log_pdf(x) - g.log_pdf(x),
-                    };
-                    if score > best.0 {
-                        best = (score, x);
-                    }
+/// `param`'s value among `n_candidates` draws from the estimator fitted to
+/// `good` that is likeliest under it relative to the one fitted to
+/// `bad`: the univariate estimator's choice. Each group is in
+/// chronological order.
+fn univariate_choice(
+    param: &Param,
+    good: &[f64],
+    bad: &[f64],
+    config: &TpeConfig,
+    rng: &mut ChaCha8Rng,
+) -> f64 {
+    let (w_good, w_bad) = (recency_weights(good.len()), recency_weights(bad.len()));
+    let mut best = (f64::NEG_INFINITY, f64::NAN);
+    match *param {
+        Param::Categorical(ref values) => {
+            let l = categorical(values.len(), good, &w_good, config.prior_weight);
+            let g = categorical(values.len(), bad, &w_bad, config.prior_weight);
+            for _ in 0..config.n_candidates {
+                let k = pick(&l, rng);
+                let score = l[k].ln() - g[k].ln();
+                if score > best.0 {
+                    best = (score, k as f64);
                 }
             }
         }
-        if best.1.is_nan() {
-            // Scores are finite (the prior puts mass everywhere), so this
-            // only guards against arithmetic surprises.
-            return self.random(rng);
+        Param::Float { lo, hi, .. } | Param::Quantized { lo, hi, .. } => {
+            let l = Parzen::fit(good, &w_good, lo, hi, config.prior_weight);
+            let g = Parzen::fit(bad, &w_bad, lo, hi, config.prior_weight);
+            for _ in 0..config.n_candidates {
+                let x = param.quantize(l.sample(rng));
+                let score = match *param {
+                    Param::Quantized { q, .. } => {
+                        let (a, b) = ((x - q / 2.0).max(lo), (x + q / 2.0).min(hi));
+                        l.log_mass(a, b) - g.log_mass(a, b)
+                    }
+                    _ => l.log_pdf(x) - g.log_pdf(x),
+                };
+                if score > best.0 {
+                    best = (score, x);
+                }
+            }
         }
-        best.1
     }
+    if best.1.is_nan() {
+        // Scores are finite (the prior puts mass everywhere), so this
+        // only guards against arithmetic surprises.
+        return param.random(rng);
+    }
+    best.1
 }
 
 /// Hyperopt's linear forgetting: the newest observations weigh 1, older
@@ -461,8 +353,6 @@ impl Parzen {
     }
 }
 
-const LN_SQRT_2PI: f64 = 0.918_938_533_204_672_8;
-
 /// `ln(sum_k exp(term(k)))` for `k < n`, stable for large terms: one pass
 /// for the largest term, one for the sum (recomputing a term is cheaper
 /// than storing it).
@@ -472,77 +362,6 @@ fn log_sum_exp(n: usize, term: impl Fn(usize) -> f64) -> f64 {
         return max;
     }
     max + (0..n).map(|k| (term(k) - max).exp()).sum::<f64>().ln()
-}
-
-/// Box–Muller; one normal per call keeps the draw count per value fixed.
-fn standard_normal(rng: &mut ChaCha8Rng) -> f64 {
-    let u1 = 1.0 - rng.random::<f64>();
-    let u2 = rng.random::<f64>();
-    (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
-}
-
-/// P(a <= Z <= b) for a standard normal Z and `a <= b`.
-fn normal_mass(a: f64, b: f64) -> f64 {
-    let width = b - a;
-    if width < 1e-2 {
-        // The CDF difference would cancel to noise; the midpoint rule is
-        // accurate to about width² here.
-        let mid = 0.5 * (a + b);
-        return width * (-0.5 * mid * mid - LN_SQRT_2PI).exp();
-    }
-    let s = std::f64::consts::FRAC_1_SQRT_2;
-    // Work in the tail the interval is in, where erfc keeps its precision.
-    if a >= 0.0 {
-        0.5 * (erfc(a * s) - erfc(b * s))
-    } else if b <= 0.0 {
-        0.5 * (erfc(-b * s) - erfc(-a * s))
-    } else {
-        1.0 - 0.5 * (erfc(b * s) + erfc(-a * s))
-    }
-}
-
-/// Complementary error function, with a relative error below 1.2e-7
-/// (the Chebyshev fit in Press et al., Numerical Recipes, §6.2).
-fn erfc(x: f64) -> f64 {
-    let z = x.abs();
-    let t = 1.0 / (1.0 + 0.5 * z);
-    let poly = -z * z - 1.265_512_23
-        + t * (1.000_023_68
-            + t * (0.374_091_96
-                + t * (0.096_784_18
-                    + t * (-0.186_288_06
-                        + t * (0.278_868_07
-                            + t * (-1.135_203_98
-                                + t * (1.488_515_87 + t * (-0.822_152_23 + t * 0.170_872_77))))))));
-    let r = t * poly.exp();
-    if x >= 0.0 { r } else { 2.0 - r }
-}
-
-fn float(x: f64) -> Value {
-    Number::from_f64(x).map_or(Value::Null, Value::Number)
-}
-
-/// A completed trial's model values and metric.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Observation {
-    values: Vec<f64>,
-    metric: f64,
-}
-
-/// What [`Tpe`] saves.
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct TpeState {
-    suggested: u64,
-    /// In completion order, which the recency weights depend on.
-    observations: Vec<Observation>,
-    /// Suggested trials not yet complete, with their model values.
-    pending: BTreeMap<String, Vec<f64>>,
-    /// Trials that ended in ERROR, with their model values, in case
-    /// `wtune resume --retry-errored` runs them again.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    failed: BTreeMap<String, Vec<f64>>,
 }
 
 /// The TPE searcher.
@@ -555,10 +374,7 @@ pub struct Tpe {
     mode: Mode,
     seed: u64,
     num_samples: u64,
-    suggested: u64,
-    observations: Vec<Observation>,
-    pending: BTreeMap<String, Vec<f64>>,
-    failed: BTreeMap<String, Vec<f64>>,
+    history: History,
 }
 
 impl Tpe {
@@ -576,7 +392,7 @@ impl Tpe {
         let params = space
             .domains()
             .into_iter()
-            .map(|(path, domain)| Param::new(&path, domain))
+            .map(|(path, domain)| Param::new(&path, domain, "tpe"))
             .collect::<Result<_, _>>()?;
         Ok(Self {
             config,
@@ -586,47 +402,32 @@ impl Tpe {
             mode,
             seed,
             num_samples,
-            suggested: 0,
-            observations: Vec::new(),
-            pending: BTreeMap::new(),
-            failed: BTreeMap::new(),
+            history: History::default(),
         })
     }
 
     /// The model values of the next configuration.
     fn next_values(&self) -> Vec<f64> {
         let mut rng = ChaCha8Rng::seed_from_u64(self.seed);
-        rng.set_stream(self.suggested);
-        let n = self.observations.len();
+        rng.set_stream(self.history.suggested);
+        let observations = &self.history.observations;
+        let n = observations.len();
         if n < self.config.n_initial_points.max(1) as usize {
             return self.params.iter().map(|p| p.random(&mut rng)).collect();
         }
-        // Lower loss first; ties go to the earlier observation so the split
-        // does not depend on sort internals.
-        let sign = match self.mode {
-            Mode::Min => 1.0,
-            Mode::Max => -1.0,
-        };
-        let mut ranked: Vec<usize> = (0..n).collect();
-        ranked.sort_by(|&a, &b| {
-            let (la, lb) = (
-                sign * self.observations[a].metric,
-                sign * self.observations[b].metric,
-            );
-            la.total_cmp(&lb).then(a.cmp(&b))
-        });
+        let ranked = self.history.ranked(self.mode);
         let n_good = ((self.config.gamma * n as f64).ceil() as usize).clamp(1, n);
         let mut is_good = vec![false; n];
         ranked[..n_good].iter().for_each(|&i| is_good[i] = true);
         let (mut good, mut bad): (Vec<&[f64]>, Vec<&[f64]>) = (Vec::new(), Vec::new());
-        for (obs, &g) in self.observations.iter().zip(&is_good) {
+        for (obs, &g) in observations.iter().zip(&is_good) {
             if g { &mut good } else { &mut bad }.push(&obs.values);
         }
         if self.config.constant_liar {
             // Trials suggested but not complete count as bad, the newest
             // (trial ids sort in suggestion order): the next suggestion
             // steers away from where they already look.
-            bad.extend(self.pending.values().map(Vec::as_slice));
+            bad.extend(self.history.pending.values().map(Vec::as_slice));
         }
         if self.config.multivariate {
             return self.joint_choice(&good, &bad, &mut rng);
@@ -636,13 +437,17 @@ impl Tpe {
             .iter()
             .enumerate()
             .map(|(j, param)| {
-                param.choose(&column(&good, j), &column(&bad, j), &self.config, &mut rng)
+                univariate_choice(
+                    param,
+                    &column(&good, j),
+                    &column(&bad, j),
+                    &self.config,
+                    &mut rng,
+                )
             })
             .collect()
     }
-}
 
-impl Tpe {
     /// The candidate, among `n_candidates` configurations drawn from the
     /// joint estimator of the `good` configurations, likeliest under it
     /// relative to the joint estimator of the `bad` ones.
@@ -669,13 +474,12 @@ impl Tpe {
 
 impl Searcher for Tpe {
     fn suggest(&mut self, trial_id: &str) -> Suggestion {
-        if self.suggested >= self.num_samples {
+        if self.history.suggested >= self.num_samples {
             return Suggestion::Finished;
         }
         let values = self.next_values();
-        self.suggested += 1;
         let config = self.space.build(|i, _| self.params[i].to_value(values[i]));
-        self.pending.insert(trial_id.to_string(), values);
+        self.history.suggest(trial_id, values);
         Suggestion::Config(config)
     }
 
@@ -685,26 +489,11 @@ impl Searcher for Tpe {
         result: Option<&Map<String, Value>>,
         error: bool,
     ) {
-        let Some(values) = self.pending.remove(trial_id) else {
-            return;
-        };
-        let metric = result
-            .and_then(|r| r.get(&self.metric))
-            .and_then(Value::as_f64)
-            .filter(|m| m.is_finite());
-        match (error, metric) {
-            (true, _) => {
-                self.failed.insert(trial_id.to_string(), values);
-            }
-            (false, Some(metric)) => self.observations.push(Observation { values, metric }),
-            (false, None) => {}
-        }
+        self.history.complete(trial_id, result, error, &self.metric);
     }
 
     fn on_trial_retry(&mut self, trial_id: &str) {
-        if let Some(values) = self.failed.remove(trial_id) {
-            self.pending.insert(trial_id.to_string(), values);
-        }
+        self.history.retry(trial_id);
     }
 
     fn total(&self) -> Option<u64> {
@@ -716,35 +505,13 @@ impl Searcher for Tpe {
     }
 
     fn state(&self) -> Value {
-        serde_json::json!(TpeState {
-            suggested: self.suggested,
-            observations: self.observations.clone(),
-            pending: self.pending.clone(),
-            failed: self.failed.clone(),
-        })
+        serde_json::json!(self.history)
     }
 
     fn restore_state(&mut self, state: &Value) -> Result<(), String> {
-        let Some(saved) = read_saved::<TpeState>(state, "TPE")? else {
-            return Ok(());
-        };
-        let fits = |values: &Vec<f64>| {
-            values.len() == self.params.len()
-                && values.iter().zip(&self.params).all(|(&x, p)| p.admits(x))
-        };
-        if !(saved.observations.iter().all(|o| fits(&o.values))
-            && saved.pending.values().all(fits)
-            && saved.failed.values().all(fits))
-        {
-            return Err(
-                "the saved TPE state does not fit this search space; was param_space changed?"
-                    .into(),
-            );
+        if let Some(saved) = History::restore(state, &self.params, "TPE")? {
+            self.history = saved;
         }
-        self.suggested = saved.suggested;
-        self.observations = saved.observations;
-        self.pending = saved.pending;
-        self.failed = saved.failed;
         Ok(())
     }
 }
@@ -1011,10 +778,10 @@ mod tests {
         let nan = json!({"loss": null}).as_object().unwrap().clone();
         searcher.on_trial_complete("c", Some(&nan), false);
         searcher.on_trial_complete("unknown", Some(&result(1.0)), false);
-        assert!(searcher.observations.is_empty());
+        assert!(searcher.history.observations.is_empty());
         searcher.on_trial_complete("d", Some(&result(0.5)), false);
-        assert_eq!(searcher.observations.len(), 1);
-        assert!(searcher.pending.is_empty());
+        assert_eq!(searcher.history.observations.len(), 1);
+        assert!(searcher.history.pending.is_empty());
     }
 
     /// A trial retried after an error (`wtune resume --retry-errored`) is
@@ -1025,15 +792,15 @@ mod tests {
         let mut searcher = tpe(&s, 10, Mode::Min, 1);
         searcher.suggest("a");
         searcher.on_trial_complete("a", None, true);
-        assert!(searcher.observations.is_empty());
+        assert!(searcher.history.observations.is_empty());
         let mut resumed = tpe(&s, 10, Mode::Min, 1);
         resumed.restore_state(&searcher.state()).unwrap();
         resumed.on_trial_retry("a");
         resumed.on_trial_retry("never-suggested");
         resumed.on_trial_complete("a", Some(&result(0.25)), false);
-        assert_eq!(resumed.observations.len(), 1);
-        assert_eq!(resumed.observations[0].metric, 0.25);
-        assert!(resumed.pending.is_empty() && resumed.failed.is_empty());
+        assert_eq!(resumed.history.observations.len(), 1);
+        assert_eq!(resumed.history.observations[0].metric, 0.25);
+        assert!(resumed.history.pending.is_empty() && resumed.history.failed.is_empty());
     }
 
     #[test]
@@ -1104,30 +871,6 @@ mod tests {
             tpe(&bowl(), 10, Mode::Min, 1)
                 .restore_state(&json!({"suggested": 1}))
                 .is_err()
-        );
-    }
-
-    #[test]
-    fn normal_masses_are_accurate() {
-        // Reference values of the standard normal CDF.
-        let phi = [
-            (-3.0, 0.001_349_898),
-            (-1.0, 0.158_655_254),
-            (0.5, 0.691_462_461),
-            (2.0, 0.977_249_868),
-        ];
-        for (x, p) in phi {
-            assert!((normal_mass(-40.0, x) - p).abs() < 1e-7, "{x}");
-        }
-        assert!((normal_mass(-1.0, 1.0) - 0.682_689_492).abs() < 1e-7);
-        // Far in a tail, and in a narrow interval, the mass stays positive
-        // and close to density x width.
-        let tail = normal_mass(6.0, 7.0);
-        assert!((tail / 9.853_078_3e-10 - 1.0).abs() < 1e-6, "{tail}");
-        let narrow = normal_mass(1.0, 1.0 + 1e-9);
-        assert!(
-            (narrow / (1e-9 * 0.241_970_725) - 1.0).abs() < 1e-6,
-            "{narrow}"
         );
     }
 
