@@ -537,9 +537,19 @@ impl wtune::tune::Callback for InterruptAt {
 /// uninterrupted run does (its observations and draws are in the state).
 #[test]
 fn an_interrupted_tpe_search_resumes_with_the_same_suggestions() {
+    interrupted_search_resumes_with_the_same_suggestions("tpe");
+}
+
+/// The same for GP-BO, whose state also holds its last fit.
+#[test]
+fn an_interrupted_gp_search_resumes_with_the_same_suggestions() {
+    interrupted_search_resumes_with_the_same_suggestions("gp");
+}
+
+fn interrupted_search_resumes_with_the_same_suggestions(name: &str) {
     let set = shipped();
     let space = SearchSpace::from_json(&set.param_space(Sampling::Choice)).unwrap();
-    let search = SearchSpec::from_json(&json!({"type": "tpe", "n_initial_points": 3})).unwrap();
+    let search = SearchSpec::from_json(&json!({"type": name, "n_initial_points": 3})).unwrap();
     let searcher = |spec: &RunSpec| {
         search
             .build(&space, 10, spec.metric.as_deref(), spec.mode, 5)
@@ -595,7 +605,7 @@ fn an_interrupted_tpe_search_resumes_with_the_same_suggestions() {
     );
     let mut resumed_searcher = searcher(&spec);
     let saved_search = saved.decisions.searcher.unwrap();
-    assert_eq!(saved_search.name, "tpe");
+    assert_eq!(saved_search.name, name);
     resumed_searcher.restore_state(&saved_search.state).unwrap();
     let resumed = Runner::new(replay_backend(set.clone()), spec, Box::new(Fifo::default()))
         .searcher(resumed_searcher)

@@ -98,6 +98,11 @@ SAMPLERS = {
 }
 
 
+# Optuna's GP-based sampler, on the functions the caller lists (it needs
+# PyTorch and SciPy, which the bench installs only when asked).
+GP_SAMPLER = ("optuna GPSampler", lambda seed: optuna.samplers.GPSampler(seed=seed))
+
+
 def distributions(space):
     """wtune's param_space domains as Optuna distributions."""
     out = {}
@@ -159,20 +164,29 @@ def main():
             if not math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-12):
                 sys.exit(f"{name}: {got} here, {want} in wtune-bench at {point['config']}")
         dists = distributions(fn["space"])
+        samplers = list(SAMPLERS.items())
+        if name in spec.get("gp_functions", []):
+            samplers.append(GP_SAMPLER)
         rows[name] = [
             {"sampler": label,
              "regrets": [regrets(f, dists, make(seed), spec["trials"], spec["at"])
                          for seed in range(spec["seeds"])]}
-            for label, make in SAMPLERS.items()
+            for label, make in samplers
         ]
     h6 = next(fn for fn in spec["functions"] if fn["name"] == "hartmann-6 (6-d)")
     dists = distributions(h6["space"])
     times = [
         {"sampler": label,
          "at_100": suggestion_ms(make, hartmann6, dists, 100),
+         "at_200": suggestion_ms(make, hartmann6, dists, 200),
          "at_1000": suggestion_ms(make, hartmann6, dists, 1000)}
         for label, make in SAMPLERS.items()
     ]
+    if "hartmann-6 (6-d)" in spec.get("gp_functions", []):
+        label, make = GP_SAMPLER
+        times.append({"sampler": label,
+                      "at_100": suggestion_ms(make, hartmann6, dists, 100),
+                      "at_200": suggestion_ms(make, hartmann6, dists, 200)})
     json.dump({"optuna": optuna.__version__, "rows": rows, "times": times}, sys.stdout)
 
 

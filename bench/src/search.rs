@@ -12,6 +12,12 @@
 //! checks that its copy of every function gives the values this file's
 //! does at the same configurations, so the two sides measure the same
 //! thing.
+//!
+//! Optuna's `GPSampler` needs PyTorch and SciPy (several GB with PyTorch's
+//! CUDA libraries), so its rows come only with `WTUNE_BENCH_OPTUNA_GP=1`,
+//! which installs their pinned versions into the same venv; it runs on the
+//! low-dimensional continuous functions, where GP-BO is meant to win, as
+//! its suggestions take a second or more on the larger ones.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -26,6 +32,19 @@ const SEEDS: u64 = 10;
 const AT: [usize; 3] = [25, 50, 100];
 /// Optuna's version, pinned so that runs compare.
 const OPTUNA: &str = "optuna==5.0.0";
+/// What Optuna's `GPSampler` needs besides Optuna, pinned likewise.
+const OPTUNA_GP: [&str; 2] = ["torch==2.15.0", "scipy==1.17.1"];
+/// The functions Optuna's `GPSampler` runs on, by name.
+const GP_FUNCTIONS: [&str; 3] = [
+    "branin (2-d)",
+    "rotated quadratic (4-d)",
+    "hartmann-6 (6-d)",
+];
+
+/// Whether Optuna's `GPSampler` rows were asked for.
+fn with_optuna_gp() -> bool {
+    std::env::var_os("WTUNE_BENCH_OPTUNA_GP").is_some_and(|v| v == "1")
+}
 
 /// A test function: its search space (as `param_space` writes it) and its
 /// value, whose minimum is 0.
@@ -209,6 +228,7 @@ fn searchers() -> Vec<(&'static str, Value)> {
             "wtune tpe, multivariate = false",
             json!({"type": "tpe", "multivariate": false}),
         ),
+        ("wtune gp", json!({"type": "gp"})),
     ]
 }
 
@@ -260,7 +280,7 @@ fn row(runs: &[Vec<f64>]) -> String {
     cells.join(" | ")
 }
 
-/// Milliseconds one TPE suggestion takes after `observations` completed
+/// Milliseconds one suggestion takes after `observations` completed
 /// trials (on Hartmann-6), median of 5.
 fn suggestion_ms(spec: &Value, observations: usize) -> f64 {
     let function = &functions()[3];
@@ -290,23 +310,35 @@ fn suggestion_ms(spec: &Value, observations: usize) -> f64 {
 fn optuna_python(root: &Path) -> Option<PathBuf> {
     let venv = root.join("target/bench-optuna-venv");
     let python = venv.join("bin/python");
+    let gp = with_optuna_gp();
+    let import = if gp {
+        "import optuna, torch, scipy"
+    } else {
+        "import optuna"
+    };
     let ready = || {
         Command::new(&python)
-            .args(["-c", "import optuna"])
+            .args(["-c", import])
             .output()
             .is_ok_and(|o| o.status.success())
     };
     if ready() {
         return Some(python);
     }
-    let made = Command::new("python3")
-        .arg("-m")
-        .arg("venv")
-        .arg(&venv)
-        .status()
-        .is_ok_and(|s| s.success())
+    let mut packages = vec![OPTUNA];
+    if gp {
+        packages.extend(OPTUNA_GP);
+    }
+    let made = (python.exists()
+        || Command::new("python3")
+            .arg("-m")
+            .arg("venv")
+            .arg(&venv)
+            .status()
+            .is_ok_and(|s| s.success()))
         && Command::new(&python)
-            .args(["-m", "pip", "install", "--quiet", OPTUNA])
+            .args(["-m", "pip", "install", "--quiet"])
+            .args(&packages)
             .status()
             .is_ok_and(|s| s.success());
     if made && ready() {
@@ -343,7 +375,10 @@ fn optuna(root: &Path) -> Option<Value> {
             json!({"name": f.name, "space": f.space, "points": points})
         })
         .collect();
-    let input = json!({"functions": checks, "trials": TRIALS, "seeds": SEEDS, "at": AT});
+    let gp: &[&str] = if with_optuna_gp() { &GP_FUNCTIONS } else { &[] };
+    let input = json!({
+        "functions": checks, "trials": TRIALS, "seeds": SEEDS, "at": AT, "gp_functions": gp,
+    });
     let script = root.join("bench/search/optuna_suite.py");
     let output = Command::new(&python)
         .arg(&script)
@@ -397,22 +432,28 @@ pub fn run(root: &Path) {
     out!();
     out!("Time per suggestion on Hartmann-6 (median of 5 suggestions):");
     out!();
-    out!("| searcher | after 100 observations | after 1,000 |");
-    out!("| --- | --- | --- |");
+    out!("| searcher | after 100 observations | after 200 | after 1,000 |");
+    out!("| --- | --- | --- | --- |");
+    // A GP's cost grows with the cube of its observations: it is timed up
+    // to 200, as the targets are (TPE's at 1,000).
+    let ms = |t: Option<f64>| t.map_or("-".to_string(), |t| format!("{t:.2} ms"));
     for (label, spec) in searchers().into_iter().skip(1) {
+        let gp = spec["type"] == "gp";
         out!(
-            "| {label} | {:.2} ms | {:.2} ms |",
-            suggestion_ms(&spec, 100),
-            suggestion_ms(&spec, 1000)
+            "| {label} | {} | {} | {} |",
+            ms(Some(suggestion_ms(&spec, 100))),
+            ms(Some(suggestion_ms(&spec, 200))),
+            ms((!gp).then(|| suggestion_ms(&spec, 1000)))
         );
     }
     if let Some(times) = optuna.as_ref().and_then(|o| o["times"].as_array()) {
         for t in times {
             out!(
-                "| {} | {:.2} ms | {:.2} ms |",
+                "| {} | {} | {} | {} |",
                 t["sampler"].as_str().unwrap_or("?"),
-                t["at_100"].as_f64().unwrap_or(f64::NAN),
-                t["at_1000"].as_f64().unwrap_or(f64::NAN)
+                ms(t["at_100"].as_f64()),
+                ms(t["at_200"].as_f64()),
+                ms(t["at_1000"].as_f64())
             );
         }
     }

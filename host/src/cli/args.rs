@@ -59,7 +59,7 @@ pub(super) struct RunArgs {
     /// Trial scheduler: fifo, asha, hyperband, median_stopping or pbt (parameters from the file's [scheduler] when it names the same one).
     #[arg(long, value_name = "NAME")]
     pub(super) scheduler: Option<String>,
-    /// Search algorithm: random, grid or tpe (parameters from the file's [search] when it names the same one).
+    /// Search algorithm: random, grid, tpe or gp (parameters from the file's [search] when it names the same one).
     #[arg(long, value_name = "NAME")]
     pub(super) search: Option<String>,
     /// Where the guests' compute kernels run: auto, cpu or gpu.

@@ -8,6 +8,7 @@
 //! saved with the experiment so that `wtune resume` continues the search.
 
 mod basic;
+mod gp;
 mod history;
 mod limiter;
 mod listed;
@@ -18,6 +19,7 @@ mod spec;
 mod tpe;
 
 pub use basic::BasicVariant;
+pub use gp::{Gp, GpConfig};
 pub use limiter::ConcurrencyLimiter;
 pub use listed::Listed;
 pub use searcher::{Searcher, Suggestion};

@@ -5,6 +5,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{Map, Value};
 
 use super::basic::BasicVariant;
+use super::gp::{Gp, GpConfig};
 use super::limiter::ConcurrencyLimiter;
 use super::searcher::Searcher;
 use super::tpe::{Tpe, TpeConfig};
@@ -42,6 +43,8 @@ pub enum SearchAlgorithm {
     Grid(GridConfig),
     /// [`Tpe`].
     Tpe(TpeConfig),
+    /// [`Gp`].
+    Gp(GpConfig),
 }
 
 /// Grid search's parameter.
@@ -66,6 +69,7 @@ impl SearchAlgorithm {
             SearchAlgorithm::Random => "random",
             SearchAlgorithm::Grid(_) => "grid",
             SearchAlgorithm::Tpe(_) => "tpe",
+            SearchAlgorithm::Gp(_) => "gp",
         }
     }
 
@@ -74,6 +78,7 @@ impl SearchAlgorithm {
         match name {
             "grid" => &GridConfig::FIELDS,
             "tpe" => &TpeConfig::FIELDS,
+            "gp" => &GpConfig::FIELDS,
             _ => &[],
         }
     }
@@ -81,7 +86,7 @@ impl SearchAlgorithm {
 
 impl SearchSpec {
     /// The names known, for error messages.
-    pub const NAMES: [&'static str; 3] = ["random", "grid", "tpe"];
+    pub const NAMES: [&'static str; 4] = ["random", "grid", "tpe", "gp"];
 
     /// Reads a spec from `search = "name"` or a `[search]` table (as JSON;
     /// TOML converts to this). Errors are whole sentences starting with
@@ -172,14 +177,17 @@ impl SearchSpec {
                 )
             }
             SearchAlgorithm::Tpe(config) => {
-                let metric = metric.ok_or(
-                    "the tpe searcher learns from the experiment's metric; set `metric` (and \
-                     `mode`)",
-                )?;
+                let metric = learns_from(metric, "tpe")?;
                 let tpe = Tpe::new(config.clone(), space, num_samples, metric, mode, seed)?;
                 // Grids are refused above, so this only bounds num_samples.
                 space.trial_count(num_samples).map_err(|e| e.to_string())?;
                 Box::new(tpe)
+            }
+            SearchAlgorithm::Gp(config) => {
+                let metric = learns_from(metric, "gp")?;
+                let gp = Gp::new(config.clone(), space, num_samples, metric, mode, seed)?;
+                space.trial_count(num_samples).map_err(|e| e.to_string())?;
+                Box::new(gp)
             }
         };
         Ok(match self.max_concurrent {
@@ -187,6 +195,15 @@ impl SearchSpec {
             None => searcher,
         })
     }
+}
+
+/// The metric a model-based searcher named `name` learns from.
+fn learns_from<'a>(metric: Option<&'a str>, name: &str) -> Result<&'a str, String> {
+    metric.ok_or_else(|| {
+        format!(
+            "the {name} searcher learns from the experiment's metric; set `metric` (and `mode`)"
+        )
+    })
 }
 
 impl<'de> Deserialize<'de> for SearchSpec {
@@ -276,6 +293,11 @@ mod tests {
             grid.as_object().unwrap().keys().collect::<Vec<_>>(),
             GridConfig::FIELDS
         );
+        let gp = serde_json::to_value(GpConfig::default()).unwrap();
+        assert_eq!(
+            gp.as_object().unwrap().keys().collect::<Vec<_>>(),
+            GpConfig::FIELDS
+        );
     }
 
     #[test]
@@ -283,7 +305,7 @@ mod tests {
         let cases = [
             (
                 json!("bayes"),
-                "search \"bayes\" is not known; available: \"random\", \"grid\", \"tpe\"",
+                "search \"bayes\" is not known; available: \"random\", \"grid\", \"tpe\", \"gp\"",
             ),
             (
                 json!(3),
@@ -341,6 +363,8 @@ mod tests {
         assert_eq!((grid.name(), grid.total()), ("grid", Some(24)));
         let tpe = build(json!("tpe"), Some("loss")).unwrap();
         assert_eq!((tpe.name(), tpe.total()), ("tpe", Some(3)));
+        let gp = build(json!({"type": "gp", "n_local_search": 3}), Some("loss")).unwrap();
+        assert_eq!((gp.name(), gp.total()), ("gp", Some(3)));
 
         let mut limited = build(json!({"max_concurrent": 1}), None).unwrap();
         assert!(matches!(limited.suggest("a"), Suggestion::Config(_)));
@@ -368,6 +392,14 @@ mod tests {
             "search.points must be at least 1"
         );
         assert!(err(json!("tpe"), None).contains("set `metric`"));
+        assert_eq!(
+            err(json!("gp"), None),
+            "the gp searcher learns from the experiment's metric; set `metric` (and `mode`)"
+        );
+        assert_eq!(
+            err(json!({"type": "gp", "n_local_search": 0}), Some("loss")),
+            "search.n_local_search must be between 1 and 1000, got 0"
+        );
         assert!(
             err(json!({"type": "tpe", "gamma": 1.5}), Some("loss"))
                 .starts_with("search.gamma must be in (0, 1)")

@@ -1,0 +1,205 @@
+use super::*;
+use crate::tune::search::BasicVariant;
+use serde_json::json;
+
+fn space(value: Value) -> SearchSpace {
+    SearchSpace::from_json(&value).unwrap()
+}
+
+fn gp(space: &SearchSpace, n: u64, mode: Mode, seed: u64) -> Gp {
+    Gp::new(GpConfig::default(), space, n, "loss", mode, seed).unwrap()
+}
+
+fn result(loss: f64) -> Map<String, Value> {
+    json!({"loss": loss}).as_object().unwrap().clone()
+}
+
+/// Four parameters, one of them on a log scale; the minimum is 0.
+fn quadratic_space() -> SearchSpace {
+    space(json!({
+        "a": {"uniform": [-1, 1]},
+        "b": {"uniform": [-1, 1]},
+        "c": {"uniform": [0, 10]},
+        "lr": {"loguniform": [1e-5, 1.0]},
+    }))
+}
+
+fn quadratic(config: &Value) -> f64 {
+    let v = |k: &str| config[k].as_f64().unwrap();
+    (v("a") - 0.3).powi(2)
+        + 2.0 * (v("b") + 0.5).powi(2)
+        + ((v("c") - 7.0) / 10.0).powi(2)
+        + ((v("lr").log10() + 3.0) / 5.0).powi(2)
+}
+
+/// Runs trials one at a time; returns the configurations and losses.
+fn run(
+    searcher: &mut dyn Searcher,
+    trials: usize,
+    loss: impl Fn(&Value) -> f64,
+) -> Vec<(Value, f64)> {
+    (0..trials)
+        .map(|i| {
+            let id = format!("trial_{i:04}");
+            let Suggestion::Config(config) = searcher.suggest(&id) else {
+                panic!("expected a configuration");
+            };
+            let value = loss(&config);
+            searcher.on_trial_complete(&id, Some(&result(value)), false);
+            (config, value)
+        })
+        .collect()
+}
+
+fn best(history: &[(Value, f64)]) -> f64 {
+    history.iter().map(|h| h.1).fold(f64::INFINITY, f64::min)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    0.5 * (v[v.len() / 2] + v[(v.len() - 1) / 2])
+}
+
+#[test]
+fn beats_random_search_by_a_wide_margin_on_a_smooth_4d_function() {
+    let space = quadratic_space();
+    let (mut model, mut random) = (Vec::new(), Vec::new());
+    for seed in 0..10 {
+        model.push(best(&run(
+            &mut gp(&space, 40, Mode::Min, seed),
+            40,
+            quadratic,
+        )));
+        let mut r = BasicVariant::random(&space, 40, seed).unwrap();
+        random.push(best(&run(&mut r, 40, quadratic)));
+    }
+    let (model, random) = (median(model), median(random));
+    assert!(model * 10.0 < random, "gp {model} vs random {random}");
+}
+
+#[test]
+fn same_seed_same_suggestions_and_a_resumed_search_continues_identically() {
+    let space = quadratic_space();
+    let whole = run(&mut gp(&space, 20, Mode::Min, 3), 20, quadratic);
+    assert_eq!(whole, run(&mut gp(&space, 20, Mode::Min, 3), 20, quadratic));
+    assert_ne!(whole, run(&mut gp(&space, 20, Mode::Min, 4), 20, quadratic));
+
+    let mut first = gp(&space, 20, Mode::Min, 3);
+    let head = run(&mut first, 14, quadratic);
+    assert!(first.kernel.is_some(), "the model was fitted by then");
+    // Through text, as the experiment state is saved.
+    let state: Value = serde_json::from_str(&first.state().to_string()).unwrap();
+    let mut second = gp(&space, 20, Mode::Min, 3);
+    second.restore_state(&state).unwrap();
+    let mut tail = Vec::new();
+    for i in 14..20 {
+        let id = format!("trial_{i:04}");
+        let Suggestion::Config(config) = second.suggest(&id) else {
+            panic!("expected a configuration");
+        };
+        let value = quadratic(&config);
+        second.on_trial_complete(&id, Some(&result(value)), false);
+        tail.push((config, value));
+    }
+    assert_eq!([head, tail].concat(), whole);
+    assert_eq!(second.suggest("trial_0020"), Suggestion::Finished);
+}
+
+#[test]
+fn trials_running_at_once_are_sent_to_different_places() {
+    let space = space(json!({"x": {"uniform": [0, 1]}, "y": {"uniform": [0, 1]}}));
+    let loss = |c: &Value| {
+        (c["x"].as_f64().unwrap() - 0.7).powi(2) + (c["y"].as_f64().unwrap() - 0.2).powi(2)
+    };
+    let mut searcher = gp(&space, 30, Mode::Min, 1);
+    run(&mut searcher, 15, loss);
+    // Four trials start before any of them completes.
+    let running: Vec<Value> = (15..19)
+        .map(|i| match searcher.suggest(&format!("trial_{i:04}")) {
+            Suggestion::Config(c) => c,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    for (i, a) in running.iter().enumerate() {
+        for b in &running[i + 1..] {
+            let d = ((a["x"].as_f64().unwrap() - b["x"].as_f64().unwrap()).powi(2)
+                + (a["y"].as_f64().unwrap() - b["y"].as_f64().unwrap()).powi(2))
+            .sqrt();
+            assert!(d > 1e-3, "{a} and {b} are the same place");
+        }
+    }
+}
+
+#[test]
+fn learns_integer_and_categorical_parameters_when_maximizing() {
+    let space = space(json!({
+        "layers": {"randint": [1, 9]},
+        "act": {"choice": ["relu", "tanh", "gelu"]},
+        "w": {"uniform": [0, 1]},
+    }));
+    let score = |c: &Value| {
+        let layers = c["layers"].as_i64().unwrap() as f64;
+        let act = match c["act"].as_str().unwrap() {
+            "gelu" => 1.0,
+            "relu" => 0.5,
+            _ => 0.0,
+        };
+        act - 0.1 * (layers - 6.0).powi(2) - (c["w"].as_f64().unwrap() - 0.4).powi(2)
+    };
+    let mut searcher = gp(&space, 30, Mode::Max, 5);
+    let history = run(&mut searcher, 30, score);
+    for (config, _) in &history {
+        let layers = config["layers"].as_i64().unwrap();
+        assert!((1..9).contains(&layers), "{config}");
+    }
+    let last: Vec<&Value> = history[20..].iter().map(|h| &h.0).collect();
+    let gelu = last.iter().filter(|c| c["act"] == "gelu").count();
+    let six = last.iter().filter(|c| c["layers"] == 6).count();
+    assert!(gelu >= 7 && six >= 7, "{last:?}");
+}
+
+#[test]
+fn bad_configs_grid_domains_and_foreign_states_are_refused() {
+    let grid = space(json!({"x": {"grid_search": [1, 2]}}));
+    let err = Gp::new(GpConfig::default(), &grid, 4, "loss", Mode::Min, 0).unwrap_err();
+    assert!(
+        err.contains("x: the gp searcher cannot use grid_search"),
+        "{err}"
+    );
+    let bad = GpConfig {
+        n_candidates: 0,
+        ..GpConfig::default()
+    };
+    let err = Gp::new(bad, &quadratic_space(), 4, "loss", Mode::Min, 0).unwrap_err();
+    assert!(err.contains("search.n_candidates"), "{err}");
+
+    let mut small = gp(&space(json!({"x": {"uniform": [0, 1]}})), 20, Mode::Min, 0);
+    run(&mut small, 12, |c| c["x"].as_f64().unwrap());
+    let state = small.state();
+    let mut other = gp(&quadratic_space(), 20, Mode::Min, 0);
+    let err = other.restore_state(&state).unwrap_err();
+    assert!(err.contains("does not fit this search space"), "{err}");
+    let err = other.restore_state(&json!({"suggested": 1})).unwrap_err();
+    assert!(err.contains("the saved GP state cannot be read"), "{err}");
+    // Nothing was taken in by the failed restores.
+    assert_eq!(other.history.suggested, 0);
+}
+
+#[test]
+fn errors_and_missing_metrics_teach_nothing_and_retries_teach_when_they_complete() {
+    let mut searcher = gp(&quadratic_space(), 10, Mode::Min, 0);
+    for id in ["a", "b", "c"] {
+        assert!(matches!(searcher.suggest(id), Suggestion::Config(_)));
+    }
+    searcher.on_trial_complete("a", Some(&result(1.0)), true);
+    searcher.on_trial_complete(
+        "b",
+        Some(&json!({"acc": 1}).as_object().unwrap().clone()),
+        false,
+    );
+    searcher.on_trial_complete("c", Some(&result(f64::NAN)), false);
+    assert!(searcher.history.observations.is_empty());
+    searcher.on_trial_retry("a");
+    searcher.on_trial_complete("a", Some(&result(0.5)), false);
+    assert_eq!(searcher.history.observations.len(), 1);
+}
