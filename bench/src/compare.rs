@@ -287,6 +287,40 @@ pub fn digits(root: &Path, program: &Program) {
 /// The native replay of `CurveSet::synthetic()` (val_loss, minimized;
 /// known optimum) over many seeds.
 pub fn replay() {
+    let max_t = CurveSet::synthetic().epochs();
+    replay_rows(
+        "ASHA vs random search at equal fuel",
+        vec![
+            ("random search (FIFO)".into(), None, json!("random")),
+            (
+                "ASHA (grace 1, rf 3)".into(),
+                Some(asha(max_t, 1)),
+                json!("random"),
+            ),
+            (
+                "ASHA (grace 3, rf 3)".into(),
+                Some(asha(max_t, 3)),
+                json!("random"),
+            ),
+            (
+                "ASHA (grace 9, rf 3)".into(),
+                Some(asha(max_t, 9)),
+                json!("random"),
+            ),
+        ],
+    );
+}
+
+/// The ASHA schedule [`replay_rows`] compares searchers under.
+pub fn asha_grace(grace: u64) -> SchedulerSpec {
+    asha(CurveSet::synthetic().epochs(), grace)
+}
+
+/// One row per `(label, scheduler, search)` (FIFO where the scheduler is
+/// `None`; `search` as `[search]` gives it), each run with 200 seeds on
+/// `CurveSet::synthetic()` replayed natively at equal fuel; `title` heads
+/// the table.
+pub fn replay_rows(title: &str, rows: Vec<(String, Option<SchedulerSpec>, Value)>) {
     const SEEDS: u64 = 200;
     const FULL_TRIALS: u64 = 12;
     const SLOTS: usize = 2;
@@ -300,7 +334,7 @@ pub fn replay() {
     let space = SearchSpace::from_json(&set.param_space(Sampling::Choice)).expect("a space");
     let runtime = tokio::runtime::Runtime::new().expect("a runtime");
     out!(
-        "\n### ASHA vs random search at equal fuel: native replay of CurveSet::synthetic() \
+        "\n### {title}: native replay of CurveSet::synthetic() \
          ({SEEDS} seeds, {SLOTS} at a time, {} fuel = {FULL_TRIALS} full {max_t}-epoch trials of \
          the mean config)\n",
         fuel_text(budget)
@@ -322,13 +356,7 @@ pub fn replay() {
          ms per run |"
     );
     out!("| --- | --- | --- | --- | --- | --- | --- | --- |");
-    let schedulers: [(&str, Option<SchedulerSpec>); 4] = [
-        ("random search (FIFO)", None),
-        ("ASHA (grace 1, rf 3)", Some(asha(max_t, 1))),
-        ("ASHA (grace 3, rf 3)", Some(asha(max_t, 3))),
-        ("ASHA (grace 9, rf 3)", Some(asha(max_t, 9))),
-    ];
-    for (name, scheduler) in schedulers {
+    for (name, scheduler, search) in rows {
         let mut runs = Vec::new();
         for seed in 0..SEEDS {
             let spec = RunSpec {
@@ -356,9 +384,9 @@ pub fn replay() {
                     .build(Some(set.metric()), set.mode(), seed)
                     .expect("asha"),
             };
-            let searcher = SearchSpec::default()
-                .build(&space, 1000, Some(set.metric()), set.mode(), seed)
-                .expect("random search");
+            let searcher = SearchSpec::from_json(&search)
+                .and_then(|s| s.build(&space, 100_000, Some(set.metric()), set.mode(), seed))
+                .expect("a valid searcher");
             let run = run_one(
                 &runtime,
                 replay_backend(set.clone()),

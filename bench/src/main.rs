@@ -41,6 +41,9 @@
 //! - `search`: regret of wtune's searchers and Optuna's samplers (in a venv
 //!   it makes under `target/`) on eight test functions of 2 to 20
 //!   dimensions, and the time a suggestion takes.
+//! - `search-curves`: the model searchers inside ASHA on replayed learning
+//!   curves (TPE learning from the rungs, as BOHB, or from finished trials
+//!   only) against ASHA with random search, at equal fuel.
 //!
 //! A scenario that cannot run (no GPU adapter, a guest not built, a panic)
 //! says so in the output instead of stopping the others.
@@ -73,7 +76,7 @@ use wtune::compute::{ComputeMode, ComputeOptions};
 use wtune::sandbox::{Program, Sandbox, SandboxOptions, TrialEnv};
 
 /// Every scenario, in the order `all` runs them.
-const SCENARIOS: [&str; 12] = [
+const SCENARIOS: [&str; 13] = [
     "step",
     "overhead",
     "throughput",
@@ -86,12 +89,13 @@ const SCENARIOS: [&str; 12] = [
     "compile",
     "compare",
     "search",
+    "search-curves",
 ];
 
 const USAGE: &str = "usage: wtune-bench [SCENARIO...] [--write] [--note TEXT] [--file PATH]
 
 SCENARIO: all (the default), or any of: step overhead throughput startup snapshot state
-decisions [NAME] compute compute-gpu compile compare
+decisions [NAME] compute compute-gpu compile compare search search-curves
   --write      insert the results into BENCHMARKS.md as a new dated section, above the others
   --note TEXT  a paragraph for that section (say what else the machine was doing)
   --file PATH  the file --write updates (default: BENCHMARKS.md in the repository)";
@@ -321,6 +325,7 @@ fn main() {
                 compare::digits(&root, &guest("digits_mlp"));
             }
             "search" => search::run(&root),
+            "search-curves" => search::learning_curves(),
             other => unreachable!("scenario {other} is in SCENARIOS"),
         });
     }

@@ -395,6 +395,25 @@ fn optuna(root: &Path) -> Option<Value> {
     serde_json::from_slice(&output.stdout).ok()
 }
 
+/// Model-based search inside ASHA on replayed learning curves: whether
+/// learning from the rungs (`multi_fidelity`, as BOHB) beats learning from
+/// finished trials only, and both beat random search, at equal fuel.
+pub fn learning_curves() {
+    let asha = || Some(crate::compare::asha_grace(1));
+    crate::compare::replay_rows(
+        "Searchers inside ASHA (grace 1, rf 3) at equal fuel",
+        vec![
+            ("ASHA + random".into(), asha(), json!("random")),
+            ("ASHA + tpe".into(), asha(), json!("tpe")),
+            (
+                "ASHA + tpe, multi_fidelity (BOHB-style)".into(),
+                asha(),
+                json!({"type": "tpe", "multi_fidelity": true}),
+            ),
+        ],
+    );
+}
+
 pub fn run(root: &Path) {
     out!("### Search quality: regret after 25 / 50 / 100 trials, beside Optuna");
     out!();

@@ -34,7 +34,41 @@ pub(super) struct History {
     /// `wtune resume --retry-errored` runs them again.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub(super) failed: BTreeMap<String, Vec<f64>>,
+    /// Per trial, its intermediate results, kept only for a searcher that
+    /// learns from them ([`History::record`]).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub(super) curves: BTreeMap<String, Curve>,
 }
+
+/// A trial's model values and its metric after each iteration (`NaN`
+/// where it reported none, or no finite one).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct Curve {
+    pub(super) values: Vec<f64>,
+    #[serde(with = "nan_as_null")]
+    pub(super) metrics: Vec<f64>,
+}
+
+/// JSON has no NaN: a missing result is saved as `null`.
+mod nan_as_null {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(v: &[f64], s: S) -> Result<S::Ok, S::Error> {
+        let v: Vec<Option<f64>> = v.iter().map(|x| x.is_finite().then_some(*x)).collect();
+        v.serialize(s)
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<f64>, D::Error> {
+        let v: Vec<Option<f64>> = Vec::deserialize(d)?;
+        Ok(v.into_iter().map(|x| x.unwrap_or(f64::NAN)).collect())
+    }
+}
+
+/// Intermediate results past this iteration are not kept: a curve this
+/// long says nothing more about a configuration, and its saved state would
+/// only grow.
+const MAX_ITERATION: u64 = 100_000;
 
 impl History {
     /// Records a suggestion made to `trial_id`.
@@ -69,29 +103,74 @@ impl History {
         }
     }
 
+    /// An intermediate result of a running trial: its metric at its
+    /// `training_iteration`, for multi-fidelity models. Results of trials
+    /// this searcher did not suggest, or without an iteration, are ignored.
+    pub(super) fn record(&mut self, trial_id: &str, result: &Map<String, Value>, metric: &str) {
+        let Some(values) = self.pending.get(trial_id) else {
+            return;
+        };
+        let Some(iteration) = result
+            .get("training_iteration")
+            .and_then(Value::as_u64)
+            .filter(|i| (1..=MAX_ITERATION).contains(i))
+        else {
+            return;
+        };
+        let value = result
+            .get(metric)
+            .and_then(Value::as_f64)
+            .filter(|m| m.is_finite())
+            .unwrap_or(f64::NAN);
+        let curve = self
+            .curves
+            .entry(trial_id.to_string())
+            .or_insert_with(|| Curve {
+                values: values.clone(),
+                metrics: Vec::new(),
+            });
+        let at = iteration as usize - 1;
+        if curve.metrics.len() <= at {
+            curve.metrics.resize(at + 1, f64::NAN);
+        }
+        curve.metrics[at] = value;
+    }
+
+    /// The highest iteration at which at least `min_count` trials reported
+    /// a finite metric, with those trials' model values and metrics there,
+    /// in trial-id (suggestion) order: what a BOHB-style model learns from,
+    /// the most faithful ranking there is enough of. `None`: no iteration
+    /// has that many yet.
+    pub(super) fn rung(&self, min_count: usize) -> Option<(u64, Vec<Observation>)> {
+        let mut counts: Vec<usize> = Vec::new();
+        for curve in self.curves.values() {
+            if counts.len() < curve.metrics.len() {
+                counts.resize(curve.metrics.len(), 0);
+            }
+            for (count, m) in counts.iter_mut().zip(&curve.metrics) {
+                *count += usize::from(m.is_finite());
+            }
+        }
+        let at = counts.iter().rposition(|&c| c >= min_count.max(1))?;
+        let observations = self
+            .curves
+            .values()
+            .filter_map(|c| {
+                let metric = *c.metrics.get(at)?;
+                metric.is_finite().then(|| Observation {
+                    values: c.values.clone(),
+                    metric,
+                })
+            })
+            .collect();
+        Some((at as u64 + 1, observations))
+    }
+
     /// A failed trial runs again: it is pending once more.
     pub(super) fn retry(&mut self, trial_id: &str) {
         if let Some(values) = self.failed.remove(trial_id) {
             self.pending.insert(trial_id.to_string(), values);
         }
-    }
-
-    /// Observation indices from best to worst under `mode`; ties go to the
-    /// earlier observation, so the order does not depend on sort internals.
-    pub(super) fn ranked(&self, mode: Mode) -> Vec<usize> {
-        let sign = match mode {
-            Mode::Min => 1.0,
-            Mode::Max => -1.0,
-        };
-        let mut ranked: Vec<usize> = (0..self.observations.len()).collect();
-        ranked.sort_by(|&a, &b| {
-            let (la, lb) = (
-                sign * self.observations[a].metric,
-                sign * self.observations[b].metric,
-            );
-            la.total_cmp(&lb).then(a.cmp(&b))
-        });
-        ranked
     }
 
     /// Reads a saved history, checking that every value fits `params`;
@@ -110,7 +189,8 @@ impl History {
         };
         if !(saved.observations.iter().all(|o| fits(&o.values))
             && saved.pending.values().all(fits)
-            && saved.failed.values().all(fits))
+            && saved.failed.values().all(fits)
+            && saved.curves.values().all(|c| fits(&c.values)))
         {
             return Err(format!(
                 "the saved {what} state does not fit this search space; was param_space changed?"
@@ -118,4 +198,19 @@ impl History {
         }
         Ok(Some(saved))
     }
+}
+
+/// Observation indices from best to worst under `mode`; ties go to the
+/// earlier observation, so the order does not depend on sort internals.
+pub(super) fn ranked(observations: &[Observation], mode: Mode) -> Vec<usize> {
+    let sign = match mode {
+        Mode::Min => 1.0,
+        Mode::Max => -1.0,
+    };
+    let mut ranked: Vec<usize> = (0..observations.len()).collect();
+    ranked.sort_by(|&a, &b| {
+        let (la, lb) = (sign * observations[a].metric, sign * observations[b].metric);
+        la.total_cmp(&lb).then(a.cmp(&b))
+    });
+    ranked
 }

@@ -29,11 +29,15 @@
 //! model follows the search as it narrows.
 //!
 //! Observations are completed trials' final results. Intermediate results
-//! are not used: one trial's early iterations say little about a different
-//! configuration's final value, and mixing iterations would rank short
-//! trials against long ones. A trial stopped early by a scheduler counts
-//! with its last result, as in Ray Tune's TPE searchers. Trials that ended
-//! in error, or whose last result lacks a finite metric, teach nothing.
+//! are not used by default: mixing iterations would rank short trials
+//! against long ones. A trial stopped early by a scheduler counts with its
+//! last result, as in Ray Tune's TPE searchers. Trials that ended in error,
+//! or whose last result lacks a finite metric, teach nothing. With
+//! `multi_fidelity`, as BOHB (Falkner, Klein and Hutter, ICML 2018) inside
+//! HyperBand, observations are instead every trial's metric at one
+//! `training_iteration`: the highest that `n_initial_points` trials reached,
+//! so that all are ranked at the same budget and the model starts from the
+//! first rung, long before trials finish.
 //! Trials still running count among the bad ones (`constant_liar`), so
 //! trials started together explore different places.
 //!
@@ -50,7 +54,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use self::joint::JointParzen;
-use super::history::History;
+use super::history::{History, ranked};
 use super::normal::{LN_SQRT_2PI, normal_mass, standard_normal};
 use super::param::Param;
 use super::searcher::{Searcher, Suggestion};
@@ -84,6 +88,12 @@ pub struct TpeConfig {
     /// not suggested the same region; matters only with
     /// `max_concurrent_trials > 1`.
     pub constant_liar: bool,
+    /// Learn from intermediate results, as BOHB does inside HyperBand:
+    /// the model is fitted to the metrics at the highest
+    /// `training_iteration` that at least `n_initial_points` trials reached,
+    /// so under ASHA or HyperBand it learns from the early rungs long
+    /// before many trials finish. `false`: final results only.
+    pub multi_fidelity: bool,
 }
 
 impl Default for TpeConfig {
@@ -95,6 +105,7 @@ impl Default for TpeConfig {
             prior_weight: 1.0,
             multivariate: true,
             constant_liar: true,
+            multi_fidelity: false,
         }
     }
 }
@@ -108,13 +119,14 @@ const FULL_WEIGHT_NEWEST: usize = 25;
 
 impl TpeConfig {
     /// The keys a `[search]` table with `type = "tpe"` takes.
-    pub const FIELDS: [&'static str; 6] = [
+    pub const FIELDS: [&'static str; 7] = [
         "n_initial_points",
         "gamma",
         "n_candidates",
         "prior_weight",
         "multivariate",
         "constant_liar",
+        "multi_fidelity",
     ];
 
     /// Checks the parameters, naming the first bad one.
@@ -410,12 +422,24 @@ impl Tpe {
     fn next_values(&self) -> Vec<f64> {
         let mut rng = ChaCha8Rng::seed_from_u64(self.seed);
         rng.set_stream(self.history.suggested);
-        let observations = &self.history.observations;
+        let min_count = self.config.n_initial_points.max(1) as usize;
+        let rung;
+        let (observations, iteration) = if self.config.multi_fidelity {
+            match self.history.rung(min_count) {
+                Some((iteration, at)) => {
+                    rung = at;
+                    (rung.as_slice(), Some(iteration))
+                }
+                None => (&[][..], None),
+            }
+        } else {
+            (self.history.observations.as_slice(), None)
+        };
         let n = observations.len();
-        if n < self.config.n_initial_points.max(1) as usize {
+        if n < min_count {
             return self.params.iter().map(|p| p.random(&mut rng)).collect();
         }
-        let ranked = self.history.ranked(self.mode);
+        let ranked = ranked(observations, self.mode);
         let n_good = ((self.config.gamma * n as f64).ceil() as usize).clamp(1, n);
         let mut is_good = vec![false; n];
         ranked[..n_good].iter().for_each(|&i| is_good[i] = true);
@@ -426,8 +450,23 @@ impl Tpe {
         if self.config.constant_liar {
             // Trials suggested but not complete count as bad, the newest
             // (trial ids sort in suggestion order): the next suggestion
-            // steers away from where they already look.
-            bad.extend(self.history.pending.values().map(Vec::as_slice));
+            // steers away from where they already look. With multi-fidelity
+            // a running trial that reached the rung is an observation
+            // there, not a lie.
+            let reached = |id: &String| {
+                iteration.is_some_and(|i| {
+                    self.history.curves.get(id).is_some_and(|c| {
+                        c.metrics.get(i as usize - 1).is_some_and(|m| m.is_finite())
+                    })
+                })
+            };
+            bad.extend(
+                self.history
+                    .pending
+                    .iter()
+                    .filter(|(id, _)| !reached(id))
+                    .map(|(_, values)| values.as_slice()),
+            );
         }
         if self.config.multivariate {
             return self.joint_choice(&good, &bad, &mut rng);
@@ -473,6 +512,12 @@ impl Tpe {
 }
 
 impl Searcher for Tpe {
+    fn on_result(&mut self, trial_id: &str, result: &Map<String, Value>) {
+        if self.config.multi_fidelity {
+            self.history.record(trial_id, result, &self.metric);
+        }
+    }
+
     fn suggest(&mut self, trial_id: &str) -> Suggestion {
         if self.history.suggested >= self.num_samples {
             return Suggestion::Finished;
@@ -905,5 +950,92 @@ mod tests {
         assert!((w[0] - 1.0 / 30.0).abs() < 1e-12);
         assert!(w[..5].windows(2).all(|p| p[0] < p[1]));
         assert!(w[5..].iter().all(|&x| x == 1.0));
+    }
+
+    fn at_iteration(iteration: u64, loss: f64) -> Map<String, Value> {
+        json!({"training_iteration": iteration, "loss": loss})
+            .as_object()
+            .unwrap()
+            .clone()
+    }
+
+    #[test]
+    fn multi_fidelity_learns_from_the_first_rung_before_any_trial_finishes() {
+        let space = space(json!({"x": {"uniform": [0, 1]}}));
+        let config = |multi_fidelity| TpeConfig {
+            multi_fidelity,
+            ..TpeConfig::default()
+        };
+        let spread = |multi_fidelity| {
+            let mut searcher =
+                Tpe::new(config(multi_fidelity), &space, 40, "loss", Mode::Min, 2).unwrap();
+            // Forty trials start; each reports its first iteration and none
+            // finishes, as under ASHA before the first promotion.
+            (0..40)
+                .map(|i| {
+                    let id = format!("trial_{i:04}");
+                    let Suggestion::Config(c) = searcher.suggest(&id) else {
+                        panic!("a configuration");
+                    };
+                    let x = c["x"].as_f64().unwrap();
+                    searcher.on_result(&id, &at_iteration(1, (x - 0.3).abs()));
+                    (x - 0.3).abs()
+                })
+                .skip(20)
+                .sum::<f64>()
+                / 20.0
+        };
+        let (learned, blind) = (spread(true), spread(false));
+        assert!(learned * 2.0 < blind, "{learned} vs {blind}");
+    }
+
+    #[test]
+    fn multi_fidelity_ranks_at_the_highest_iteration_enough_trials_reached() {
+        let space = space(json!({"x": {"uniform": [0, 1]}}));
+        let config = TpeConfig {
+            multi_fidelity: true,
+            n_initial_points: 3,
+            ..TpeConfig::default()
+        };
+        let mut searcher = Tpe::new(config, &space, 10, "loss", Mode::Min, 0).unwrap();
+        for i in 0..4 {
+            let id = format!("trial_{i:04}");
+            assert!(matches!(searcher.suggest(&id), Suggestion::Config(_)));
+            searcher.on_result(&id, &at_iteration(1, i as f64));
+            if i < 3 {
+                // Iteration 2 is missing (no metric) for one of them.
+                let loss = if i == 1 { f64::NAN } else { 10.0 - i as f64 };
+                searcher.on_result(&id, &at_iteration(2, loss));
+                searcher.on_result(&id, &at_iteration(3, 20.0 - i as f64));
+            }
+        }
+        let (iteration, at) = searcher.history.rung(3).unwrap();
+        assert_eq!(iteration, 3);
+        assert_eq!(
+            at.iter().map(|o| o.metric).collect::<Vec<_>>(),
+            [20.0, 19.0, 18.0]
+        );
+        assert_eq!(searcher.history.rung(4).unwrap().0, 1);
+        assert!(searcher.history.rung(5).is_none());
+        // Curves survive the saved state, a missing metric included.
+        let state: Value = serde_json::from_str(&searcher.state().to_string()).unwrap();
+        assert!(
+            state["curves"]["trial_0001"]["metrics"][1].is_null(),
+            "{state}"
+        );
+        let mut resumed =
+            Tpe::new(searcher.config.clone(), &space, 10, "loss", Mode::Min, 0).unwrap();
+        resumed.restore_state(&state).unwrap();
+        // (NaN is not equal to itself: compare what is saved.)
+        assert_eq!(resumed.state(), searcher.state());
+        assert_eq!(
+            resumed.suggest("trial_0004"),
+            searcher.suggest("trial_0004")
+        );
+        // Without multi_fidelity, intermediate results are not kept.
+        let mut plain = tpe(&space, 10, Mode::Min, 0);
+        let _ = plain.suggest("trial_0000");
+        plain.on_result("trial_0000", &at_iteration(1, 1.0));
+        assert!(plain.history.curves.is_empty());
     }
 }
