@@ -54,7 +54,7 @@ pub struct GpConfig {
     /// suggestion before local search.
     pub n_candidates: usize,
     /// Local searches per suggestion, from the best observed configuration
-    /// and the best random points.
+    /// and the best random points (at least from the best of each).
     pub n_local_search: usize,
 }
 
@@ -219,7 +219,9 @@ impl Gp {
         starts.extend(
             ordered
                 .into_iter()
-                .take(self.config.n_local_search.saturating_sub(1))
+                // The best random point always, so that n_local_search = 1
+                // still weighs the candidates.
+                .take(self.config.n_local_search.max(2) - 1)
                 .map(|i| std::mem::take(&mut seeds[i])),
         );
         let mut winner: Option<(f64, Vec<f64>)> = None;

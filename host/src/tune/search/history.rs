@@ -40,35 +40,30 @@ pub(super) struct History {
     pub(super) curves: BTreeMap<String, Curve>,
 }
 
-/// A trial's model values and its metric after each iteration (`NaN`
-/// where it reported none, or no finite one).
+/// A trial's model values and its finite metrics at the iterations kept
+/// ([`kept_iteration`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct Curve {
     pub(super) values: Vec<f64>,
-    #[serde(with = "nan_as_null")]
-    pub(super) metrics: Vec<f64>,
+    pub(super) metrics: BTreeMap<u64, f64>,
 }
 
-/// JSON has no NaN: a missing result is saved as `null`.
-mod nan_as_null {
-    use serde::{Deserialize, Deserializer, Serialize, Serializer};
-
-    pub(super) fn serialize<S: Serializer>(v: &[f64], s: S) -> Result<S::Ok, S::Error> {
-        let v: Vec<Option<f64>> = v.iter().map(|x| x.is_finite().then_some(*x)).collect();
-        v.serialize(s)
+/// Whether a curve keeps its metric at `iteration`: every one up to 16,
+/// then a geometric grid (16, 20, 25, 31, 38, ..., each a quarter more),
+/// so that a long trial keeps a few dozen points rather than one per
+/// iteration. A rung between grid points is read at the grid point below
+/// it, which every trial that reached the rung also passed.
+pub(super) fn kept_iteration(iteration: u64) -> bool {
+    if iteration <= 16 {
+        return iteration >= 1;
     }
-
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<f64>, D::Error> {
-        let v: Vec<Option<f64>> = Vec::deserialize(d)?;
-        Ok(v.into_iter().map(|x| x.unwrap_or(f64::NAN)).collect())
+    let mut grid = 16u64;
+    while grid < iteration {
+        grid += grid / 4;
     }
+    grid == iteration
 }
-
-/// Intermediate results past this iteration are not kept: a curve this
-/// long says nothing more about a configuration, and its saved state would
-/// only grow.
-const MAX_ITERATION: u64 = 100_000;
 
 impl History {
     /// Records a suggestion made to `trial_id`.
@@ -104,8 +99,10 @@ impl History {
     }
 
     /// An intermediate result of a running trial: its metric at its
-    /// `training_iteration`, for multi-fidelity models. Results of trials
-    /// this searcher did not suggest, or without an iteration, are ignored.
+    /// `training_iteration`, for multi-fidelity models, where that
+    /// iteration is kept ([`kept_iteration`]). Results of trials this
+    /// searcher did not suggest, or without an iteration or a finite
+    /// metric, are ignored.
     pub(super) fn record(&mut self, trial_id: &str, result: &Map<String, Value>, metric: &str) {
         let Some(values) = self.pending.get(trial_id) else {
             return;
@@ -113,27 +110,25 @@ impl History {
         let Some(iteration) = result
             .get("training_iteration")
             .and_then(Value::as_u64)
-            .filter(|i| (1..=MAX_ITERATION).contains(i))
+            .filter(|&i| kept_iteration(i))
         else {
             return;
         };
-        let value = result
+        let Some(value) = result
             .get(metric)
             .and_then(Value::as_f64)
             .filter(|m| m.is_finite())
-            .unwrap_or(f64::NAN);
-        let curve = self
-            .curves
+        else {
+            return;
+        };
+        self.curves
             .entry(trial_id.to_string())
             .or_insert_with(|| Curve {
                 values: values.clone(),
-                metrics: Vec::new(),
-            });
-        let at = iteration as usize - 1;
-        if curve.metrics.len() <= at {
-            curve.metrics.resize(at + 1, f64::NAN);
-        }
-        curve.metrics[at] = value;
+                metrics: BTreeMap::new(),
+            })
+            .metrics
+            .insert(iteration, value);
     }
 
     /// The highest iteration at which at least `min_count` trials reported
@@ -142,28 +137,27 @@ impl History {
     /// the most faithful ranking there is enough of. `None`: no iteration
     /// has that many yet.
     pub(super) fn rung(&self, min_count: usize) -> Option<(u64, Vec<Observation>)> {
-        let mut counts: Vec<usize> = Vec::new();
+        let mut counts: BTreeMap<u64, usize> = BTreeMap::new();
         for curve in self.curves.values() {
-            if counts.len() < curve.metrics.len() {
-                counts.resize(curve.metrics.len(), 0);
-            }
-            for (count, m) in counts.iter_mut().zip(&curve.metrics) {
-                *count += usize::from(m.is_finite());
+            for &iteration in curve.metrics.keys() {
+                *counts.entry(iteration).or_default() += 1;
             }
         }
-        let at = counts.iter().rposition(|&c| c >= min_count.max(1))?;
+        let (&at, _) = counts
+            .iter()
+            .rev()
+            .find(|&(_, &count)| count >= min_count.max(1))?;
         let observations = self
             .curves
             .values()
             .filter_map(|c| {
-                let metric = *c.metrics.get(at)?;
-                metric.is_finite().then(|| Observation {
+                c.metrics.get(&at).map(|&metric| Observation {
                     values: c.values.clone(),
                     metric,
                 })
             })
             .collect();
-        Some((at as u64 + 1, observations))
+        Some((at, observations))
     }
 
     /// A failed trial runs again: it is pending once more.

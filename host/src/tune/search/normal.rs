@@ -12,7 +12,7 @@ pub(super) const LN_SQRT_2PI: f64 = 0.918_938_533_204_672_8;
 pub(super) fn standard_normal(rng: &mut ChaCha8Rng) -> f64 {
     let u1 = 1.0 - rng.random::<f64>();
     let u2 = rng.random::<f64>();
-    (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
+    (-2.0 * u1.pln()).sqrt() * (std::f64::consts::TAU * u2).pcos()
 }
 
 /// P(a <= Z <= b) for a standard normal Z and `a <= b`.
@@ -22,7 +22,7 @@ pub(super) fn normal_mass(a: f64, b: f64) -> f64 {
         // The CDF difference would cancel to noise; the midpoint rule is
         // accurate to about width² here.
         let mid = 0.5 * (a + b);
-        return width * (-0.5 * mid * mid - LN_SQRT_2PI).exp();
+        return width * (-0.5 * mid * mid - LN_SQRT_2PI).pexp();
     }
     let s = std::f64::consts::FRAC_1_SQRT_2;
     // Work in the tail the interval is in, where erfc keeps its precision.
@@ -35,27 +35,47 @@ pub(super) fn normal_mass(a: f64, b: f64) -> f64 {
     }
 }
 
-/// P(Z <= x) for a standard normal Z, with a relative error below 1.2e-7
-/// (as [`erfc`]'s).
+/// P(Z <= x) for a standard normal Z.
 pub(super) fn normal_cdf(x: f64) -> f64 {
     0.5 * erfc(-x * std::f64::consts::FRAC_1_SQRT_2)
 }
 
-/// Complementary error function, with a relative error below 1.2e-7
-/// (the Chebyshev fit in Press et al., Numerical Recipes, §6.2).
+/// Complementary error function, from the `libm` crate (within an ulp
+/// or two, and the same bits on every machine).
 fn erfc(x: f64) -> f64 {
-    let z = x.abs();
-    let t = 1.0 / (1.0 + 0.5 * z);
-    let poly = -z * z - 1.265_512_23
-        + t * (1.000_023_68
-            + t * (0.374_091_96
-                + t * (0.096_784_18
-                    + t * (-0.186_288_06
-                        + t * (0.278_868_07
-                            + t * (-1.135_203_98
-                                + t * (1.488_515_87 + t * (-0.822_152_23 + t * 0.170_872_77))))))));
-    let r = t * poly.exp();
-    if x >= 0.0 { r } else { 2.0 - r }
+    libm::erfc(x)
+}
+
+/// Elementary functions computed by the `libm` crate instead of the
+/// platform's maths library, whose results are not correctly rounded and
+/// may differ in the last bit between CPUs (glibc picks FMA variants where
+/// the CPU has FMA). A model-based searcher turns such a bit into a
+/// different suggestion, and suggestions must be the same on every machine
+/// for a given seed.
+pub(super) trait Portable {
+    fn pexp(self) -> f64;
+    fn pln(self) -> f64;
+    fn pcos(self) -> f64;
+    fn psin(self) -> f64;
+    fn pacos(self) -> f64;
+}
+
+impl Portable for f64 {
+    fn pexp(self) -> f64 {
+        libm::exp(self)
+    }
+    fn pln(self) -> f64 {
+        libm::log(self)
+    }
+    fn pcos(self) -> f64 {
+        libm::cos(self)
+    }
+    fn psin(self) -> f64 {
+        libm::sin(self)
+    }
+    fn pacos(self) -> f64 {
+        libm::acos(self)
+    }
 }
 
 #[cfg(test)]

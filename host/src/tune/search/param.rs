@@ -7,6 +7,7 @@ use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use serde_json::{Number, Value};
 
+use super::normal::Portable;
 use crate::tune::space::Domain;
 
 /// One parameter as the model sees it. Values live in "model space": the
@@ -55,8 +56,8 @@ impl Param {
                 high,
             },
             Domain::LogUniform { low, high } => Param::Float {
-                lo: low.ln(),
-                hi: high.ln(),
+                lo: low.pln(),
+                hi: high.pln(),
                 log: true,
                 low,
                 high,
@@ -106,7 +107,7 @@ impl Param {
                 low,
                 high,
                 ..
-            } => float(x.exp().clamp(low, high)),
+            } => float(x.pexp().clamp(low, high)),
             Param::Float { .. } => float(x),
             Param::Quantized { int: true, .. } => Value::from(x as i64),
             Param::Quantized { .. } => float(x),

@@ -55,7 +55,7 @@ use serde_json::{Map, Value};
 
 use self::joint::JointParzen;
 use super::history::{History, ranked};
-use super::normal::{LN_SQRT_2PI, normal_mass, standard_normal};
+use super::normal::{LN_SQRT_2PI, Portable, normal_mass, standard_normal};
 use super::param::Param;
 use super::searcher::{Searcher, Suggestion};
 use crate::tune::result::Mode;
@@ -172,7 +172,7 @@ fn univariate_choice(
             let g = categorical(values.len(), bad, &w_bad, config.prior_weight);
             for _ in 0..config.n_candidates {
                 let k = pick(&l, rng);
-                let score = l[k].ln() - g[k].ln();
+                let score = l[k].pln() - g[k].pln();
                 if score > best.0 {
                     best = (score, k as f64);
                 }
@@ -312,13 +312,13 @@ impl Parzen {
             .zip(&sigmas)
             .zip(&mixture_weights)
             .map(|((&mu, &sigma), &w)| {
-                (w / total).ln() - normal_mass((lo - mu) / sigma, (hi - mu) / sigma).ln()
+                (w / total).pln() - normal_mass((lo - mu) / sigma, (hi - mu) / sigma).pln()
             })
             .collect();
         let log_norm = log_scale
             .iter()
             .zip(&sigmas)
-            .map(|(&s, &sigma)| s - sigma.ln() - LN_SQRT_2PI)
+            .map(|(&s, &sigma)| s - sigma.pln() - LN_SQRT_2PI)
             .collect();
         let inv_sigma = sigmas.iter().map(|&sigma| 1.0 / sigma).collect();
         Self {
@@ -360,7 +360,7 @@ impl Parzen {
     fn log_mass(&self, a: f64, b: f64) -> f64 {
         log_sum_exp(self.mus.len(), |k| {
             let (mu, sigma) = (self.mus[k], self.sigmas[k]);
-            self.log_scale[k] + normal_mass((a - mu) / sigma, (b - mu) / sigma).ln()
+            self.log_scale[k] + normal_mass((a - mu) / sigma, (b - mu) / sigma).pln()
         })
     }
 }
@@ -373,7 +373,7 @@ fn log_sum_exp(n: usize, term: impl Fn(usize) -> f64) -> f64 {
     if max == f64::NEG_INFINITY {
         return max;
     }
-    max + (0..n).map(|k| (term(k) - max).exp()).sum::<f64>().ln()
+    max + (0..n).map(|k| (term(k) - max).pexp()).sum::<f64>().pln()
 }
 
 /// The TPE searcher.
@@ -455,9 +455,10 @@ impl Tpe {
             // there, not a lie.
             let reached = |id: &String| {
                 iteration.is_some_and(|i| {
-                    self.history.curves.get(id).is_some_and(|c| {
-                        c.metrics.get(i as usize - 1).is_some_and(|m| m.is_finite())
-                    })
+                    self.history
+                        .curves
+                        .get(id)
+                        .is_some_and(|c| c.metrics.contains_key(&i))
                 })
             };
             bad.extend(
@@ -565,6 +566,7 @@ impl Searcher for Tpe {
 mod tests {
     use super::*;
     use crate::tune::search::BasicVariant;
+    use crate::tune::search::history;
     use serde_json::json;
 
     fn space(value: Value) -> SearchSpace {
@@ -1026,8 +1028,7 @@ mod tests {
         let mut resumed =
             Tpe::new(searcher.config.clone(), &space, 10, "loss", Mode::Min, 0).unwrap();
         resumed.restore_state(&state).unwrap();
-        // (NaN is not equal to itself: compare what is saved.)
-        assert_eq!(resumed.state(), searcher.state());
+        assert_eq!(resumed.history.curves, searcher.history.curves);
         assert_eq!(
             resumed.suggest("trial_0004"),
             searcher.suggest("trial_0004")
@@ -1037,5 +1038,21 @@ mod tests {
         let _ = plain.suggest("trial_0000");
         plain.on_result("trial_0000", &at_iteration(1, 1.0));
         assert!(plain.history.curves.is_empty());
+    }
+
+    #[test]
+    fn long_curves_keep_a_geometric_grid_of_iterations() {
+        let kept: Vec<u64> = (0..=100).filter(|&i| history::kept_iteration(i)).collect();
+        assert_eq!(
+            kept,
+            [
+                1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 20, 25, 31, 38, 47, 58, 72,
+                90
+            ]
+        );
+        let up_to_a_million = (1..=1_000_000u64)
+            .filter(|&i| history::kept_iteration(i))
+            .count();
+        assert_eq!(up_to_a_million, 65);
     }
 }

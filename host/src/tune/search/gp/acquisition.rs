@@ -4,10 +4,10 @@
 //! Expected Improvement", NeurIPS 2023) so that it still ranks points where
 //! the improvement is astronomically unlikely, as after many trials.
 //!
-//! The maximization follows Optuna's `GPSampler`: the best of many random
-//! points and of the best observations seeds local searches; each
-//! alternates L-BFGS over the numeric coordinates with a sweep over each
-//! categorical's choices until neither improves. A numeric coordinate moves
+//! The maximization follows Optuna's `GPSampler`: the best random points
+//! and the best observation seed local searches; each alternates L-BFGS
+//! over the numeric coordinates with a sweep over each categorical's
+//! choices until neither improves, for at most four rounds. A numeric coordinate moves
 //! as `x = (1 - cos u) / 2`, which keeps it inside `[0, 1]` without the
 //! bounds an unconstrained L-BFGS lacks. Quantized coordinates are searched
 //! as continuous and rounded at the end.
@@ -17,7 +17,7 @@ use argmin::solver::linesearch::MoreThuenteLineSearch;
 use argmin::solver::quasinewton::LBFGS;
 
 use super::regressor::Posterior;
-use crate::tune::search::normal::{LN_SQRT_2PI, normal_cdf};
+use crate::tune::search::normal::{LN_SQRT_2PI, Portable, normal_cdf};
 
 /// `ln h(z)` and its derivative `Phi(z) / h(z)`, where `h(z) = z Phi(z) +
 /// phi(z)` is the expected improvement of a standard normal over `-z`.
@@ -25,8 +25,8 @@ pub(super) fn ln_h(z: f64) -> (f64, f64) {
     let ln_phi = -0.5 * z * z - LN_SQRT_2PI;
     if z > -3.0 {
         let cdf = normal_cdf(z);
-        let h = z * cdf + ln_phi.exp();
-        return (h.ln(), cdf / h);
+        let h = z * cdf + ln_phi.pexp();
+        return (h.pln(), cdf / h);
     }
     // Here h = phi(z) (1 - t R(t)) with t = -z and Mills' ratio
     // R(t) = Phi(-t) / phi(t), which its continued fraction gives without
@@ -44,7 +44,7 @@ pub(super) fn ln_h(z: f64) -> (f64, f64) {
     };
     // Phi(z) / h(z) = R / (1 - t R), with R = 1 / f.
     let mills = (1.0 - one_minus) / t;
-    (ln_phi + one_minus.ln(), mills / one_minus)
+    (ln_phi + one_minus.pln(), mills / one_minus)
 }
 
 /// Log expected improvement over `best` (standardized, larger is better)
@@ -54,7 +54,7 @@ pub(super) fn log_ei(gp: &Posterior, best: f64, at: &[f64], grad: bool) -> (f64,
     let sigma = p.var.sqrt();
     let z = (p.mean - best) / sigma;
     let (value, slope) = ln_h(z);
-    let value = value + sigma.ln();
+    let value = value + sigma.pln();
     if !grad {
         return (value, Vec::new());
     }
@@ -92,7 +92,7 @@ impl Climb<'_> {
     fn point(&self, u: &[f64]) -> Vec<f64> {
         let mut x = self.base.to_vec();
         for (&j, &u) in self.free.iter().zip(u) {
-            x[j] = 0.5 * (1.0 - u.cos());
+            x[j] = 0.5 * (1.0 - u.pcos());
         }
         x
     }
@@ -117,7 +117,7 @@ impl Gradient for Climb<'_> {
             .free
             .iter()
             .zip(u)
-            .map(|(&j, &u)| -g[j] * 0.5 * u.sin())
+            .map(|(&j, &u)| -g[j] * 0.5 * u.psin())
             .collect())
     }
 }
@@ -145,7 +145,7 @@ pub(super) fn climb(
             // Off the bounds a little: the map's slope vanishes on them.
             let u0: Vec<f64> = free
                 .iter()
-                .map(|&j| (1.0 - 2.0 * x[j].clamp(1e-6, 1.0 - 1e-6)).acos())
+                .map(|&j| (1.0 - 2.0 * x[j].clamp(1e-6, 1.0 - 1e-6)).pacos())
                 .collect();
             let climb = Climb {
                 gp,
@@ -171,7 +171,7 @@ pub(super) fn climb(
                 && v > value
             {
                 for (&j, &u) in free.iter().zip(&u) {
-                    x[j] = 0.5 * (1.0 - u.cos());
+                    x[j] = 0.5 * (1.0 - u.pcos());
                 }
                 value = v;
             }

@@ -9,8 +9,9 @@
 //!
 //! Arithmetic is plain loops in a fixed order (nalgebra's Cholesky and
 //! triangular solves are such loops; its matrix products, which pick SIMD
-//! kernels by CPU, are not used), so a fit gives the same bits on every
-//! machine and a seeded search the same suggestions.
+//! kernels by CPU, are not used) and `exp`/`ln` come from the `libm` crate
+//! (`normal::Portable`), so a fit gives the same bits on every machine and
+//! a seeded search the same suggestions.
 
 use std::cell::RefCell;
 
@@ -18,6 +19,8 @@ use argmin::core::{CostFunction, Executor, Gradient, State};
 use argmin::solver::linesearch::MoreThuenteLineSearch;
 use argmin::solver::quasinewton::LBFGS;
 use nalgebra::{Cholesky, DMatrix, DVector, Dyn};
+
+use crate::tune::search::normal::Portable;
 
 /// The noise variance never goes below this (in units of the standardized
 /// metric): it keeps the kernel matrix well conditioned when trials repeat
@@ -60,16 +63,18 @@ impl Hyper {
         let noise = (self.noise - 0.99 * MIN_NOISE).max(MIN_NOISE * 0.01);
         self.eta
             .iter()
-            .map(|e| e.ln())
-            .chain([self.scale.ln(), noise.ln()])
+            .map(|e| e.pln())
+            .chain([self.scale.pln(), noise.pln()])
             .map(|v| v.clamp(-LOG_BOUND, LOG_BOUND))
             .collect()
     }
 
-    /// Takes back [`Hyper::to_log`]'s form.
+    /// The hyperparameters of a point in [`Hyper::to_log`]'s form (which
+    /// takes back `to_log` but for the noise, a hundredth of the floor
+    /// above the original; only starting points go through `to_log`).
     pub(super) fn from_log(theta: &[f64]) -> Self {
         let d = theta.len() - 2;
-        let at = |i: usize| theta[i].clamp(-LOG_BOUND, LOG_BOUND).exp();
+        let at = |i: usize| theta[i].clamp(-LOG_BOUND, LOG_BOUND).pexp();
         Self {
             eta: (0..d).map(at).collect(),
             scale: at(d),
@@ -89,10 +94,10 @@ impl Hyper {
             grad.push(0.1 / e - 0.1 * e);
         }
         // Gamma(2, 1) on the scale, Gamma(1.1, 30) on the noise.
-        value += self.scale.ln() - self.scale;
+        value += self.scale.pln() - self.scale;
         grad.push(1.0 - self.scale);
         let above = self.noise - MIN_NOISE;
-        value += 0.1 * self.noise.ln() - 30.0 * self.noise;
+        value += 0.1 * self.noise.pln() - 30.0 * self.noise;
         grad.push((0.1 / self.noise - 30.0) * above);
         (value, grad)
     }
@@ -103,7 +108,7 @@ impl Hyper {
 pub(super) fn matern(r2: f64) -> (f64, f64) {
     let r = r2.max(0.0).sqrt();
     let s5r = 5f64.sqrt() * r;
-    let e = (-s5r).exp();
+    let e = (-s5r).pexp();
     (
         (1.0 + s5r + 5.0 / 3.0 * r2) * e,
         -5.0 / 6.0 * (1.0 + s5r) * e,
@@ -205,7 +210,7 @@ impl Evidence<'_> {
         let chol = factor(noisy);
         let alpha = chol.solve(&DVector::from_column_slice(self.y));
         let kinv = chol.inverse();
-        let ln_det: f64 = (0..n).map(|i| chol.l_dirty()[(i, i)].ln()).sum();
+        let ln_det: f64 = (0..n).map(|i| chol.l_dirty()[(i, i)].pln()).sum();
         let fit = -0.5 * dot(self.y, alpha.as_slice()) - ln_det;
         let (prior, prior_grad) = hyper.ln_prior();
         // d(fit)/d(theta) = 1/2 tr(W dK/dtheta) with W = alpha alpha^T - K^-1.
@@ -288,7 +293,12 @@ pub(super) fn fit(metric: &Metric, x: &[Vec<f64>], y: &[f64], start: &[f64]) -> 
         Ok(result) => {
             let state = result.state();
             match state.get_best_param() {
-                Some(best) if state.get_best_cost() <= cost0 => best.clone(),
+                // Kept within the bounds: outside them the cost is flat, and
+                // the next fit, which starts here, could not come back.
+                Some(best) if state.get_best_cost() <= cost0 => best
+                    .iter()
+                    .map(|t| t.clamp(-LOG_BOUND, LOG_BOUND))
+                    .collect(),
                 _ => start.to_vec(),
             }
         }
@@ -304,7 +314,7 @@ pub(super) struct Posterior {
     x: Vec<Vec<f64>>,
     /// `K^-1 y`.
     alpha: Vec<f64>,
-    /// `K^-1`, row-major (symmetric).
+    /// `K^-1`, column-major (it is symmetric, so its columns are its rows).
     kinv: Vec<f64>,
 }
 

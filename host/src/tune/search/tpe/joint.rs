@@ -12,7 +12,9 @@
 
 use rand_chacha::ChaCha8Rng;
 
-use super::{LN_SQRT_2PI, Param, gap_widths, log_sum_exp, normal_mass, pick, standard_normal};
+use super::{
+    LN_SQRT_2PI, Param, Portable, gap_widths, log_sum_exp, normal_mass, pick, standard_normal,
+};
 
 /// One parameter's factor of every component.
 enum Factor {
@@ -64,7 +66,7 @@ impl<'a> JointParzen<'a> {
                     let ln_mass = mus
                         .iter()
                         .zip(&sigmas)
-                        .map(|(&mu, &s)| normal_mass((lo - mu) / s, (hi - mu) / s).ln())
+                        .map(|(&mu, &s)| normal_mass((lo - mu) / s, (hi - mu) / s).pln())
                         .collect();
                     let q = match *param {
                         Param::Quantized { q, .. } => Some(q),
@@ -91,12 +93,12 @@ impl<'a> JointParzen<'a> {
                             (0..c)
                                 .map(|k| {
                                     let hit = if k == x[j] as usize { 1.0 } else { 0.0 };
-                                    ((base + hit) / total).ln()
+                                    ((base + hit) / total).pln()
                                 })
                                 .collect()
                         })
                         .collect();
-                    probs.push(vec![-(c as f64).ln(); c]);
+                    probs.push(vec![-(c as f64).pln(); c]);
                     Factor::Choice(probs)
                 }
             })
@@ -104,7 +106,7 @@ impl<'a> JointParzen<'a> {
         let mut mixture: Vec<f64> = weights.to_vec();
         mixture.push(prior_weight);
         let total: f64 = mixture.iter().sum();
-        let ln_weights = mixture.iter().map(|w| (w / total).ln()).collect();
+        let ln_weights = mixture.iter().map(|w| (w / total).pln()).collect();
         Self {
             params,
             weights: mixture,
@@ -137,7 +139,7 @@ impl<'a> JointParzen<'a> {
                     param.quantize(x)
                 }
                 Factor::Choice(probs) => {
-                    let p: Vec<f64> = probs[k].iter().map(|l| l.exp()).collect();
+                    let p: Vec<f64> = probs[k].iter().map(|l| l.pexp()).collect();
                     pick(&p, rng) as f64
                 }
             })
@@ -161,7 +163,7 @@ impl<'a> JointParzen<'a> {
                         ..
                     } => {
                         let z = (x - mus[k]) / sigmas[k];
-                        -0.5 * z * z - sigmas[k].ln() - LN_SQRT_2PI - ln_mass[k]
+                        -0.5 * z * z - sigmas[k].pln() - LN_SQRT_2PI - ln_mass[k]
                     }
                     Factor::Numeric {
                         lo,
@@ -173,7 +175,7 @@ impl<'a> JointParzen<'a> {
                     } => {
                         let (a, b) = ((x - q / 2.0).max(*lo), (x + q / 2.0).min(*hi));
                         let (mu, s) = (mus[k], sigmas[k]);
-                        normal_mass((a - mu) / s, (b - mu) / s).ln() - ln_mass[k]
+                        normal_mass((a - mu) / s, (b - mu) / s).pln() - ln_mass[k]
                     }
                     Factor::Choice(probs) => probs[k][x as usize],
                 })
