@@ -132,6 +132,25 @@ impl Client {
         .map(drop)
     }
 
+    /// The highest step of any metric the server has for the run (`None`
+    /// for none): MLflow's run carries each metric's latest value, at its
+    /// highest step.
+    pub(super) fn last_step(&self, run_id: &str) -> Result<Option<u64>, CallError> {
+        let answer = self.get("runs/get", &[("run_id", run_id)])?;
+        let metrics = answer
+            .pointer("/run/data/metrics")
+            .and_then(Value::as_array)
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        Ok(metrics
+            .iter()
+            .filter_map(|m| {
+                m.get("step")
+                    .and_then(|s| s.as_u64().or_else(|| s.as_str()?.parse().ok()))
+            })
+            .max())
+    }
+
     /// Sets a run's status (`RUNNING`, `FINISHED`, `FAILED`, `KILLED`), and
     /// its end time when it has ended.
     pub(super) fn update_run(

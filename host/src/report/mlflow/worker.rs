@@ -356,13 +356,24 @@ impl Worker {
                 .and_then(|bytes| serde_json::from_slice::<RunFile>(&bytes).ok())
                 .filter(|f| f.tracking_uri == self.uri && f.experiment_id == experiment_id);
             let run = match saved {
-                Some(saved) => Run {
-                    dir,
-                    run_id: saved.run_id,
-                    sent_through: saved.sent_through,
-                    params_logged: false,
-                    found_again: true,
-                },
+                Some(saved) => {
+                    // A process killed between a batch's arrival and the
+                    // file's update left the file behind the server: the
+                    // server's own last step says what not to send again.
+                    let on_server = match self.client.last_step(&saved.run_id) {
+                        Ok(step) => step.unwrap_or(0),
+                        // Gone or unreadable there: the file's word stands.
+                        Err(CallError::Rejected(_)) => 0,
+                        Err(e) => return Err(e),
+                    };
+                    Run {
+                        dir,
+                        run_id: saved.run_id,
+                        sent_through: saved.sent_through.max(on_server),
+                        params_logged: false,
+                        found_again: true,
+                    }
+                }
                 None => {
                     let tags = [
                         ("wtune.trial_id".to_string(), trial_id.to_string()),
@@ -489,7 +500,8 @@ impl Worker {
     }
 
     /// Writes the trial's `mlflow_run.json` (a lost write costs a second
-    /// run or a step sent twice after `wtune resume`, nothing more).
+    /// run, nothing more: steps are checked with the server when the run is
+    /// found again).
     fn save(&self, run: &Run, experiment_id: &str) {
         let file = RunFile {
             tracking_uri: self.uri.clone(),
