@@ -16,5 +16,12 @@ if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then
     chromium chromium-driver fonts-liberation >/dev/null
 fi
 cargo test --release --locked --workspace
+# The Python package, built and installed into the test venv as the README's
+# `pip install ./python` does (maturin from the venv, cargo's target dir
+# shared), then its suite: the sandbox from Python and Ray Tune on a real
+# multi-node cluster.
+PATH="$PWD/target/python-env/bin:$PATH" target/python-env/bin/pip install -q \
+  --disable-pip-version-check --no-build-isolation --force-reinstall --no-deps ./python
+target/python-env/bin/python -m pytest -q -p no:cacheprovider python/tests
 # The burn CNN example's own workspace: its model and reset() natively.
 cargo test --release --locked --manifest-path examples/digits-cnn/Cargo.toml --target-dir target

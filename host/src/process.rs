@@ -4,25 +4,77 @@
 //! Both run the `wtune` binary with a hidden subcommand, so a deployment
 //! ships one executable. Programs that embed the library (tests, benches, a
 //! marketplace backend) point `WTUNE_WORKER` at a `wtune` binary when theirs
-//! is not beside it.
+//! is not beside it; an embedder that carries the workers itself (the
+//! Python package, whose executable is Python) names its own command with
+//! [`serve_workers_with`].
 
 use std::collections::VecDeque;
+use std::ffi::OsString;
+use std::fmt;
 use std::io::Read;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::process::Command;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::thread;
 
-/// The executable that serves wtune's hidden worker subcommands:
-/// `$WTUNE_WORKER`, else this executable if it is `wtune`, else a `wtune`
-/// in this executable's directory or its parent (where cargo puts the binary
-/// beside test and bench executables).
-pub fn worker_executable() -> Result<PathBuf, String> {
+/// How a worker process is started: a program and the arguments that go
+/// before the worker's subcommand (`gpu-worker ...`, `compile-worker ...`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerProgram {
+    /// The executable.
+    pub program: PathBuf,
+    /// Arguments before the subcommand; empty for a `wtune` binary.
+    pub prefix: Vec<OsString>,
+}
+
+impl WorkerProgram {
+    /// A `wtune` binary, which answers the subcommands itself.
+    pub fn binary(program: impl Into<PathBuf>) -> Self {
+        Self {
+            program: program.into(),
+            prefix: Vec::new(),
+        }
+    }
+
+    /// A command that runs the worker, ready for its subcommand's arguments.
+    pub fn command(&self) -> Command {
+        let mut command = Command::new(&self.program);
+        command.args(&self.prefix);
+        command
+    }
+}
+
+impl fmt::Display for WorkerProgram {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.program.display())
+    }
+}
+
+static EMBEDDER_WORKER: OnceLock<WorkerProgram> = OnceLock::new();
+
+/// Serves this process's workers with `worker` (unless `$WTUNE_WORKER`
+/// names a binary): for embedders whose executable is not `wtune` and who
+/// answer the worker subcommands themselves. The first call wins; later
+/// ones are ignored.
+pub fn serve_workers_with(worker: WorkerProgram) {
+    let _ = EMBEDDER_WORKER.set(worker);
+}
+
+/// What serves wtune's hidden worker subcommands: `$WTUNE_WORKER`, else
+/// the embedder's command ([`serve_workers_with`]), else this executable if
+/// it is `wtune`, else a `wtune` in this executable's directory or its
+/// parent (where cargo puts the binary beside test and bench executables).
+pub fn worker_program() -> Result<WorkerProgram, String> {
+    let binary = WorkerProgram::binary;
     if let Some(path) = std::env::var_os("WTUNE_WORKER") {
-        return Ok(PathBuf::from(path));
+        return Ok(binary(PathBuf::from(path)));
+    }
+    if let Some(worker) = EMBEDDER_WORKER.get() {
+        return Ok(worker.clone());
     }
     let me = std::env::current_exe().map_err(|e| format!("finding this executable: {e}"))?;
     if me.file_stem().is_some_and(|s| s == "wtune") {
-        return Ok(me);
+        return Ok(binary(me));
     }
     let name = format!("wtune{}", std::env::consts::EXE_SUFFIX);
     me.ancestors()
@@ -30,6 +82,7 @@ pub fn worker_executable() -> Result<PathBuf, String> {
         .take(2)
         .map(|dir| dir.join(&name))
         .find(|candidate| candidate.is_file())
+        .map(binary)
         .ok_or_else(|| {
             format!(
                 "wtune's worker processes run the wtune executable, and none was found beside {}; \

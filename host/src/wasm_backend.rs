@@ -117,20 +117,47 @@ impl WasmBackend {
             .map_err(|e| format!("checkpoint {}: {e}", path.display()))
     }
 
+    /// Starts a trial: a fresh instance set up with `launch.config`, or,
+    /// with `launch.restore`, one continued from that checkpoint. The
+    /// guest sees `trial_dir/work` as its directory, so the host's own
+    /// files (results, logs, checkpoints) are out of its reach. What
+    /// [`TrialBackend::launch`] does, with the fault's family kept for
+    /// embedders that act on it (the Python package).
+    pub fn start_trial(&self, launch: &TrialLaunch) -> Result<WasmSession, WasmError> {
+        let work_dir = launch.trial_dir.join("work");
+        std::fs::create_dir_all(&work_dir)
+            .map_err(|e| WasmError::Io(format!("cannot create {}: {e}", work_dir.display())))?;
+        let env = TrialEnv {
+            work_dir,
+            log_dir: launch.trial_dir.clone(),
+            data: self.data.clone(),
+            gpu: launch.gpus.first().copied(),
+        };
+        let (instance, time_restored_s) = match &launch.restore {
+            Some(path) => self.restore(&env, launch, path)?,
+            None => (self.start(&env, launch)?, 0.0),
+        };
+        Ok(WasmSession {
+            instance,
+            digest: self.program.digest().to_string(),
+            mode: self.mode,
+            key: self.key.clone(),
+            time_restored_s,
+        })
+    }
+
     fn restore(
         &self,
         env: &TrialEnv,
         launch: &TrialLaunch,
         path: &Path,
-    ) -> Result<(TrialInstance, f64), TrialFailure> {
+    ) -> Result<(TrialInstance, f64), WasmError> {
         // A checkpoint that cannot be read or restored fails the same way on
         // every retry.
-        let mut file = self
-            .open_checkpoint(path)
-            .map_err(TrialFailure::permanent)?;
+        let mut file = self.open_checkpoint(path).map_err(WasmError::Checkpoint)?;
         let meta = file.meta().clone();
         let restoring = |e: &dyn std::fmt::Display| {
-            TrialFailure::permanent(format!("restoring {}: {e}", path.display()))
+            WasmError::Checkpoint(format!("restoring {}: {e}", path.display()))
         };
         let instance = match file.guest_state().map_err(|e| restoring(&e))? {
             Some(state) => {
@@ -163,13 +190,13 @@ impl WasmBackend {
                         instance
                             .reset(&launch.config.to_string())
                             .map_err(|fault| {
-                                TrialFailure::permanent(format!(
+                                WasmError::Checkpoint(format!(
                                     "switching {} to this trial's config: {fault}",
                                     path.display()
                                 ))
                             })?;
                     if !reconfigured {
-                        return Err(TrialFailure::permanent(format!(
+                        return Err(WasmError::Checkpoint(format!(
                             "checkpoint {} is a host snapshot of a trial with config {}, and \
                              this component's reset() does not take config {}; implement \
                              reset (keeping learned state), or use guest checkpoints \
@@ -186,14 +213,9 @@ impl WasmBackend {
         Ok((instance, meta.time_total_s))
     }
 
-    fn start(&self, env: &TrialEnv, launch: &TrialLaunch) -> Result<TrialInstance, TrialFailure> {
-        let mut instance = self
-            .program
-            .instantiate(env, &self.limits_for(launch))
-            .map_err(failure)?;
-        instance
-            .setup(&launch.config.to_string())
-            .map_err(failure)?;
+    fn start(&self, env: &TrialEnv, launch: &TrialLaunch) -> Result<TrialInstance, WasmError> {
+        let mut instance = self.program.instantiate(env, &self.limits_for(launch))?;
+        instance.setup(&launch.config.to_string())?;
         Ok(instance)
     }
 
@@ -218,11 +240,47 @@ pub struct WasmSession {
     time_restored_s: f64,
 }
 
-fn failure(fault: TrialFault) -> TrialFailure {
-    match fault {
-        // Continuing from a checkpoint does not refill the budget.
-        TrialFault::FuelBudget { .. } => TrialFailure::permanent(fault.to_string()),
-        _ => TrialFailure::new(fault.to_string()),
+/// Why a sandboxed trial could not go on, keeping the fault itself where
+/// the guest caused it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum WasmError {
+    /// The trainable failed or hit a limit.
+    Fault(TrialFault),
+    /// A checkpoint could not be read or restored; it fails the same way on
+    /// every try.
+    Checkpoint(String),
+    /// The host could not write what it had to (a checkpoint file, the
+    /// trial's directory).
+    Io(String),
+}
+
+impl From<TrialFault> for WasmError {
+    fn from(fault: TrialFault) -> Self {
+        WasmError::Fault(fault)
+    }
+}
+
+impl fmt::Display for WasmError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            WasmError::Fault(fault) => fault.fmt(f),
+            WasmError::Checkpoint(why) | WasmError::Io(why) => f.write_str(why),
+        }
+    }
+}
+
+impl std::error::Error for WasmError {}
+
+impl From<WasmError> for TrialFailure {
+    fn from(error: WasmError) -> Self {
+        match error {
+            // Continuing from a checkpoint does not refill the budget.
+            WasmError::Fault(fault @ TrialFault::FuelBudget { .. }) => {
+                TrialFailure::permanent(fault.to_string())
+            }
+            WasmError::Checkpoint(why) => TrialFailure::permanent(why),
+            other => TrialFailure::new(other.to_string()),
+        }
     }
 }
 
@@ -246,40 +304,75 @@ impl TrialBackend for WasmBackend {
     }
 
     fn launch(&self, launch: &TrialLaunch) -> Result<WasmSession, TrialFailure> {
-        // The guest's directory is a child of the trial directory, so the
-        // host's own files (results, logs, checkpoints) are out of the
-        // guest's reach.
-        let work_dir = launch.trial_dir.join("work");
-        std::fs::create_dir_all(&work_dir)
-            .map_err(|e| TrialFailure::new(format!("cannot create {}: {e}", work_dir.display())))?;
-        let env = TrialEnv {
-            work_dir,
-            log_dir: launch.trial_dir.clone(),
-            data: self.data.clone(),
-            gpu: launch.gpus.first().copied(),
-        };
-        let (instance, time_restored_s) = match &launch.restore {
-            Some(path) => self.restore(&env, launch, path)?,
-            None => (self.start(&env, launch)?, 0.0),
-        };
-        Ok(WasmSession {
-            instance,
-            digest: self.program.digest().to_string(),
-            mode: self.mode,
-            key: self.key.clone(),
-            time_restored_s,
-        })
+        Ok(self.start_trial(launch)?)
     }
 }
 
-impl TrialSession for WasmSession {
-    fn train(&mut self) -> Result<Step, TrialFailure> {
-        let (report, stats) = self.instance.train().map_err(failure)?;
+impl WasmSession {
+    /// Runs one training iteration.
+    pub fn step(&mut self) -> Result<Step, WasmError> {
+        let (report, stats) = self.instance.train()?;
         Ok(Step {
             metrics: report.metrics,
             done: report.done,
             fuel: stats.fuel,
         })
+    }
+
+    /// Writes a checkpoint of the trial to `path` atomically (see
+    /// [`TrialSession::save`]) and returns its size in bytes.
+    pub fn checkpoint(&mut self, path: &Path, info: &CheckpointInfo<'_>) -> Result<u64, WasmError> {
+        let meta = SnapshotMeta {
+            component: self.digest.clone(),
+            trial_id: info.trial_id.to_string(),
+            config: info.config.clone(),
+            iteration: self.instance.iterations(),
+            fuel_total: self.instance.fuel_total(),
+            time_total_s: info.time_total_s,
+            result: info
+                .result
+                .map_or(Value::Null, |r| Value::Object(r.clone())),
+        };
+        let writing = |e: std::io::Error| WasmError::Io(format!("writing {}: {e}", path.display()));
+        match self.mode {
+            CheckpointMode::Snapshot => {
+                // Straight from the guest's memory into a spool beside the
+                // file: the host never holds a copy of the guest's memory.
+                let spool = snapshot::Spool::beside(path).map_err(writing)?;
+                let (image, spool) = self
+                    .instance
+                    .snapshot_into(spool)
+                    .map_err(|e| WasmError::Io(format!("host snapshot: {e}")))?;
+                snapshot::write_spooled(path, &meta, &image, spool, self.key.as_ref())
+                    .map_err(writing)
+            }
+            CheckpointMode::Guest => {
+                let payload = Payload::Guest(self.instance.save()?.0);
+                snapshot::write(path, &meta, &payload, self.key.as_ref()).map_err(writing)
+            }
+        }
+    }
+
+    /// Asks the trainable to switch to `config` in place (`reset()`),
+    /// keeping what it learned; `false` when it does not implement reset.
+    pub fn reset(&mut self, config: &Value) -> Result<bool, WasmError> {
+        Ok(self.instance.reset(&config.to_string())?.0)
+    }
+
+    /// Lets the trainable release its resources (`cleanup()`).
+    pub fn close(mut self) -> Result<(), WasmError> {
+        match self.instance.cleanup() {
+            // A trapped instance cannot be entered again: there is nothing
+            // left to clean up, and nothing new to report.
+            Ok(_) | Err(TrialFault::Poisoned) => Ok(()),
+            Err(fault) => Err(fault.into()),
+        }
+    }
+}
+
+impl TrialSession for WasmSession {
+    fn train(&mut self) -> Result<Step, TrialFailure> {
+        Ok(self.step()?)
     }
 
     fn fuel_total(&self) -> u64 {
@@ -295,44 +388,10 @@ impl TrialSession for WasmSession {
     }
 
     fn save(&mut self, path: &Path, info: &CheckpointInfo<'_>) -> Result<u64, TrialFailure> {
-        let meta = SnapshotMeta {
-            component: self.digest.clone(),
-            trial_id: info.trial_id.to_string(),
-            config: info.config.clone(),
-            iteration: self.instance.iterations(),
-            fuel_total: self.instance.fuel_total(),
-            time_total_s: info.time_total_s,
-            result: info
-                .result
-                .map_or(Value::Null, |r| Value::Object(r.clone())),
-        };
-        let writing =
-            |e: std::io::Error| TrialFailure::new(format!("writing {}: {e}", path.display()));
-        match self.mode {
-            CheckpointMode::Snapshot => {
-                // Straight from the guest's memory into a spool beside the
-                // file: the host never holds a copy of the guest's memory.
-                let spool = snapshot::Spool::beside(path).map_err(writing)?;
-                let (image, spool) = self
-                    .instance
-                    .snapshot_into(spool)
-                    .map_err(|e| TrialFailure::new(format!("host snapshot: {e}")))?;
-                snapshot::write_spooled(path, &meta, &image, spool, self.key.as_ref())
-                    .map_err(writing)
-            }
-            CheckpointMode::Guest => {
-                let payload = Payload::Guest(self.instance.save().map_err(failure)?.0);
-                snapshot::write(path, &meta, &payload, self.key.as_ref()).map_err(writing)
-            }
-        }
+        Ok(self.checkpoint(path, info)?)
     }
 
-    fn stop(mut self) -> Result<(), TrialFailure> {
-        match self.instance.cleanup() {
-            // A trapped instance cannot be entered again: there is nothing
-            // left to clean up, and nothing new to report.
-            Ok(_) | Err(TrialFault::Poisoned) => Ok(()),
-            Err(fault) => Err(failure(fault)),
-        }
+    fn stop(self) -> Result<(), TrialFailure> {
+        Ok(self.close()?)
     }
 }

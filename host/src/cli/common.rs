@@ -48,19 +48,9 @@ pub(super) fn lock(dir: &Path) -> Result<std::fs::File, Failure> {
 /// The key that authenticates checkpoints, derived from the bytes of
 /// `file` when the experiment names one.
 pub(super) fn snapshot_key(file: Option<&Path>) -> Result<Option<SnapshotKey>, Failure> {
-    let Some(file) = file else {
-        return Ok(None);
-    };
-    let secret = std::fs::read(file)
-        .map_err(|e| Failure::user(format!("snapshot_key_file {}: {e}", file.display())))?;
-    if secret.len() < 16 {
-        return Err(Failure::user(format!(
-            "snapshot_key_file {} holds {} bytes; use at least 16 bytes of secret",
-            file.display(),
-            secret.len()
-        )));
-    }
-    Ok(Some(SnapshotKey::derive(&secret)))
+    file.map(SnapshotKey::from_file)
+        .transpose()
+        .map_err(Failure::user)
 }
 
 /// Writes `text` to stdout. A reader that went away (`wtune inspect | head`)

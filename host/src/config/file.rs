@@ -98,6 +98,34 @@ pub(super) fn read(config: Option<&Path>) -> Result<(ExperimentToml, PathBuf), C
     }
 }
 
+/// Reads an experiment given as a value (a TOML table already parsed, or
+/// JSON from an embedder) whose relative paths start at `base`; `origin`
+/// names it in errors.
+pub(super) fn from_value(
+    experiment: &Value,
+    origin: &str,
+    base: &Path,
+) -> Result<(ExperimentToml, PathBuf), ConfigError> {
+    let read = |value: Value| serde_json::from_value::<ExperimentToml>(value);
+    match read(experiment.clone()) {
+        Ok(file) => Ok((file, base.to_path_buf())),
+        Err(whole) => {
+            // serde names the field but not the table it is in: find the
+            // first key that fails on its own, so the message can.
+            let culprit = experiment.as_object().and_then(|keys| {
+                keys.iter().find_map(|(key, value)| {
+                    let alone = Value::Object([(key.clone(), value.clone())].into_iter().collect());
+                    read(alone).err().map(|e| (key.clone(), e))
+                })
+            });
+            Err(bad(match culprit {
+                Some((key, e)) => format!("{origin}: {key}: {}", one_line(&e.to_string())),
+                None => format!("{origin}: {}", one_line(&whole.to_string())),
+            }))
+        }
+    }
+}
+
 /// A `--scheduler`/`--search` name over the file's value: the file's table
 /// is kept when it names the same algorithm (its parameters apply), else
 /// the name alone (default parameters).

@@ -93,7 +93,31 @@ pub fn plan(
     config: Option<&Path>,
     overrides: &Overrides,
 ) -> Result<Plan, ConfigError> {
-    let (mut file, base) = file::read(config)?;
+    let (file, base) = file::read(config)?;
+    plan_file(model, file, base, overrides)
+}
+
+/// [`plan`] for an experiment given as a value with the experiment file's
+/// keys (a JSON object; the Python package passes one built from keyword
+/// arguments), relative paths starting at `base`. Every key is checked as
+/// in a file; `origin` names the value in errors.
+pub fn plan_value(
+    model: &Path,
+    experiment: &Value,
+    origin: &str,
+    base: &Path,
+    overrides: &Overrides,
+) -> Result<Plan, ConfigError> {
+    let (file, base) = file::from_value(experiment, origin, base)?;
+    plan_file(model, file, base, overrides)
+}
+
+fn plan_file(
+    model: &Path,
+    mut file: file::ExperimentToml,
+    base: PathBuf,
+    overrides: &Overrides,
+) -> Result<Plan, ConfigError> {
     let mut notes = Vec::new();
     let name = objective::name(model, &file, overrides)?;
     let (metric, mode) = objective::objective(&file, overrides)?;

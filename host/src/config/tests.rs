@@ -486,3 +486,38 @@ fn fuel_order_is_the_default_with_a_fuel_clock_and_wall_time_is_noted() {
             .contains("deterministic"),
     );
 }
+
+#[test]
+fn an_experiment_given_as_a_value_is_checked_as_a_file_is() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("data")).unwrap();
+    let value = |json: &str| serde_json::from_str::<serde_json::Value>(json).unwrap();
+    let plan_value_of = |json: &str| {
+        plan_value(
+            Path::new("model.wasm"),
+            &value(json),
+            "experiment",
+            dir.path(),
+            &Overrides::default(),
+        )
+    };
+    let plan = plan_value_of(
+        r#"{"limits": {"memory": "64MiB", "fuel_per_call": 1e9}, "data": {"d": "data"},
+            "compute": "cpu", "checkpoint": "guest"}"#,
+    )
+    .unwrap();
+    assert_eq!(plan.limits.memory_bytes, 64 << 20);
+    assert_eq!(plan.limits.fuel_per_call, Some(1_000_000_000));
+    // Relative paths start at the base given, as a file's start at its directory.
+    assert_eq!(plan.data, vec![("d".to_string(), dir.path().join("data"))]);
+    assert_eq!(plan.checkpoint_mode, Some(CheckpointMode::Guest));
+    // serde names the field; the message also names the table it is in.
+    let err = plan_value_of(r#"{"compute": "cpu", "limits": {"memroy": "1GiB"}}"#).unwrap_err();
+    assert!(
+        err.to_string()
+            .starts_with("experiment: limits: unknown field `memroy`"),
+        "{err}"
+    );
+    let err = plan_value_of(r#"{"limits": {"memory": "lots"}}"#).unwrap_err();
+    assert!(err.to_string().contains("limits.memory"), "{err}");
+}

@@ -17,7 +17,7 @@ use std::thread;
 use wasmtime::Engine;
 
 use super::engine::{CompileIsolation, CompileOptions};
-use crate::process::{OutputTail, worker_executable};
+use crate::process::{OutputTail, worker_program};
 use crate::units::human_bytes;
 
 /// The exit status of a compile worker whose input is not a valid
@@ -65,7 +65,7 @@ fn in_worker(
     options: &CompileOptions,
     max_wasm_stack: usize,
 ) -> Result<Vec<u8>, CompileFailure> {
-    let executable = worker_executable().map_err(|e| {
+    let executable = worker_program().map_err(|e| {
         CompileFailure::Worker(format!(
             "untrusted components are compiled in `wtune compile-worker`: {e} (or set \
              security.compile = \"in-process\" for trusted components)"
@@ -74,7 +74,7 @@ fn in_worker(
     let threads = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .min(MAX_COMPILE_THREADS);
-    let mut command = Command::new(&executable);
+    let mut command = executable.command();
     command
         .arg("compile-worker")
         .arg("--max-wasm-stack")
@@ -89,10 +89,7 @@ fn in_worker(
         .stderr(Stdio::piped());
     confine(&mut command, options, threads);
     let mut child = command.spawn().map_err(|e| {
-        CompileFailure::Worker(format!(
-            "starting the compile worker {}: {e}",
-            executable.display()
-        ))
+        CompileFailure::Worker(format!("starting the compile worker {executable}: {e}"))
     })?;
 
     let mut stdin = child.stdin.take().expect("piped");

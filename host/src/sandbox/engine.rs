@@ -136,6 +136,7 @@ impl Sandbox {
     /// linker with WASI preview 2 and the `wtune:trainable/host` imports.
     pub fn new(options: SandboxOptions) -> wasmtime::Result<Self> {
         let engine = Engine::new(&engine_config(options.max_wasm_stack))?;
+        super::signals::record_trap_handlers();
         // Trials' open files are host descriptors: make the whole hard limit
         // available before any trial opens one (`Limits::open_files`).
         super::limits::descriptor_limit();

@@ -80,8 +80,13 @@ pub enum TrialFault {
     FuelPerCall { at: At, limit: u64 },
     /// A call ran past its wall-clock deadline.
     Timeout { at: At, limit: Duration },
-    /// A memory or table grew past its cap.
-    Limit { at: At, what: String },
+    /// A memory, table, file or disk quota was hit; `kind` says which
+    /// family ([`FaultKind::Memory`] or [`FaultKind::Resource`]).
+    Limit {
+        at: At,
+        what: String,
+        kind: FaultKind,
+    },
     /// The guest panicked; `message` is its panic message from stderr.
     Panic { at: At, message: String },
     /// The guest trapped (unreachable, out-of-bounds access, stack overflow...).
@@ -106,11 +111,61 @@ pub enum TrialFault {
     Poisoned,
 }
 
+/// The family a [`TrialFault`] belongs to, for callers that act on the
+/// cause rather than show it (the Python package raises one exception class
+/// per family).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FaultKind {
+    /// The per-call fuel limit or the trial's fuel budget.
+    Fuel,
+    /// Guest memory or tables past their cap.
+    Memory,
+    /// A call ran past its wall-clock deadline.
+    Deadline,
+    /// Files, disk, descriptors or result bytes past their quota.
+    Resource,
+    /// A trap, a panic, a call to `exit`, or an instance that trapped before.
+    Trap,
+    /// The guest returned `err(message)`.
+    Guest,
+    /// The guest returned or passed a value the host refuses.
+    Output,
+    /// Host compute lost the trial's device.
+    Device,
+    /// The host itself failed.
+    Host,
+}
+
 impl TrialFault {
     pub(crate) fn limit(at: At, hit: LimitHit) -> Self {
+        let kind = match hit {
+            LimitHit::Memory { .. } | LimitHit::Table { .. } => FaultKind::Memory,
+            LimitHit::OpenFiles { .. }
+            | LimitHit::Results { .. }
+            | LimitHit::Disk { .. }
+            | LimitHit::DiskFiles { .. } => FaultKind::Resource,
+        };
         TrialFault::Limit {
             at,
             what: hit.to_string(),
+            kind,
+        }
+    }
+
+    /// The fault's family.
+    pub fn kind(&self) -> FaultKind {
+        match self {
+            TrialFault::GuestError { .. } => FaultKind::Guest,
+            TrialFault::FuelBudget { .. } | TrialFault::FuelPerCall { .. } => FaultKind::Fuel,
+            TrialFault::Timeout { .. } => FaultKind::Deadline,
+            TrialFault::Limit { kind, .. } => *kind,
+            TrialFault::Panic { .. }
+            | TrialFault::Trap { .. }
+            | TrialFault::Exit { .. }
+            | TrialFault::Poisoned => FaultKind::Trap,
+            TrialFault::BadOutput { .. } | TrialFault::BadValue { .. } => FaultKind::Output,
+            TrialFault::DeviceLost { .. } => FaultKind::Device,
+            TrialFault::Host { .. } => FaultKind::Host,
         }
     }
 }
@@ -150,7 +205,7 @@ impl fmt::Display for TrialFault {
                     humantime::format_duration(*limit)
                 )
             }
-            TrialFault::Limit { at, what } => write!(f, "{what} during {at}"),
+            TrialFault::Limit { at, what, .. } => write!(f, "{what} during {at}"),
             TrialFault::Panic { at, message } => write!(f, "{at} panicked: {message}"),
             TrialFault::Trap { at, trap } => write!(f, "{at} trapped: {trap}"),
             TrialFault::BadOutput { at, reason } => {

@@ -37,7 +37,7 @@ pub use median::{MedianStopping, MedianStoppingConfig};
 pub use pbt::{PbtConfig, PopulationBasedTraining};
 pub use replay::{CurveSet, replay_backend};
 pub use resources::{Acquire, PoolSpec, ResourcePool, Resources, fit_gpu};
-pub use result::{AUTO_FIELDS, Mode};
+pub use result::{AUTO_FIELDS, Mode, check_metric_names};
 pub(crate) use runner::best_trial;
 pub use runner::{
     CHECKPOINT_DIR, Callback, CheckpointPolicy, DecisionRecord, ExperimentSummary, FailFast,

@@ -69,6 +69,19 @@ impl fmt::Display for Mode {
     }
 }
 
+/// Refuses a step whose metrics use one of the [`AUTO_FIELDS`] names.
+pub fn check_metric_names(metrics: &[(String, f64)]) -> Result<(), String> {
+    match metrics
+        .iter()
+        .find(|(name, _)| AUTO_FIELDS.contains(&name.as_str()))
+    {
+        Some((name, _)) => Err(format!(
+            "the trainable reported a metric named `{name}`, which wtune fills in itself; rename it"
+        )),
+        None => Ok(()),
+    }
+}
+
 /// Builds the record for `trial`'s next result (the trial's counters are
 /// those *after* the step) and checks the metric names.
 ///
@@ -83,13 +96,7 @@ pub(crate) fn record(
     done: bool,
     reuse: Option<Map<String, Value>>,
 ) -> Result<Map<String, Value>, String> {
-    for (name, _) in &step.metrics {
-        if AUTO_FIELDS.contains(&name.as_str()) {
-            return Err(format!(
-                "the trainable reported a metric named `{name}`, which wtune fills in itself; rename it"
-            ));
-        }
-    }
+    check_metric_names(&step.metrics)?;
     let now = SystemTime::now();
     let timestamp = now
         .duration_since(UNIX_EPOCH)

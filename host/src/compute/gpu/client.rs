@@ -9,8 +9,7 @@
 //! their GPU, which saves opening the device again.
 
 use std::io::{BufReader, BufWriter};
-use std::path::PathBuf;
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::process::{Child, ChildStdin, Stdio};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::thread;
@@ -19,7 +18,7 @@ use std::time::{Duration, Instant};
 use super::protocol::{self, Adapter, Hello, Reply, Request};
 use crate::compute::ComputeError;
 use crate::compute::device::{Device, Fill, Kernel, PipelineInfo};
-use crate::process::OutputTail;
+use crate::process::{OutputTail, WorkerProgram};
 
 /// How long a new worker may take to open its device.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
@@ -71,7 +70,7 @@ impl Worker {
     /// until `deadline` (and at most [`START_TIMEOUT`]); past it the worker
     /// is killed.
     pub fn start(
-        executable: &PathBuf,
+        executable: &WorkerProgram,
         adapter: usize,
         deadline: Option<Instant>,
     ) -> Result<(Worker, Hello), String> {
@@ -81,7 +80,8 @@ impl Worker {
         } else {
             format!("within {}", humantime::format_duration(START_TIMEOUT))
         };
-        let mut child = Command::new(executable)
+        let mut child = executable
+            .command()
             .arg("gpu-worker")
             .arg("--adapter")
             .arg(adapter.to_string())
@@ -90,7 +90,7 @@ impl Worker {
             .stderr(Stdio::piped())
             .env("RUST_LOG", "error")
             .spawn()
-            .map_err(|e| format!("starting the GPU worker {}: {e}", executable.display()))?;
+            .map_err(|e| format!("starting the GPU worker {executable}: {e}"))?;
         let stdin = BufWriter::with_capacity(1 << 20, child.stdin.take().expect("piped"));
         let mut stdout = BufReader::with_capacity(1 << 20, child.stdout.take().expect("piped"));
         let stderr = OutputTail::collect(child.stderr.take().expect("piped"), STDERR_TAIL);
@@ -219,7 +219,7 @@ impl Drop for Worker {
 
 /// Workers waiting for a trial, and how to start more.
 pub struct WorkerPool {
-    executable: PathBuf,
+    executable: WorkerProgram,
     /// The first adapter; the others are of the same kind.
     adapter: Adapter,
     idle: Mutex<Vec<Worker>>,
@@ -230,7 +230,7 @@ impl WorkerPool {
     /// there are. `Ok(Err(reason))` when the worker runs but finds no
     /// adapter.
     pub fn open() -> Result<Result<Arc<WorkerPool>, String>, String> {
-        let executable = crate::process::worker_executable()?;
+        let executable = crate::process::worker_program()?;
         let (worker, hello) = Worker::start(&executable, 0, None)?;
         Ok(match hello {
             Hello::Ready(adapter) => Ok(Arc::new(WorkerPool {
@@ -478,7 +478,7 @@ mod tests {
 
     #[test]
     fn a_worker_that_cannot_start_or_greet_is_named() {
-        let missing = Worker::start(&PathBuf::from("/nonexistent/wtune"), 0, None)
+        let missing = Worker::start(&WorkerProgram::binary("/nonexistent/wtune"), 0, None)
             .err()
             .unwrap();
         assert!(
@@ -486,7 +486,7 @@ mod tests {
             "{missing}"
         );
         // `true` ignores its argument and exits without a word.
-        let silent = Worker::start(&PathBuf::from("/bin/true"), 0, None)
+        let silent = Worker::start(&WorkerProgram::binary("/bin/true"), 0, None)
             .err()
             .unwrap();
         assert!(silent.contains("it exited before greeting"), "{silent}");
@@ -502,7 +502,9 @@ mod tests {
         std::fs::set_permissions(&mute, std::fs::Permissions::from_mode(0o755)).unwrap();
         let began = Instant::now();
         let deadline = began + Duration::from_millis(200);
-        let err = Worker::start(&mute, 0, Some(deadline)).err().unwrap();
+        let err = Worker::start(&WorkerProgram::binary(&mute), 0, Some(deadline))
+            .err()
+            .unwrap();
         assert_eq!(
             err,
             "the GPU worker did not open a device before the guest call's deadline"

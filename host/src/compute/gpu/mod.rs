@@ -13,7 +13,7 @@
 //! robust buffer access 2 out-of-bounds reads give zero and writes are
 //! dropped; without it wgpu clamps indices), where the GL backend has no
 //! such checks. The worker runs the `wtune` executable (see
-//! [`crate::process::worker_executable`]); [`worker_main`] is what it calls
+//! [`crate::process::worker_program`]); [`worker_main`] is what it calls
 //! for `gpu-worker`.
 
 mod bounds;

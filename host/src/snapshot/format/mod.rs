@@ -112,6 +112,21 @@ impl SnapshotKey {
     pub fn derive(secret: &[u8]) -> Self {
         Self(blake3::derive_key("wtune snapshot key v1", secret))
     }
+
+    /// The key derived from the bytes of `file` (`snapshot_key_file`),
+    /// which must hold at least 16 bytes of secret.
+    pub fn from_file(file: &Path) -> Result<Self, String> {
+        let secret = std::fs::read(file)
+            .map_err(|e| format!("snapshot_key_file {}: {e}", file.display()))?;
+        if secret.len() < 16 {
+            return Err(format!(
+                "snapshot_key_file {} holds {} bytes; use at least 16 bytes of secret",
+                file.display(),
+                secret.len()
+            ));
+        }
+        Ok(Self::derive(&secret))
+    }
 }
 
 impl fmt::Debug for SnapshotKey {

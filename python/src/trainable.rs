@@ -1,0 +1,406 @@
+//! [`Trainable`]: one sandboxed trial driven from Python.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, PoisonError};
+use std::time::Instant;
+
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict};
+use serde_json::{Map, Value};
+use wtune::config::{self, Overrides, Plan};
+use wtune::snapshot::SnapshotKey;
+use wtune::tune::{CheckpointInfo, Resources, TrialLaunch, TrialSession};
+use wtune::wasm_backend::{WasmBackend, WasmError, WasmSession};
+
+use crate::errors;
+use crate::sandboxes::{self, Failure, Source};
+
+/// One trial of a WebAssembly trainable in wtune's sandbox: its own
+/// instance, fuel, memory and deadlines, and a filesystem of its own
+/// directory plus read-only data. `train()` runs one iteration.
+///
+/// Built by `wtune.Trainable`, which turns keyword arguments into the
+/// `experiment` object (the experiment file's keys) this takes as JSON.
+#[pyclass(module = "wtune._native", frozen)]
+pub struct Trainable {
+    backend: WasmBackend,
+    trial_id: String,
+    trial_dir: PathBuf,
+    /// Held so that a trial given no directory gets one that goes with it.
+    _scratch: Option<tempfile::TempDir>,
+    state: Mutex<State>,
+}
+
+struct State {
+    /// `None` after `close()`, or when a restore failed after the old
+    /// instance was closed.
+    session: Option<WasmSession>,
+    config: Value,
+    time_total_s: f64,
+    last_result: Option<Map<String, Value>>,
+}
+
+/// What one `train()` produced, copied out of the lock before Python sees
+/// it.
+struct Report {
+    metrics: Vec<(String, f64)>,
+    done: bool,
+    iteration: u64,
+    fuel_this_iter: u64,
+    fuel_total: u64,
+    time_this_iter_s: f64,
+    time_total_s: f64,
+}
+
+fn config_error(message: impl Into<String>) -> PyErr {
+    errors::ConfigError::new_err(message.into())
+}
+
+fn parse_json(text: &str, what: &str) -> PyResult<Value> {
+    serde_json::from_str(text).map_err(|e| config_error(format!("{what}: {e}")))
+}
+
+/// A trial's configuration: a JSON object.
+fn parse_config(text: &str) -> PyResult<Value> {
+    let config = parse_json(text, "config")?;
+    if !config.is_object() {
+        return Err(config_error(format!(
+            "config must be a dict of hyperparameters, got {config}"
+        )));
+    }
+    Ok(config)
+}
+
+impl Trainable {
+    /// Runs `f` on the trial's state, with wasmtime's trap handlers in
+    /// place (see `wtune::sandbox::reinstate_trap_handlers`: Ray and
+    /// `faulthandler` replace them in a shared process).
+    fn locked<T>(&self, f: impl FnOnce(&mut State) -> Result<T, PyErr>) -> PyResult<T> {
+        wtune::sandbox::reinstate_trap_handlers();
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        f(&mut state)
+    }
+
+    fn launch(&self, config: &Value, restore: Option<PathBuf>) -> Result<WasmSession, WasmError> {
+        wtune::sandbox::reinstate_trap_handlers();
+        self.backend.start_trial(&TrialLaunch {
+            trial_id: self.trial_id.clone(),
+            config: config.clone(),
+            trial_dir: self.trial_dir.clone(),
+            restore,
+            resources: Resources::default(),
+            // The first (and only) GPU this process's sandbox sees: under
+            // Ray, the one CUDA_VISIBLE_DEVICES gives the trial.
+            gpus: Vec::new(),
+        })
+    }
+}
+
+fn live(state: &mut State) -> PyResult<&mut WasmSession> {
+    state.session.as_mut().ok_or_else(|| {
+        errors::WtuneError::new_err(
+            "this trainable has no live instance: it was closed, or a restore failed; \
+             restore a checkpoint to go on",
+        )
+    })
+}
+
+/// The plan for one trial: the experiment's keys checked as `wtune run`
+/// checks them.
+fn plan(model: &Path, experiment: &Value, base: &Path) -> PyResult<Plan> {
+    config::plan_value(model, experiment, "experiment", base, &Overrides::default())
+        .map_err(|e| config_error(e.to_string()))
+}
+
+#[pymethods]
+impl Trainable {
+    /// `wasm_path` or `wasm_bytes`: the component. `config_json`: the
+    /// trial's configuration (a JSON object). `experiment_json`: the
+    /// experiment file's keys that apply to one trial (`limits`, `data`,
+    /// `compute`, `checkpoint`, `security`, `snapshot_key_file`), relative
+    /// paths from `base_dir`. `trial_dir`: where the trial's files go
+    /// (its guest directory is `trial_dir/work`); a temporary directory
+    /// when `None`. `restore`: a checkpoint file to start from.
+    #[new]
+    #[pyo3(signature = (wasm_path, wasm_bytes, config_json, experiment_json, base_dir, trial_dir=None, trial_id=None, restore=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        wasm_path: Option<PathBuf>,
+        wasm_bytes: Option<Bound<'_, PyBytes>>,
+        config_json: &str,
+        experiment_json: &str,
+        base_dir: PathBuf,
+        trial_dir: Option<PathBuf>,
+        trial_id: Option<String>,
+        restore: Option<PathBuf>,
+    ) -> PyResult<Self> {
+        let config = parse_config(config_json)?;
+        let experiment = parse_json(experiment_json, "experiment")?;
+        let model = wasm_path.clone().unwrap_or_else(|| "component.wasm".into());
+        let plan = plan(&model, &experiment, &base_dir)?;
+        let key = plan
+            .snapshot_key_file
+            .as_deref()
+            .map(SnapshotKey::from_file)
+            .transpose()
+            .map_err(config_error)?;
+        let bytes = wasm_bytes.map(|b| b.as_bytes().to_vec());
+        let program = py
+            .detach(|| match (&wasm_path, &bytes) {
+                (_, Some(bytes)) => sandboxes::load(&plan, Source::Bytes(bytes)),
+                (Some(path), None) => sandboxes::load(&plan, Source::Path(path)),
+                (None, None) => Err(Failure::Component(
+                    "give the component as a path or as bytes".into(),
+                )),
+            })
+            .map_err(|failure| match failure {
+                Failure::Component(why) => errors::ComponentError::new_err(why),
+                Failure::Host(why) => errors::WtuneError::new_err(why),
+            })?;
+        let mut backend =
+            WasmBackend::new(program, plan.limits.clone(), plan.data.clone()).snapshot_key(key);
+        if let Some(mode) = plan.checkpoint_mode {
+            backend = backend.checkpoint_mode(mode).map_err(config_error)?;
+        }
+        let (trial_dir, scratch) = match trial_dir {
+            Some(dir) => (dir, None),
+            None => {
+                let scratch = tempfile::Builder::new()
+                    .prefix("wtune-trial-")
+                    .tempdir()
+                    .map_err(|e| errors::WtuneError::new_err(format!("trial directory: {e}")))?;
+                (scratch.path().to_path_buf(), Some(scratch))
+            }
+        };
+        let mut trainable = Self {
+            backend,
+            trial_id: trial_id.unwrap_or_else(|| "trial".into()),
+            trial_dir,
+            _scratch: scratch,
+            state: Mutex::new(State {
+                session: None,
+                config,
+                time_total_s: 0.0,
+                last_result: None,
+            }),
+        };
+        let state = trainable
+            .state
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner);
+        let config = state.config.clone();
+        let session = py
+            .detach(|| trainable.launch(&config, restore))
+            .map_err(|e| errors::wasm(&e))?;
+        let state = trainable
+            .state
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner);
+        state.time_total_s = session.time_restored_s();
+        state.session = Some(session);
+        Ok(trainable)
+    }
+
+    /// Runs one training iteration and returns its report: the guest's
+    /// metrics plus `training_iteration`, `done`, `fuel_this_iter`,
+    /// `fuel_total`, `time_this_iter_s` and `time_total_s`.
+    fn train<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let report = py.detach(|| {
+            self.locked(|state| {
+                let session = live(state)?;
+                let started = Instant::now();
+                let step = session.step().map_err(|e| errors::wasm(&e))?;
+                wtune::tune::check_metric_names(&step.metrics).map_err(|why| {
+                    errors::BadOutput::new_err(format!(
+                        "train() at iteration {} returned a bad result: {why}",
+                        session.iteration()
+                    ))
+                })?;
+                let time_this_iter_s = started.elapsed().as_secs_f64();
+                let report = Report {
+                    metrics: step.metrics,
+                    done: step.done,
+                    iteration: session.iteration(),
+                    fuel_this_iter: step.fuel,
+                    fuel_total: session.fuel_total(),
+                    time_this_iter_s,
+                    time_total_s: state.time_total_s + time_this_iter_s,
+                };
+                state.time_total_s = report.time_total_s;
+                let mut result: Map<String, Value> = report
+                    .metrics
+                    .iter()
+                    .map(|(k, v)| (k.clone(), Value::from(*v)))
+                    .collect();
+                result.insert("training_iteration".into(), report.iteration.into());
+                state.last_result = Some(result);
+                Ok(report)
+            })
+        })?;
+        let dict = PyDict::new(py);
+        for (name, value) in &report.metrics {
+            dict.set_item(name, value)?;
+        }
+        dict.set_item("training_iteration", report.iteration)?;
+        dict.set_item("done", report.done)?;
+        dict.set_item("fuel_this_iter", report.fuel_this_iter)?;
+        dict.set_item("fuel_total", report.fuel_total)?;
+        dict.set_item("time_this_iter_s", report.time_this_iter_s)?;
+        dict.set_item("time_total_s", report.time_total_s)?;
+        Ok(dict)
+    }
+
+    /// Writes a checkpoint (a host snapshot of the guest's memory, or the
+    /// guest's own `save()` with `checkpoint = "guest"`) to `path`
+    /// atomically; returns its size in bytes.
+    fn save_to(&self, py: Python<'_>, path: PathBuf) -> PyResult<u64> {
+        py.detach(|| {
+            self.locked(|state| {
+                let config = state.config.clone();
+                let time_total_s = state.time_total_s;
+                let result = state.last_result.clone();
+                let session = live(state)?;
+                let info = CheckpointInfo {
+                    trial_id: &self.trial_id,
+                    config: &config,
+                    iteration: session.iteration(),
+                    time_total_s,
+                    result: result.as_ref(),
+                };
+                session
+                    .checkpoint(&path, &info)
+                    .map_err(|e| errors::wasm(&e))
+            })
+        })
+    }
+
+    /// Continues from the checkpoint at `path` (written by `save_to` for
+    /// this component). A checkpoint of another configuration (a PBT
+    /// exploit) continues with `config_json` when given, else with the
+    /// checkpoint's own. The current instance is replaced only once the
+    /// restored one is running.
+    #[pyo3(signature = (path, config_json=None))]
+    fn restore_from(
+        &self,
+        py: Python<'_>,
+        path: PathBuf,
+        config_json: Option<&str>,
+    ) -> PyResult<()> {
+        let checkpoint = self
+            .backend
+            .open_checkpoint(&path)
+            .map_err(errors::CheckpointError::new_err)?;
+        let meta = checkpoint.meta().clone();
+        drop(checkpoint);
+        let config = match config_json {
+            Some(text) => parse_config(text)?,
+            None => meta.config.clone(),
+        };
+        py.detach(|| {
+            let session = self
+                .launch(&config, Some(path))
+                .map_err(|e| errors::wasm(&e))?;
+            self.locked(|state| {
+                if let Some(old) = state.session.replace(session) {
+                    // The old instance is being replaced; a failing cleanup
+                    // changes nothing about the restored one.
+                    let _ = old.close();
+                }
+                state.config = config;
+                state.time_total_s = meta.time_total_s;
+                state.last_result = match meta.result {
+                    Value::Object(map) => Some(map),
+                    _ => None,
+                };
+                Ok(())
+            })
+        })
+    }
+
+    /// Starts over: a fresh instance of the same compiled component, set
+    /// up with `config_json` (a new trial on a reused Ray actor). The
+    /// current instance is replaced only once the new one is set up.
+    fn restart(&self, py: Python<'_>, config_json: &str) -> PyResult<()> {
+        let config = parse_config(config_json)?;
+        py.detach(|| {
+            let session = self.launch(&config, None).map_err(|e| errors::wasm(&e))?;
+            self.locked(|state| {
+                if let Some(old) = state.session.replace(session) {
+                    let _ = old.close();
+                }
+                state.config = config;
+                state.time_total_s = 0.0;
+                state.last_result = None;
+                Ok(())
+            })
+        })
+    }
+
+    /// Switches the live trial to `config_json` in place with the guest's
+    /// `reset()`, keeping what it learned. Returns `False` when the
+    /// trainable does not implement reset (nothing changed then).
+    fn reset(&self, py: Python<'_>, config_json: &str) -> PyResult<bool> {
+        let config = parse_config(config_json)?;
+        py.detach(|| {
+            self.locked(|state| {
+                let session = live(state)?;
+                let done = session.reset(&config).map_err(|e| errors::wasm(&e))?;
+                if done {
+                    state.config = config;
+                }
+                Ok(done)
+            })
+        })
+    }
+
+    /// Lets the trainable release its resources (`cleanup()`); the
+    /// trainable can only be restored after. Closing twice is harmless.
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| {
+            self.locked(|state| match state.session.take() {
+                Some(session) => session.close().map_err(|e| errors::wasm(&e)),
+                None => Ok(()),
+            })
+        })
+    }
+
+    /// Completed training iterations (a restored trial counts the
+    /// checkpoint's).
+    #[getter]
+    fn iteration(&self) -> PyResult<u64> {
+        self.locked(|state| Ok(state.session.as_ref().map_or(0, |s| s.iteration())))
+    }
+
+    /// Fuel burned so far, start-up and restored checkpoint included.
+    #[getter]
+    fn fuel_total(&self) -> PyResult<u64> {
+        self.locked(|state| Ok(state.session.as_ref().map_or(0, |s| s.fuel_total())))
+    }
+
+    /// The configuration the trial runs with, as JSON.
+    #[getter]
+    fn config_json(&self) -> PyResult<String> {
+        self.locked(|state| Ok(state.config.to_string()))
+    }
+
+    /// The blake3 digest of the component (as `security.allowed_components`
+    /// names it).
+    #[getter]
+    fn digest(&self) -> String {
+        self.backend.program().digest().to_string()
+    }
+
+    /// How checkpoints are taken: `"snapshot"` or `"guest"`.
+    #[getter]
+    fn checkpoint_mode(&self) -> String {
+        self.backend.mode().to_string()
+    }
+
+    /// The trial's directory: `stdout.log`, `stderr.log` and `guest.log`
+    /// here, the guest's own files under `work/`.
+    #[getter]
+    fn trial_dir(&self) -> PathBuf {
+        self.trial_dir.clone()
+    }
+}

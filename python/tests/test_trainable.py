@@ -1,0 +1,223 @@
+"""wtune.Trainable: one sandboxed trial driven from Python, on the real
+sandbox and the repository's guest components."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+import wtune
+from conftest import DIGITS, DIGITS_CONFIG
+
+WALK = {"seed": 7, "buffer_kib": 64, "iterations": 50}
+LIMITS = {"memory": "64MiB", "fuel_per_call": "1e9", "call_timeout": "20s"}
+
+
+def digests(trainable: wtune.Trainable, n: int) -> list[float]:
+    return [trainable.train()["digest"] for _ in range(n)]
+
+
+def test_a_restored_snapshot_continues_bit_identically(stateful):
+    straight = wtune.Trainable(stateful, WALK, limits=LIMITS)
+    expected = digests(straight, 6)
+
+    first = wtune.Trainable(stateful, WALK, limits=LIMITS)
+    assert digests(first, 3) == expected[:3]
+    checkpoint = first.save()
+    assert isinstance(checkpoint, bytes) and checkpoint
+    first.close()
+
+    # Another instance, from the bytes alone: the counts and the memory go on.
+    resumed = wtune.Trainable(stateful.read_bytes(), WALK, limits=LIMITS, restore=checkpoint)
+    assert resumed.iteration == 3
+    report = resumed.train()
+    assert report["training_iteration"] == 4
+    assert [report["digest"]] + digests(resumed, 2) == expected[3:]
+    assert resumed.checkpoint_mode == "snapshot"
+
+
+def test_restore_rewinds_a_live_trial_and_reports_counts(stateful, tmp_path):
+    trainable = wtune.Trainable(stateful, WALK, limits=LIMITS, trial_dir=tmp_path / "trial")
+    first = trainable.train()
+    assert first["training_iteration"] == 1 and first["done"] is False
+    assert first["fuel_this_iter"] > 0 and first["fuel_total"] >= first["fuel_this_iter"]
+    assert first["time_total_s"] == pytest.approx(first["time_this_iter_s"])
+    path = tmp_path / "one.wtsnap"
+    size = trainable.save(path)
+    assert size == path.stat().st_size
+    second = trainable.train()["digest"]
+    trainable.train()
+    trainable.restore(path)
+    assert trainable.iteration == 1
+    assert trainable.fuel_total == first["fuel_total"]
+    assert trainable.train()["digest"] == second
+    assert (tmp_path / "trial" / "work").is_dir()
+
+
+def test_guest_checkpoints_use_the_guests_save(hostile):
+    trainable = wtune.Trainable(hostile, {"iterations": 10}, checkpoint="guest")
+    assert trainable.checkpoint_mode == "guest"
+    trainable.train()
+    trainable.train()
+    checkpoint = trainable.save()
+    resumed = wtune.Trainable(hostile, {"iterations": 10}, checkpoint="guest", restore=checkpoint)
+    assert resumed.train()["score"] == 3.0
+
+
+# attack -> (exception, words its message must hold, extra limits)
+FAILURES = {
+    "panic": (wtune.GuestTrap, ["train() at iteration 1 panicked", "hostile guest panicked on purpose"], {}),
+    "trap": (wtune.GuestTrap, ["train() at iteration 1 trapped"], {}),
+    "exit": (wtune.GuestTrap, ["called exit"], {}),
+    "error": (wtune.GuestError, ["deliberate failure at iteration 1"], {}),
+    "memory_bomb": (wtune.MemoryExceeded, ["memory limit 64 MiB exceeded"], {}),
+    "loop_train": (wtune.FuelExhausted, ["exceeded the per-call fuel limit of 1e9"], {}),
+    "sleep_train": (wtune.DeadlineExceeded, ["train() at iteration 1 exceeded its 1s deadline"], {"call_timeout": "1s"}),
+    "reserved_metric": (wtune.BadOutput, ["training_iteration"], {}),
+}
+
+
+@pytest.mark.parametrize("attack", sorted(FAILURES))
+def test_a_failing_guest_raises_its_family_with_the_reason(hostile, attack):
+    exception, words, limits = FAILURES[attack]
+    trainable = wtune.Trainable(hostile, {"attack": attack}, limits={**LIMITS, **limits})
+    with pytest.raises(exception) as raised:
+        trainable.train()
+    assert isinstance(raised.value, wtune.TrialError)
+    for word in words:
+        assert word in str(raised.value)
+
+
+def test_a_spent_fuel_budget_is_fuel(hostile):
+    trainable = wtune.Trainable(hostile, {"attack": "loop_train"}, limits={"fuel_per_trial": "5e7"})
+    with pytest.raises(wtune.FuelExhausted, match="fuel budget 5e7 exhausted"):
+        trainable.train()
+
+
+def test_a_trapped_trial_can_be_restored_from_its_last_checkpoint(hostile):
+    trainable = wtune.Trainable(hostile, {"attack": "trap", "at": 3}, limits=LIMITS)
+    trainable.train()
+    checkpoint = trainable.save()
+    trainable.train()
+    with pytest.raises(wtune.GuestTrap):
+        trainable.train()
+    with pytest.raises(wtune.WtuneError, match="trapped earlier"):
+        trainable.train()
+    trainable.restore(checkpoint)
+    assert trainable.train()["score"] == 2.0
+
+
+def test_bad_input_gets_a_clear_error(stateful, hostile, tmp_path):
+    with pytest.raises(wtune.ComponentError, match="no-such.wasm"):
+        wtune.Trainable(tmp_path / "no-such.wasm", WALK)
+    text = tmp_path / "model.wasm"
+    text.write_text("not a component")
+    with pytest.raises(wtune.ComponentError, match="not a WebAssembly binary"):
+        wtune.Trainable(text, WALK)
+    with pytest.raises(wtune.GuestError, match="setup"):
+        wtune.Trainable(hostile, {"attack": "no-such-attack"})
+    with pytest.raises(wtune.ConfigError, match=r"limits: unknown field `memroy`"):
+        wtune.Trainable(stateful, WALK, limits={"memroy": "1GiB"})
+    with pytest.raises(wtune.ConfigError, match="limits.memory"):
+        wtune.Trainable(stateful, WALK, limits={"memory": "lots"})
+    with pytest.raises(wtune.ConfigError, match="config must be JSON"):
+        wtune.Trainable(stateful, {"seed": object()})
+    with pytest.raises(wtune.ConfigError, match="checkpoint"):
+        wtune.Trainable(stateful, WALK, checkpoint="sometimes")
+    with pytest.raises(wtune.ConfigError, match="cannot read config"):
+        wtune.Trainable(stateful, WALK, experiment=tmp_path / "missing.toml")
+
+
+def test_a_bad_checkpoint_is_refused_and_loses_nothing(stateful):
+    trainable = wtune.Trainable(stateful, WALK, limits=LIMITS)
+    trainable.train()
+    with pytest.raises(wtune.CheckpointError):
+        trainable.restore(b"not a checkpoint")
+    other = wtune.Trainable(stateful, {**WALK, "seed": 8}, limits=LIMITS)
+    assert other.train()["digest"] != 0
+    # The live trial is untouched by the refused restore.
+    assert trainable.train()["training_iteration"] == 2
+
+
+def test_reset_keeps_what_was_learned_and_restart_starts_over(digits):
+    trainable = wtune.Trainable(digits, DIGITS_CONFIG, experiment=DIGITS / "experiment.toml")
+    trainable.train()
+    assert trainable.reset({**DIGITS_CONFIG, "lr": 0.2}) is True
+    assert trainable.config["lr"] == 0.2
+    assert trainable.train()["training_iteration"] == 2
+    # A wider network cannot keep the weights: the guest says no.
+    assert trainable.reset({**DIGITS_CONFIG, "hidden": 64}) is False
+    assert trainable.config["hidden"] == 32
+    trainable.restart({**DIGITS_CONFIG, "hidden": 64})
+    assert trainable.iteration == 0
+    assert trainable.train()["training_iteration"] == 1
+
+
+def test_an_experiment_file_gives_its_limits_and_data(digits, tmp_path):
+    # digits-mlp reads its data from the file's [data] grant.
+    with wtune.Trainable(digits, DIGITS_CONFIG, experiment=DIGITS / "experiment.toml") as t:
+        report = t.train()
+    assert 0.5 < report["val_accuracy"] <= 1.0
+    # Keyword arguments go over the file's.
+    tight = wtune.Trainable(
+        digits, DIGITS_CONFIG, experiment=DIGITS / "experiment.toml", limits={"fuel_per_trial": "1e8"}
+    )
+    with pytest.raises(wtune.FuelExhausted, match="fuel budget 1e8 exhausted during train"):
+        tight.train()
+
+
+def test_guest_output_goes_to_the_trial_logs_not_the_terminal(stateful, tmp_path, capfd):
+    trainable = wtune.Trainable(stateful, {**WALK, "print": True}, trial_dir=tmp_path)
+    trainable.train()
+    trainable.close()
+    out, err = capfd.readouterr()
+    assert out == "" and err == ""
+    assert (tmp_path / "stdout.log").read_text().strip()
+
+
+def test_trials_train_in_parallel_threads(stateful):
+    straight = digests(wtune.Trainable(stateful, WALK, limits=LIMITS), 20)
+    results: dict[int, list[float]] = {}
+
+    def run(i: int) -> None:
+        results[i] = digests(wtune.Trainable(stateful, WALK, limits=LIMITS), 20)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert all(results[i] == straight for i in range(4))
+
+
+TRAP_AFTER_FAULTHANDLER = """
+import faulthandler, sys
+import wtune
+hostile = sys.argv[1]
+wtune.Trainable(hostile, {"attack": "trap"})  # the sandbox's engine exists
+faulthandler.disable()
+faulthandler.enable()  # signal handlers installed over wasmtime's
+try:
+    wtune.Trainable(hostile, {"attack": "trap"}).train()
+except wtune.GuestTrap as e:
+    print("trapped:", e)
+"""
+
+
+def test_a_trap_stays_a_trap_after_another_library_takes_the_signals(hostile):
+    # Ray's ray.init() and faulthandler install signal handlers that do not
+    # know wasm; without wtune putting its handlers back, the guest's trap
+    # would kill the process (SIGILL).
+    import subprocess
+    import sys
+
+    run = subprocess.run(
+        [sys.executable, "-c", TRAP_AFTER_FAULTHANDLER, str(hostile)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "trapped: train() at iteration 1 trapped" in run.stdout
