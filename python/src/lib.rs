@@ -11,6 +11,7 @@
 use pyo3::prelude::*;
 
 mod errors;
+mod experiment;
 mod sandboxes;
 mod trainable;
 mod workers;
@@ -18,6 +19,7 @@ mod workers;
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<trainable::Trainable>()?;
+    m.add_function(wrap_pyfunction!(experiment::plan_experiment, m)?)?;
     m.add_function(wrap_pyfunction!(workers::serve_workers_with, m)?)?;
     m.add_function(wrap_pyfunction!(workers::serve_worker, m)?)?;
     errors::register(m)?;

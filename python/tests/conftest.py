@@ -52,3 +52,22 @@ DIGITS_CONFIG = {
     "weight_decay": 1e-4,
     "math": "wasm",
 }
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    """A real Ray cluster on this machine: a head with no CPUs and two worker
+    nodes of one CPU each (custom resources `node_a`, `node_b`), this
+    process connected as its driver."""
+    ray = pytest.importorskip("ray")
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, connect=False, head_node_args={"num_cpus": 0})
+    for name in ("node_a", "node_b"):
+        cluster.add_node(num_cpus=1, resources={name: 1})
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address)
+    yield cluster
+    # In this order, or the driver waits on a cluster that is gone.
+    ray.shutdown()
+    cluster.shutdown()

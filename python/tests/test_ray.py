@@ -1,7 +1,7 @@
-"""wtune.ray.WasmTrainable under Ray Tune, on a real multi-node Ray cluster
-started on this machine: a head with no CPUs and two worker nodes, so every
+"""wtune.ray.WasmTrainable under Ray Tune, on the real multi-node Ray
+cluster of conftest.py (a head with no CPUs and two worker nodes, so every
 trial runs on a worker node and a node can be killed under a running
-experiment."""
+experiment)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import pytest
 
 ray = pytest.importorskip("ray")
 from ray import tune  # noqa: E402
-from ray.cluster_utils import Cluster  # noqa: E402
 from ray.tune import Callback  # noqa: E402
 from ray.tune.schedulers import PopulationBasedTraining  # noqa: E402
 
@@ -18,18 +17,6 @@ import wtune.ray  # noqa: E402
 from conftest import DIGITS, DIGITS_CONFIG  # noqa: E402
 
 LIMITS = {"memory": "64MiB", "fuel_per_call": "1e9", "call_timeout": "5s"}
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    cluster = Cluster(initialize_head=True, connect=False, head_node_args={"num_cpus": 0})
-    for name in ("node_a", "node_b"):
-        cluster.add_node(num_cpus=1, resources={name: 1})
-    cluster.wait_for_nodes()
-    ray.init(address=cluster.address)
-    yield cluster
-    ray.shutdown()
-    cluster.shutdown()
 
 
 def add_worker(cluster, name):
@@ -187,6 +174,9 @@ def test_pbt_clones_continue_from_the_donor_s_snapshot(cluster, digits, tmp_path
         mode="max",
         scheduler=pbt,
         stop={"training_iteration": 6},
+        # An exploit on a reused actor: reset_config starts the clone's
+        # instance, load_checkpoint puts the donor's snapshot in it.
+        reuse_actors=True,
     )
     assert not grid.errors
     exploited = 0

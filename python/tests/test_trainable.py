@@ -221,3 +221,17 @@ def test_a_trap_stays_a_trap_after_another_library_takes_the_signals(hostile):
     )
     assert run.returncode == 0, run.stderr[-2000:]
     assert "trapped: train() at iteration 1 trapped" in run.stdout
+
+
+def test_host_compute_runs_in_a_gpu_worker_the_package_starts(digits):
+    # compute = "gpu" runs the guest's kernels in a GPU worker process
+    # (software Vulkan where the machine has no GPU); inside Python that
+    # worker is this package's native module run by this interpreter.
+    config = {**DIGITS_CONFIG, "math": "host"}
+    reports = {}
+    for compute in ("cpu", "gpu"):
+        trial = wtune.Trainable(digits, config, experiment=DIGITS / "experiment.toml", compute=compute)
+        reports[compute] = [trial.train() for _ in range(2)][-1]
+        trial.close()
+    assert reports["gpu"]["val_loss"] == pytest.approx(reports["cpu"]["val_loss"], rel=1e-3)
+    assert reports["gpu"]["fuel_total"] > 0

@@ -1,18 +1,4 @@
-"""Ray Tune trainables whose trials run in wtune's sandbox.
-
-``WasmTrainable`` is a ``ray.tune.Trainable``: each Ray actor holds one
-sandboxed trial, so Ray places trials on nodes, restarts them elsewhere
-when a node dies, and brings its schedulers and searchers, while every
-trial keeps wtune's limits. Checkpoints are wtune's (host snapshots of the
-guest's memory, or the guest's own save), written into Ray's checkpoint
-directory and synced by Ray's storage.
-
-    from ray import tune
-    import wtune.ray
-
-    trainable = wtune.ray.trainable("model.wasm", experiment="experiment.toml")
-    tuner = tune.Tuner(trainable, param_space={"lr": tune.loguniform(1e-4, 1e-1)})
-"""
+"""`WasmTrainable`: one sandboxed trial per Ray actor."""
 
 from __future__ import annotations
 
@@ -23,8 +9,8 @@ from typing import Any, Mapping, Union
 import ray
 from ray import tune
 
-from . import BadOutput, ComponentError, ConfigError, Trainable
-from ._settings import trial_settings
+from .. import BadOutput, ComponentError, ConfigError, Trainable
+from .._settings import trial_settings
 
 #: The file a checkpoint directory holds.
 CHECKPOINT_FILE = "trial.wtsnap"

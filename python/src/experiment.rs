@@ -1,0 +1,33 @@
+//! The experiment file, checked as `wtune run` checks it, for `wtune.ray`'s
+//! mapping onto a Ray Tune `Tuner`.
+
+use std::path::PathBuf;
+
+use pyo3::prelude::*;
+use serde_json::json;
+use wtune::config::{self, Overrides};
+
+use crate::errors;
+
+/// Plans `model` with the experiment file `config` exactly as `wtune run
+/// MODEL --config CONFIG` would (every key checked, defaults applied,
+/// relative paths resolved) and returns the plan as JSON: `spec` (the
+/// runner's spec: name, output_dir, metric, mode, stop, max_concurrent,
+/// checkpoint, failure, resources_per_trial, ...), `scheduler`, `search`,
+/// `param_space`, `seed`, `num_samples` and `notes`.
+#[pyfunction]
+#[pyo3(signature = (model, config=None))]
+pub(crate) fn plan_experiment(model: PathBuf, config: Option<PathBuf>) -> PyResult<String> {
+    let plan = config::plan(&model, config.as_deref(), &Overrides::default())
+        .map_err(|e| errors::ConfigError::new_err(e.to_string()))?;
+    Ok(json!({
+        "spec": plan.spec,
+        "scheduler": plan.scheduler,
+        "search": plan.search,
+        "param_space": plan.param_space,
+        "seed": plan.seed,
+        "num_samples": plan.num_samples,
+        "notes": plan.notes,
+    })
+    .to_string())
+}

@@ -1,0 +1,159 @@
+"""``python -m wtune.ray run``: a ``wtune run`` experiment file on a real
+multi-node Ray cluster, against ``wtune run`` itself."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+ray = pytest.importorskip("ray")
+from ray.tune.schedulers import (  # noqa: E402
+    ASHAScheduler,
+    HyperBandScheduler,
+    MedianStoppingRule,
+    PopulationBasedTraining,
+)
+
+import wtune  # noqa: E402
+from conftest import DIGITS, REPO  # noqa: E402
+from wtune.ray import experiment  # noqa: E402
+
+WTUNE = REPO / "target" / "release" / "wtune"
+
+GRID = """
+name = "digits-grid"
+metric = "val_loss"
+mode = "min"
+seed = 7
+max_concurrent_trials = 2
+compute = "cpu"
+
+[stop]
+training_iteration = 3
+
+[limits]
+fuel_per_call = 20_000_000_000
+memory = "256MiB"
+call_timeout = "60s"
+
+[data]
+digits = "{data}"
+
+[param_space]
+lr = {{ grid_search = [0.02, 0.05, 0.1, 0.3] }}
+hidden = 32
+batch_size = 64
+momentum = 0.8
+weight_decay = 1e-4
+math = "wasm"
+"""
+
+
+def best_config(output: str) -> set[str]:
+    lines = output.splitlines()
+    start = lines.index("Best config:") + 1
+    return {line.strip() for line in lines[start:] if line.startswith("  ")}
+
+
+def test_an_experiment_file_runs_on_the_cluster_as_wtune_run_runs_it(cluster, digits, tmp_path):
+    config = tmp_path / "experiment.toml"
+    config.write_text(GRID.format(data=DIGITS / "data"))
+    if not WTUNE.is_file():
+        pytest.fail(f"{WTUNE} is missing: cargo build --release builds it")
+    local = subprocess.run(
+        [str(WTUNE), "run", str(digits), "--config", str(config), "--output-dir", str(tmp_path / "local")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert local.returncode == 0, local.stderr[-3000:]
+    on_ray = subprocess.run(
+        [
+            sys.executable, "-m", "wtune.ray", "run", str(digits), "--config", str(config),
+            "--address", cluster.address, "--storage-path", str(tmp_path / "ray"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert on_ray.returncode == 0, on_ray.stderr[-3000:]
+    assert "4 trials (4 TERMINATED, 0 ERROR)" in on_ray.stdout, on_ray.stdout
+    assert best_config(on_ray.stdout) == best_config(local.stdout), (on_ray.stdout, local.stdout)
+    # Ray's usual result files, one directory per trial.
+    experiment_dir = tmp_path / "ray" / "digits-grid"
+    trials = [d for d in experiment_dir.iterdir() if d.is_dir()]
+    assert len(trials) == 4
+    for trial in trials:
+        rows = [json.loads(line) for line in (trial / "result.json").read_text().splitlines()]
+        assert [row["training_iteration"] for row in rows] == [1, 2, 3]
+        assert (trial / "progress.csv").is_file()
+
+
+def plan_of(tmp_path, text: str) -> dict:
+    config = tmp_path / "experiment.toml"
+    config.write_text(text)
+    return json.loads(wtune._native.plan_experiment("model.wasm", str(config)))
+
+
+@pytest.mark.parametrize(
+    "table, kind, checks",
+    [
+        ('type = "asha"\nmax_t = 20\ngrace_period = 2\nreduction_factor = 3', ASHAScheduler,
+         {"_max_t": 20, "_reduction_factor": 3}),
+        ('type = "hyperband"\nmax_t = 27', HyperBandScheduler, {"_max_t_attr": 27}),
+        ('type = "median_stopping"\ngrace_period = 4', MedianStoppingRule, {"_grace_period": 4}),
+        ('type = "pbt"\nperturbation_interval = 3\nhyperparam_mutations = { lr = { uniform = [0.1, 0.2] } }',
+         PopulationBasedTraining, {"_perturbation_interval": 3}),
+    ],
+)
+def test_schedulers_map_with_their_parameters(tmp_path, table, kind, checks):
+    plan = plan_of(tmp_path, f'metric = "loss"\nmode = "min"\n[scheduler]\n{table}\n')
+    scheduler = experiment.scheduler(plan["scheduler"], "loss", "min")
+    assert isinstance(scheduler, kind)
+    for attribute, value in checks.items():
+        assert getattr(scheduler, attribute) == value
+
+
+def test_stop_criteria_map_as_wtune_reads_them(tmp_path):
+    plan = plan_of(
+        tmp_path,
+        '[stop]\ntraining_iteration = 5\nval_accuracy = 0.9\nloss = { at_most = 0.1 }\n',
+    )
+    stop = experiment.Criteria(plan["spec"]["stop"])
+    assert not stop("t", {"training_iteration": 4, "val_accuracy": 0.5, "loss": 1.0})
+    assert stop("t", {"training_iteration": 5})
+    assert stop("t", {"training_iteration": 1, "val_accuracy": 0.9})
+    assert stop("t", {"training_iteration": 1, "loss": 0.1})
+
+
+def test_keys_ray_cannot_honour_are_refused_with_the_reason(cluster, digits, tmp_path):
+    cases = {
+        'metric = "loss"\nsearch = "tpe"': "search: not mapped onto Ray Tune",
+        "[stop_experiment]\nmax_trials = 3": "stop_experiment: not mapped onto Ray Tune",
+        "[resources]\ncpu = 4": "resources: not mapped onto Ray Tune",
+        'metric = "loss"\n[scheduler]\ntype = "asha"\nvariant = "promotion"': "scheduler.variant",
+        "[limits]\nmemroy = 1": "line 2, column 1 | 2 | memroy = 1 | ^^^^^^ unknown field `memroy`",
+    }
+    for text, words in cases.items():
+        config = tmp_path / "bad.toml"
+        config.write_text(text + "\n")
+        with pytest.raises(wtune.ConfigError) as refused:
+            experiment.tuner(digits, config, storage_path=tmp_path)
+        assert words in str(refused.value)
+    with pytest.raises(wtune.ComponentError, match="no-such.wasm"):
+        experiment.tuner(tmp_path / "no-such.wasm", None, storage_path=tmp_path)
+    # The command says so in one line and exits 2.
+    config = tmp_path / "bad.toml"
+    config.write_text('metric = "loss"\nsearch = "tpe"\n')
+    command = subprocess.run(
+        [sys.executable, "-m", "wtune.ray", "run", str(digits), "--config", str(config),
+         "--address", cluster.address],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert command.returncode == 2
+    assert "error: search: not mapped onto Ray Tune" in command.stderr
