@@ -124,26 +124,59 @@ impl WasmBackend {
     /// [`TrialBackend::launch`] does, with the fault's family kept for
     /// embedders that act on it (the Python package).
     pub fn start_trial(&self, launch: &TrialLaunch) -> Result<WasmSession, WasmError> {
+        match &launch.restore {
+            Some(path) => {
+                // A checkpoint that cannot be read or restored fails the same
+                // way on every retry.
+                let file = self.open_checkpoint(path).map_err(WasmError::Checkpoint)?;
+                self.resume_trial(launch, path, file)
+            }
+            None => {
+                let env = self.trial_env(launch)?;
+                Ok(self.session(self.start(&env, launch)?, 0.0))
+            }
+        }
+    }
+
+    /// Continues a trial from `file`, the checkpoint at `path` already
+    /// opened (and so verified) with [`WasmBackend::open_checkpoint`], with
+    /// `launch.config` (a checkpoint of another configuration is switched
+    /// to it through the guest's `reset`). `launch.restore` is not read.
+    /// For callers that read the checkpoint's metadata first: the file is
+    /// verified once, not twice.
+    pub fn resume_trial(
+        &self,
+        launch: &TrialLaunch,
+        path: &Path,
+        file: SnapshotFile,
+    ) -> Result<WasmSession, WasmError> {
+        let env = self.trial_env(launch)?;
+        let time_restored_s = file.meta().time_total_s;
+        let instance = self.restore(&env, launch, path, file)?;
+        Ok(self.session(instance, time_restored_s))
+    }
+
+    /// The trial's view of the machine; creates its guest directory.
+    fn trial_env(&self, launch: &TrialLaunch) -> Result<TrialEnv, WasmError> {
         let work_dir = launch.trial_dir.join("work");
         std::fs::create_dir_all(&work_dir)
             .map_err(|e| WasmError::Io(format!("cannot create {}: {e}", work_dir.display())))?;
-        let env = TrialEnv {
+        Ok(TrialEnv {
             work_dir,
             log_dir: launch.trial_dir.clone(),
             data: self.data.clone(),
             gpu: launch.gpus.first().copied(),
-        };
-        let (instance, time_restored_s) = match &launch.restore {
-            Some(path) => self.restore(&env, launch, path)?,
-            None => (self.start(&env, launch)?, 0.0),
-        };
-        Ok(WasmSession {
+        })
+    }
+
+    fn session(&self, instance: TrialInstance, time_restored_s: f64) -> WasmSession {
+        WasmSession {
             instance,
             digest: self.program.digest().to_string(),
             mode: self.mode,
             key: self.key.clone(),
             time_restored_s,
-        })
+        }
     }
 
     fn restore(
@@ -151,10 +184,8 @@ impl WasmBackend {
         env: &TrialEnv,
         launch: &TrialLaunch,
         path: &Path,
-    ) -> Result<(TrialInstance, f64), WasmError> {
-        // A checkpoint that cannot be read or restored fails the same way on
-        // every retry.
-        let mut file = self.open_checkpoint(path).map_err(WasmError::Checkpoint)?;
+        mut file: SnapshotFile,
+    ) -> Result<TrialInstance, WasmError> {
         let meta = file.meta().clone();
         let restoring = |e: &dyn std::fmt::Display| {
             WasmError::Checkpoint(format!("restoring {}: {e}", path.display()))
@@ -210,7 +241,7 @@ impl WasmBackend {
                 instance
             }
         };
-        Ok((instance, meta.time_total_s))
+        Ok(instance)
     }
 
     fn start(&self, env: &TrialEnv, launch: &TrialLaunch) -> Result<TrialInstance, WasmError> {

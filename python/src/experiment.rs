@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use pyo3::prelude::*;
 use serde_json::json;
 use wtune::config::{self, Overrides};
+use wtune::report::{self, Outcome};
 
 use crate::errors;
 
@@ -30,4 +31,16 @@ pub(crate) fn plan_experiment(model: PathBuf, config: Option<PathBuf>) -> PyResu
         "notes": plan.notes,
     })
     .to_string())
+}
+
+/// What `wtune run` prints when an experiment ends, for `outcome_json`: a
+/// `wtune::report::Outcome` (name, output_dir, wall_time_s, metric, mode,
+/// stopped, trials: trial_id, status, config, iterations, value,
+/// checkpoint, error, failures). Ranks the trials as `wtune run` does and
+/// makes the guests' text (errors) inert.
+#[pyfunction]
+pub(crate) fn summary_text(outcome_json: &str) -> PyResult<String> {
+    let outcome: Outcome = serde_json::from_str(outcome_json)
+        .map_err(|e| errors::WtuneError::new_err(format!("experiment outcome: {e}")))?;
+    Ok(report::outcome_text(&outcome))
 }

@@ -10,7 +10,7 @@ use serde_json::{Map, Value};
 use wtune::config::{self, Overrides, Plan};
 use wtune::snapshot::SnapshotKey;
 use wtune::tune::{CheckpointInfo, Resources, TrialLaunch, TrialSession};
-use wtune::wasm_backend::{WasmBackend, WasmError, WasmSession};
+use wtune::wasm_backend::{WasmBackend, WasmSession};
 
 use crate::errors;
 use crate::sandboxes::{self, Failure, Source};
@@ -32,9 +32,45 @@ pub struct Trainable {
 }
 
 struct State {
-    /// `None` after `close()`, or when a restore failed after the old
-    /// instance was closed.
-    session: Option<WasmSession>,
+    instance: Instance,
+    config: Value,
+    time_total_s: f64,
+    last_result: Option<Map<String, Value>>,
+}
+
+/// Where the trial's instance stands.
+enum Instance {
+    /// Not started: the guest's `setup()` runs with the state's config at
+    /// the first call that needs an instance, unless a restore comes first
+    /// (a Ray trial recovered on another node starts from its checkpoint
+    /// and never pays for a setup it would throw away).
+    Deferred,
+    Live(Box<WasmSession>),
+    /// After `close()`: only a restore brings an instance back.
+    Closed,
+}
+
+impl Instance {
+    fn session(&self) -> Option<&WasmSession> {
+        match self {
+            Instance::Live(session) => Some(session),
+            Instance::Deferred | Instance::Closed => None,
+        }
+    }
+
+    /// Moves on to `next`, letting a live instance it replaces clean up.
+    fn set(&mut self, next: Instance) {
+        if let Instance::Live(old) = std::mem::replace(self, next) {
+            // A failing cleanup of the old instance changes nothing about
+            // the new one.
+            let _ = old.close();
+        }
+    }
+}
+
+/// A checkpoint opened for a restore: its trial continues with `config`.
+struct Resumed {
+    session: WasmSession,
     config: Value,
     time_total_s: f64,
     last_result: Option<Map<String, Value>>,
@@ -81,28 +117,80 @@ impl Trainable {
         f(&mut state)
     }
 
-    fn launch(&self, config: &Value, restore: Option<PathBuf>) -> Result<WasmSession, WasmError> {
-        wtune::sandbox::reinstate_trap_handlers();
-        self.backend.start_trial(&TrialLaunch {
+    fn state_mut(&mut self) -> &mut State {
+        self.state.get_mut().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn trial_launch(&self, config: &Value) -> TrialLaunch {
+        TrialLaunch {
             trial_id: self.trial_id.clone(),
             config: config.clone(),
             trial_dir: self.trial_dir.clone(),
-            restore,
+            restore: None,
             resources: Resources::default(),
             // The first (and only) GPU this process's sandbox sees: under
             // Ray, the one CUDA_VISIBLE_DEVICES gives the trial.
             gpus: Vec::new(),
+        }
+    }
+
+    /// A fresh instance set up with `config`.
+    fn launch(&self, config: &Value) -> PyResult<WasmSession> {
+        wtune::sandbox::reinstate_trap_handlers();
+        self.backend
+            .start_trial(&self.trial_launch(config))
+            .map_err(|e| errors::wasm(&e))
+    }
+
+    /// An instance continued from the checkpoint at `path`, with
+    /// `config` or, when `None`, the checkpoint's own configuration.
+    /// The file is opened and verified once.
+    fn resume(&self, path: &Path, config: Option<Value>) -> PyResult<Resumed> {
+        let file = self
+            .backend
+            .open_checkpoint(path)
+            .map_err(errors::CheckpointError::new_err)?;
+        let meta = file.meta().clone();
+        let config = config.unwrap_or(meta.config);
+        wtune::sandbox::reinstate_trap_handlers();
+        let session = self
+            .backend
+            .resume_trial(&self.trial_launch(&config), path, file)
+            .map_err(|e| errors::wasm(&e))?;
+        Ok(Resumed {
+            session,
+            config,
+            time_total_s: meta.time_total_s,
+            last_result: match meta.result {
+                Value::Object(map) => Some(map),
+                _ => None,
+            },
         })
+    }
+
+    /// The live instance, set up now if it was deferred. A setup that
+    /// fails leaves it deferred: nothing changed.
+    fn live<'s>(&self, state: &'s mut State) -> PyResult<&'s mut WasmSession> {
+        if let Instance::Deferred = state.instance {
+            let session = self.launch(&state.config)?;
+            state.instance = Instance::Live(Box::new(session));
+        }
+        match &mut state.instance {
+            Instance::Live(session) => Ok(session),
+            Instance::Deferred | Instance::Closed => Err(errors::WtuneError::new_err(
+                "this trainable was closed; restore a checkpoint to go on",
+            )),
+        }
     }
 }
 
-fn live(state: &mut State) -> PyResult<&mut WasmSession> {
-    state.session.as_mut().ok_or_else(|| {
-        errors::WtuneError::new_err(
-            "this trainable has no live instance: it was closed, or a restore failed; \
-             restore a checkpoint to go on",
-        )
-    })
+impl State {
+    fn resumed(&mut self, resumed: Resumed) {
+        self.instance.set(Instance::Live(Box::new(resumed.session)));
+        self.config = resumed.config;
+        self.time_total_s = resumed.time_total_s;
+        self.last_result = resumed.last_result;
+    }
 }
 
 /// The plan for one trial: the experiment's keys checked as `wtune run`
@@ -115,27 +203,34 @@ fn plan(model: &Path, experiment: &Value, base: &Path) -> PyResult<Plan> {
 #[pymethods]
 impl Trainable {
     /// `wasm_path` or `wasm_bytes`: the component. `config_json`: the
-    /// trial's configuration (a JSON object). `experiment_json`: the
-    /// experiment file's keys that apply to one trial (`limits`, `data`,
-    /// `compute`, `checkpoint`, `security`, `snapshot_key_file`), relative
-    /// paths from `base_dir`. `trial_dir`: where the trial's files go
-    /// (its guest directory is `trial_dir/work`); a temporary directory
-    /// when `None`. `restore`: a checkpoint file to start from.
+    /// trial's configuration (a JSON object; `{}` when `None`, or the
+    /// checkpoint's own with `restore`). `experiment_json`: the experiment
+    /// file's keys that apply to one trial (`limits`, `data`, `compute`,
+    /// `checkpoint`, `security`, `snapshot_key_file`), relative paths from
+    /// `base_dir`. `trial_dir`: where the trial's files go (its guest
+    /// directory is `trial_dir/work`); a temporary directory when `None`.
+    /// `restore`: a checkpoint file to start from. `deferred`: compile
+    /// now, but run the guest's `setup()` only when an instance is first
+    /// needed, so that a restore that comes first skips it.
     #[new]
-    #[pyo3(signature = (wasm_path, wasm_bytes, config_json, experiment_json, base_dir, trial_dir=None, trial_id=None, restore=None))]
+    #[pyo3(signature = (wasm_path, wasm_bytes, config_json, experiment_json, base_dir, trial_dir=None, trial_id=None, restore=None, deferred=false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         wasm_path: Option<PathBuf>,
         wasm_bytes: Option<Bound<'_, PyBytes>>,
-        config_json: &str,
+        config_json: Option<&str>,
         experiment_json: &str,
         base_dir: PathBuf,
         trial_dir: Option<PathBuf>,
         trial_id: Option<String>,
         restore: Option<PathBuf>,
+        deferred: bool,
     ) -> PyResult<Self> {
-        let config = parse_config(config_json)?;
+        let config = match config_json {
+            Some(text) => Some(parse_config(text)?),
+            None => None,
+        };
         let experiment = parse_json(experiment_json, "experiment")?;
         let model = wasm_path.clone().unwrap_or_else(|| "component.wasm".into());
         let plan = plan(&model, &experiment, &base_dir)?;
@@ -179,26 +274,26 @@ impl Trainable {
             trial_dir,
             _scratch: scratch,
             state: Mutex::new(State {
-                session: None,
-                config,
+                instance: Instance::Deferred,
+                config: Value::Object(Map::new()),
                 time_total_s: 0.0,
                 last_result: None,
             }),
         };
-        let state = trainable
-            .state
-            .get_mut()
-            .unwrap_or_else(PoisonError::into_inner);
-        let config = state.config.clone();
-        let session = py
-            .detach(|| trainable.launch(&config, restore))
-            .map_err(|e| errors::wasm(&e))?;
-        let state = trainable
-            .state
-            .get_mut()
-            .unwrap_or_else(PoisonError::into_inner);
-        state.time_total_s = session.time_restored_s();
-        state.session = Some(session);
+        match restore {
+            Some(path) => {
+                let resumed = py.detach(|| trainable.resume(&path, config))?;
+                trainable.state_mut().resumed(resumed);
+            }
+            None => {
+                let config = config.unwrap_or_else(|| Value::Object(Map::new()));
+                if !deferred {
+                    let session = py.detach(|| trainable.launch(&config))?;
+                    trainable.state_mut().instance = Instance::Live(Box::new(session));
+                }
+                trainable.state_mut().config = config;
+            }
+        }
         Ok(trainable)
     }
 
@@ -208,7 +303,7 @@ impl Trainable {
     fn train<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let report = py.detach(|| {
             self.locked(|state| {
-                let session = live(state)?;
+                let session = self.live(state)?;
                 let started = Instant::now();
                 let step = session.step().map_err(|e| errors::wasm(&e))?;
                 wtune::tune::check_metric_names(&step.metrics).map_err(|why| {
@@ -260,7 +355,7 @@ impl Trainable {
                 let config = state.config.clone();
                 let time_total_s = state.time_total_s;
                 let result = state.last_result.clone();
-                let session = live(state)?;
+                let session = self.live(state)?;
                 let info = CheckpointInfo {
                     trial_id: &self.trial_id,
                     config: &config,
@@ -287,32 +382,11 @@ impl Trainable {
         path: PathBuf,
         config_json: Option<&str>,
     ) -> PyResult<()> {
-        let checkpoint = self
-            .backend
-            .open_checkpoint(&path)
-            .map_err(errors::CheckpointError::new_err)?;
-        let meta = checkpoint.meta().clone();
-        drop(checkpoint);
-        let config = match config_json {
-            Some(text) => parse_config(text)?,
-            None => meta.config.clone(),
-        };
+        let config = config_json.map(parse_config).transpose()?;
         py.detach(|| {
-            let session = self
-                .launch(&config, Some(path))
-                .map_err(|e| errors::wasm(&e))?;
+            let resumed = self.resume(&path, config)?;
             self.locked(|state| {
-                if let Some(old) = state.session.replace(session) {
-                    // The old instance is being replaced; a failing cleanup
-                    // changes nothing about the restored one.
-                    let _ = old.close();
-                }
-                state.config = config;
-                state.time_total_s = meta.time_total_s;
-                state.last_result = match meta.result {
-                    Value::Object(map) => Some(map),
-                    _ => None,
-                };
+                state.resumed(resumed);
                 Ok(())
             })
         })
@@ -320,15 +394,20 @@ impl Trainable {
 
     /// Starts over: a fresh instance of the same compiled component, set
     /// up with `config_json` (a new trial on a reused Ray actor). The
-    /// current instance is replaced only once the new one is set up.
-    fn restart(&self, py: Python<'_>, config_json: &str) -> PyResult<()> {
+    /// current instance is replaced only once the new one is set up; with
+    /// `deferred`, it is closed now and the new one is set up when first
+    /// needed (a restore that comes first skips the setup).
+    #[pyo3(signature = (config_json, deferred=false))]
+    fn restart(&self, py: Python<'_>, config_json: &str, deferred: bool) -> PyResult<()> {
         let config = parse_config(config_json)?;
         py.detach(|| {
-            let session = self.launch(&config, None).map_err(|e| errors::wasm(&e))?;
+            let next = if deferred {
+                Instance::Deferred
+            } else {
+                Instance::Live(Box::new(self.launch(&config)?))
+            };
             self.locked(|state| {
-                if let Some(old) = state.session.replace(session) {
-                    let _ = old.close();
-                }
+                state.instance.set(next);
                 state.config = config;
                 state.time_total_s = 0.0;
                 state.last_result = None;
@@ -344,7 +423,7 @@ impl Trainable {
         let config = parse_config(config_json)?;
         py.detach(|| {
             self.locked(|state| {
-                let session = live(state)?;
+                let session = self.live(state)?;
                 let done = session.reset(&config).map_err(|e| errors::wasm(&e))?;
                 if done {
                     state.config = config;
@@ -358,10 +437,12 @@ impl Trainable {
     /// trainable can only be restored after. Closing twice is harmless.
     fn close(&self, py: Python<'_>) -> PyResult<()> {
         py.detach(|| {
-            self.locked(|state| match state.session.take() {
-                Some(session) => session.close().map_err(|e| errors::wasm(&e)),
-                None => Ok(()),
-            })
+            self.locked(
+                |state| match std::mem::replace(&mut state.instance, Instance::Closed) {
+                    Instance::Live(session) => session.close().map_err(|e| errors::wasm(&e)),
+                    Instance::Deferred | Instance::Closed => Ok(()),
+                },
+            )
         })
     }
 
@@ -369,13 +450,13 @@ impl Trainable {
     /// checkpoint's).
     #[getter]
     fn iteration(&self) -> PyResult<u64> {
-        self.locked(|state| Ok(state.session.as_ref().map_or(0, |s| s.iteration())))
+        self.locked(|state| Ok(state.instance.session().map_or(0, |s| s.iteration())))
     }
 
     /// Fuel burned so far, start-up and restored checkpoint included.
     #[getter]
     fn fuel_total(&self) -> PyResult<u64> {
-        self.locked(|state| Ok(state.session.as_ref().map_or(0, |s| s.fuel_total())))
+        self.locked(|state| Ok(state.instance.session().map_or(0, |s| s.fuel_total())))
     }
 
     /// The configuration the trial runs with, as JSON.

@@ -4,8 +4,10 @@ multi-node Ray cluster, against ``wtune run`` itself."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
+import unicodedata
 
 import pytest
 
@@ -157,3 +159,32 @@ def test_keys_ray_cannot_honour_are_refused_with_the_reason(cluster, digits, tmp
     )
     assert command.returncode == 2
     assert "error: search: not mapped onto Ray Tune" in command.stderr
+
+
+def test_guest_text_reaches_the_terminal_inert(cluster, hostile, tmp_path):
+    # The `terminal` attack's error is full of terminal escapes and forges
+    # a "Best trial:" line; what the operator sees must carry it escaped.
+    config = tmp_path / "experiment.toml"
+    config.write_text(
+        'name = "terminal"\nmetric = "score"\nmode = "max"\n[param_space]\n'
+        'attack = { grid_search = ["none", "terminal"] }\nat = 1\niterations = 2\n'
+    )
+    run = subprocess.run(
+        [
+            sys.executable, "-m", "wtune.ray", "run", str(hostile), "--config", str(config),
+            "--address", cluster.address, "--storage-path", str(tmp_path / "ray"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "2 trials (1 TERMINATED, 1 ERROR)" in run.stdout, run.stdout
+    assert "\\u{1b}[2J\\u{1b}]0;pwned\\u{7}" in run.stdout, run.stdout
+    for text in (run.stdout, run.stderr):
+        # Ray colours its own tracebacks (cyan, then the default colour)
+        # and its log lines hold tabs; any other control is the guest's.
+        own = re.sub(r"\x1b\[3[69]m|\t", "", text)
+        controls = [c for c in own if c != "\n" and unicodedata.category(c) == "Cc"]
+        assert not controls, (controls[:5], text[-3000:])
+        assert not any(line.startswith("Best trial: trial_9999") for line in text.splitlines())

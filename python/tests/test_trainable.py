@@ -4,6 +4,7 @@ sandbox and the repository's guest components."""
 from __future__ import annotations
 
 import threading
+import unicodedata
 from pathlib import Path
 
 import pytest
@@ -66,6 +67,57 @@ def test_guest_checkpoints_use_the_guests_save(hostile):
     assert resumed.train()["score"] == 3.0
 
 
+def test_a_restore_without_a_config_goes_on_with_the_checkpoints(stateful):
+    first = wtune.Trainable(stateful, WALK, limits=LIMITS)
+    first.train()
+    checkpoint = first.save()
+    expected = first.train()["digest"]
+    resumed = wtune.Trainable(stateful, limits=LIMITS, restore=checkpoint)
+    assert resumed.config == WALK
+    assert resumed.train()["digest"] == expected
+    # The checkpoint's last result and clock go on too: a save straight
+    # after the restore describes the same trial.
+    again = wtune.Trainable(stateful, limits=LIMITS, restore=resumed.save())
+    assert again.iteration == 2 and again.config == WALK
+
+
+def test_a_deferred_setup_runs_at_the_first_call_or_never_when_restored(hostile, tmp_path):
+    benign = wtune.Trainable(hostile, {"iterations": 10}, checkpoint="guest")
+    benign.train()
+    checkpoint = tmp_path / "benign.wtsnap"
+    benign.save(checkpoint)
+    # A setup that would hang past the deadline: a deferred trainable
+    # compiles without running it...
+    hanging = {"attack": "sleep_setup", "iterations": 10}
+    limits = {**LIMITS, "call_timeout": "1s"}
+
+    def deferred() -> wtune.Trainable:
+        return wtune.Trainable.from_settings(
+            hostile, hanging, {"limits": limits, "checkpoint": "guest"}, ".", deferred=True
+        )
+
+    recovered = deferred()
+    assert recovered.iteration == 0
+    # ...and a restore first (a Ray trial recovered on another node) never
+    # runs it: the checkpoint's trial goes on.
+    recovered.restore(checkpoint)
+    assert recovered.config == {"iterations": 10}
+    assert recovered.train()["score"] == 2.0
+    # Without a restore, the first call runs setup and raises its failure;
+    # nothing changed, so the next call tries again.
+    fresh = deferred()
+    for _ in range(2):
+        with pytest.raises(wtune.DeadlineExceeded, match="setup"):
+            fresh.train()
+        assert fresh.iteration == 0
+    # A deferred restart closes the old instance and sets up the next
+    # one when it is first needed.
+    benign.restart({"iterations": 10, "attack": "error", "at": 1}, deferred=True)
+    assert benign.iteration == 0
+    with pytest.raises(wtune.GuestError, match="deliberate failure at iteration 1"):
+        benign.train()
+
+
 # attack -> (exception, words its message must hold, extra limits)
 FAILURES = {
     "panic": (wtune.GuestTrap, ["train() at iteration 1 panicked", "hostile guest panicked on purpose"], {}),
@@ -76,6 +128,8 @@ FAILURES = {
     "loop_train": (wtune.FuelExhausted, ["exceeded the per-call fuel limit of 1e9"], {}),
     "sleep_train": (wtune.DeadlineExceeded, ["train() at iteration 1 exceeded its 1s deadline"], {"call_timeout": "1s"}),
     "reserved_metric": (wtune.BadOutput, ["training_iteration"], {}),
+    # Terminal escapes and a forged line, shown as visible escapes.
+    "terminal": (wtune.GuestError, ["\\u{1b}]0;pwned\\u{7}", "\\r\\nBest trial: trial_9999"], {}),
 }
 
 
@@ -86,8 +140,11 @@ def test_a_failing_guest_raises_its_family_with_the_reason(hostile, attack):
     with pytest.raises(exception) as raised:
         trainable.train()
     assert isinstance(raised.value, wtune.TrialError)
+    message = str(raised.value)
     for word in words:
-        assert word in str(raised.value)
+        assert word in message
+    # Ray and loggers print the message to an operator's terminal.
+    assert not [c for c in message if unicodedata.category(c) == "Cc"], message
 
 
 def test_a_spent_fuel_budget_is_fuel(hostile):

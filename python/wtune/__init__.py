@@ -85,7 +85,10 @@ class Trainable:
     Arguments:
         wasm: the component, as a path or as its bytes.
         config: the trial's hyperparameters (a JSON-serializable dict),
-            passed to the guest's ``setup``.
+            passed to the guest's ``setup``; ``{}`` when omitted. With
+            ``restore``, a checkpoint of another configuration is switched
+            to it (the guest's ``reset``); omitted, the checkpoint's own
+            configuration goes on.
         experiment: an experiment file (``experiment.toml``) whose trial
             settings apply; its relative paths start at its directory.
         limits, data, compute, checkpoint, security, snapshot_key_file:
@@ -142,15 +145,23 @@ class Trainable:
         trial_dir: PathLike | None = None,
         trial_id: str | None = None,
         restore: Union[PathLike, bytes, None] = None,
+        deferred: bool = False,
     ) -> "Trainable":
         """A trainable from trial settings already gathered (the experiment
         file's keys of `TRIAL_KEYS`, relative paths from ``base_dir``), as
-        `wtune.ray` ships them to Ray's workers."""
+        `wtune.ray` ships them to Ray's workers. With ``deferred`` the
+        component is compiled now but the guest's ``setup`` runs only at
+        the first call that needs an instance, so a `restore` that comes
+        first (a Ray trial recovered on another node) skips it."""
         trainable = cls.__new__(cls)
-        trainable._start(wasm, config, dict(settings), Path(base_dir), trial_dir, trial_id, restore)
+        trainable._start(
+            wasm, config, dict(settings), Path(base_dir), trial_dir, trial_id, restore, deferred
+        )
         return trainable
 
-    def _start(self, wasm, config, settings, base, trial_dir, trial_id, restore) -> None:
+    def _start(
+        self, wasm, config, settings, base, trial_dir, trial_id, restore, deferred=False
+    ) -> None:
         if isinstance(wasm, (bytes, bytearray, memoryview)):
             wasm_path, wasm_bytes = None, bytes(wasm)
         else:
@@ -159,12 +170,13 @@ class Trainable:
             self._native = _native.Trainable(
                 wasm_path,
                 wasm_bytes,
-                _to_json(dict(config or {}), "config"),
+                None if config is None else _to_json(dict(config), "config"),
                 json.dumps(settings),
                 str(base),
                 None if trial_dir is None else os.fspath(trial_dir),
                 trial_id,
                 restore_path,
+                deferred,
             )
 
     def train(self) -> dict:
@@ -197,12 +209,13 @@ class Trainable:
         with _checkpoint_file(checkpoint) as path:
             self._native.restore_from(path, config_json)
 
-    def restart(self, config: Mapping[str, Any]) -> None:
+    def restart(self, config: Mapping[str, Any], *, deferred: bool = False) -> None:
         """Starts a new trial with ``config`` in a fresh instance of the
         same compiled component (``setup`` runs again; nothing learned is
         kept). The running instance is replaced once the new one is set
-        up."""
-        self._native.restart(_to_json(dict(config), "config"))
+        up; with ``deferred`` it is closed now, and the new one is set up
+        at the first call that needs it (a `restore` first skips that)."""
+        self._native.restart(_to_json(dict(config), "config"), deferred)
 
     def reset(self, config: Mapping[str, Any]) -> bool:
         """Switches to ``config`` in place with the guest's ``reset()``,

@@ -21,5 +21,5 @@ pub use files::TrialFiles;
 pub use mlflow::MlflowLogger;
 pub use progress::Progress;
 pub use state::StateFile;
-pub use summary::summary_text;
+pub use summary::{Outcome, TrialOutcome, outcome_text, summary_text};
 pub use tfevents::tensorboard_line;

@@ -47,6 +47,21 @@ impl Mode {
             Mode::Max => a > b,
         }
     }
+
+    /// The index of the best of `values` (finite ones only; the first of
+    /// equals), `None` when none is finite: how trials are ranked.
+    pub fn best_index(self, values: impl IntoIterator<Item = Option<f64>>) -> Option<usize> {
+        let mut best: Option<(usize, f64)> = None;
+        for (i, value) in values.into_iter().enumerate() {
+            let Some(value) = value.filter(|v| v.is_finite()) else {
+                continue;
+            };
+            if best.is_none_or(|(_, b)| self.better(value, b)) {
+                best = Some((i, value));
+            }
+        }
+        best.map(|(i, _)| i)
+    }
 }
 
 impl FromStr for Mode {

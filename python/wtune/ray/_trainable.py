@@ -33,6 +33,10 @@ class WasmTrainable(tune.Trainable):
       with this trial's config through the guest's ``reset``.
     - ``reset_config`` (``reuse_actors=True``) starts the new trial in a
       fresh instance of the component the actor has already compiled.
+    - the guest's ``setup`` runs at the first ``step``, not in ``setup``:
+      a trial Ray recovers (or a PBT exploit on a reused actor) restores
+      its checkpoint without first setting up an instance it would throw
+      away. A setup that fails fails the first step, with its reason.
     - a failing guest raises the `wtune.TrialError` subclass that says why;
       Ray marks the trial ERROR with it, and the actor process is unharmed.
     """
@@ -56,6 +60,10 @@ class WasmTrainable(tune.Trainable):
             base_dir or os.getcwd(),
             trial_dir=Path(self.logdir) / "sandbox",
             trial_id=self.trial_id or "trial",
+            # Ray calls setup before load_checkpoint when it recovers a
+            # trial: the guest's setup waits for the first step, so a
+            # restore replaces nothing it paid for.
+            deferred=True,
         )
         self._node_id = ray.get_runtime_context().get_node_id()
 
@@ -82,7 +90,8 @@ class WasmTrainable(tune.Trainable):
         self._trial.restore(Path(checkpoint) / CHECKPOINT_FILE, config=self.config)
 
     def reset_config(self, new_config: dict) -> bool:
-        self._trial.restart(new_config)
+        # A PBT exploit follows with load_checkpoint: set up only if not.
+        self._trial.restart(new_config, deferred=True)
         return True
 
     def cleanup(self) -> None:

@@ -31,7 +31,7 @@ from ray.tune.schedulers import (
 )
 from ray.tune.search.basic_variant import BasicVariantGenerator
 
-from .. import ConfigError, _native
+from .. import ConfigError, WtuneError, _native
 from .._settings import read_experiment
 from ._trainable import trainable as bind_trainable
 
@@ -283,61 +283,41 @@ def tuner(
     )
 
 
-def config_lines(prefix: str, value: Any, out: list[str]) -> None:
-    """``key = value`` lines of a config, nested keys dotted, values as
-    JSON: the lines ``wtune run`` prints under "Best config"."""
-    if isinstance(value, dict) and value:
-        for key, inner in value.items():
-            config_lines(f"{prefix}.{key}" if prefix else key, inner, out)
-    elif isinstance(value, dict) and not prefix:
-        return
-    else:
-        out.append(f"{prefix} = {json.dumps(value, separators=(',', ':'))}")
-
-
 def summary(experiment: Experiment, grid, seconds: float) -> str:
-    """What ``wtune run`` prints at the end, for a Ray result grid."""
-    results = list(grid)
-    errors = [r for r in results if r.error is not None]
-    places = 2 if seconds < 10 else 1
-    lines = [
-        f"Experiment {experiment.name} finished in {seconds:.{places}f} s: {len(results)} "
-        f"trial{'' if len(results) == 1 else 's'} ({len(results) - len(errors)} TERMINATED, "
-        f"{len(errors)} ERROR)",
-        f"Results: {experiment.path}",
-    ]
-    metric = experiment.metric
-    ranked = [r for r in results if metric and _finite(r.metrics.get(metric))]
-    if metric is None:
-        lines.append("Best trial: not ranked (set `metric` and `mode` to rank trials)")
-    elif not ranked:
-        lines.append(f"Best trial: none (no trial reported `{metric}`)")
-    else:
-        best = ranked[0]
-        for result in ranked[1:]:
-            better = (
-                result.metrics[metric] < best.metrics[metric]
-                if experiment.mode == "min"
-                else result.metrics[metric] > best.metrics[metric]
-            )
-            if better:
-                best = result
-        lines.append(
-            f"Best trial: {best.metrics.get('trial_id')} ({metric} = {best.metrics[metric]:.4f}, "
-            f"mode {experiment.mode}, after {best.metrics.get('training_iteration')} iterations)"
+    """What ``wtune run`` prints at the end, for a Ray result grid: the
+    trials are handed to wtune's own summary, which ranks them and makes
+    the guests' error text inert."""
+    trials = []
+    for result in grid:
+        metrics = result.metrics or {}
+        value = metrics.get(experiment.metric) if experiment.metric else None
+        error = None
+        if result.error is not None:
+            cause = getattr(result.error, "cause", None) or result.error
+            # wtune's own reason whole (wtune makes it inert); of anything
+            # else, the last line of Ray's traceback.
+            lines = str(cause).strip().splitlines() or ["unknown"]
+            error = str(cause) if isinstance(cause, WtuneError) else lines[-1]
+        trials.append(
+            {
+                "trial_id": str(metrics.get("trial_id", result.path)),
+                "status": "ERROR" if result.error is not None else "TERMINATED",
+                "config": result.config or {},
+                "iterations": int(metrics.get("training_iteration") or 0),
+                "value": float(value) if _finite(value) else None,
+                "checkpoint": None if result.checkpoint is None else result.checkpoint.path,
+                "error": error,
+            }
         )
-        if best.checkpoint is not None:
-            lines.append(f"Best trial's newest checkpoint: {best.checkpoint.path}")
-        lines.append("Best config:")
-        config: list[str] = []
-        config_lines("", best.config, config)
-        lines.extend(f"  {line}" for line in config)
-    if errors:
-        lines.append("Errors:")
-        for result in errors:
-            reason = str(getattr(result.error, "cause", None) or result.error).strip().splitlines()
-            lines.append(f"  {result.metrics.get('trial_id', result.path)}: {reason[-1] if reason else ''}")
-    return "\n".join(lines)
+    outcome = {
+        "name": experiment.name,
+        "output_dir": str(experiment.path),
+        "wall_time_s": seconds,
+        "metric": experiment.metric,
+        "mode": experiment.mode,
+        "trials": trials,
+    }
+    return _native.summary_text(json.dumps(outcome, default=str)).rstrip("\n")
 
 
 def _number(value: float) -> float | int:

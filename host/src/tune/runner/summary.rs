@@ -59,14 +59,5 @@ impl ExperimentSummary {
 /// The index of the trial whose last `metric` is best (finite values only;
 /// the first of equals), as the summary and the dashboard name it.
 pub(crate) fn best_trial(trials: &[Trial], metric: &str, mode: Mode) -> Option<usize> {
-    let mut best: Option<(usize, f64)> = None;
-    for (i, trial) in trials.iter().enumerate() {
-        let Some(value) = trial.metric(metric).filter(|v| v.is_finite()) else {
-            continue;
-        };
-        if best.is_none_or(|(_, b)| mode.better(value, b)) {
-            best = Some((i, value));
-        }
-    }
-    best.map(|(i, _)| i)
+    mode.best_index(trials.iter().map(|trial| trial.metric(metric)))
 }
