@@ -497,19 +497,40 @@ fn stopped_and_resumed(guest: &str, config: &Path, out: &Path, decisions: usize,
     panic!("{guest} under {} never finished", config.display());
 }
 
-/// `(trial_id, status, iterations, config, last result's metric)` per
-/// trial, from `experiment.json`.
-fn final_trials(out: &Path, metric: &str) -> Vec<(String, String, u64, Value, Value)> {
+/// One trial's end, as `experiment.json` records it.
+#[derive(Debug, PartialEq)]
+struct FinalTrial {
+    trial_id: String,
+    status: String,
+    iterations: u64,
+    config: Value,
+    /// The last result's metric.
+    metric: Value,
+    /// `(iteration, fuel_total)` of each checkpoint it lists, but those
+    /// taken only for a halt: what a later exploit or resume can start
+    /// from.
+    checkpoints: Vec<(u64, u64)>,
+}
+
+fn final_trials(out: &Path, metric: &str) -> Vec<FinalTrial> {
     common::experiment_trials(out)
         .iter()
-        .map(|t| {
-            (
-                t["trial_id"].as_str().unwrap().to_string(),
-                t["status"].as_str().unwrap().to_string(),
-                t["iterations"].as_u64().unwrap(),
-                t["config"].clone(),
-                t["last_result"][metric].clone(),
-            )
+        .map(|t| FinalTrial {
+            trial_id: t["trial_id"].as_str().unwrap().to_string(),
+            status: t["status"].as_str().unwrap().to_string(),
+            iterations: t["iterations"].as_u64().unwrap(),
+            config: t["config"].clone(),
+            metric: t["last_result"][metric].clone(),
+            checkpoints: t["checkpoints"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|c| c["halt"] != Value::Bool(true))
+                .map(|c| {
+                    let count = |key: &str| c[key].as_u64().unwrap();
+                    (count("iteration"), count("fuel_total"))
+                })
+                .collect(),
         })
         .collect()
 }
@@ -595,6 +616,25 @@ fn asha_in_fuel_order_decides_across_kills_interrupts_and_resumes_as_in_one_run(
     assert_stops_and_resumes_decide_as_one_run("stateful", FUEL_ASHA, "digest", &[1, 2, 3]);
 }
 
+#[test]
+fn steps_redone_after_a_kill_write_the_checkpoints_an_uninterrupted_run_wrote() {
+    // Only each trial's best-scoring checkpoint (and its newest) is kept,
+    // so which ones a trial ends with depends on every checkpoint and its
+    // score: a stopped and resumed run must write and score them as the
+    // uninterrupted run did, or a later resume or PBT clone starts from
+    // another state. Steps redone after a kill write the periodic
+    // checkpoints the uninterrupted run wrote; a checkpoint taken at a
+    // halt before its step was decided is scored with that step's result
+    // once it is (before, with the result before it, which a resume also
+    // read back from the file). Each kept a worse checkpoint than the
+    // uninterrupted run.
+    let toml = FUEL_ASHA.replace(
+        "checkpoint_freq = 2\n",
+        "checkpoint_freq = 2\nkeep_checkpoints_num = 1\ncheckpoint_score_attr = \"digest\"\n",
+    );
+    assert_stops_and_resumes_decide_as_one_run("stateful", &toml, "digest", &[1, 2, 3, 4, 5, 6]);
+}
+
 /// How many trials held slots at the moment the saved state of `out`
 /// marks (0 when it marks none).
 fn slots_at_saved_moment(out: &Path) -> usize {
@@ -656,7 +696,7 @@ fn a_resume_with_fewer_slots_than_its_moment_held_goes_on_and_says_so() {
     let trials = final_trials(&out, "digest");
     assert_eq!(trials.len(), 12);
     assert!(
-        trials.iter().all(|t| t.1 == "TERMINATED"),
+        trials.iter().all(|t| t.status == "TERMINATED"),
         "every trial ends: {trials:?}"
     );
     // The trial that found no slot starts later on a new clock, but the

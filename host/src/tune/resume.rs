@@ -350,6 +350,10 @@ fn newest_intact_of<B: TrialBackend>(
                 && (c.time_total_s - meta.time_total_s).abs() <= 1e-9 * meta.time_total_s.abs()
         });
         let (listed, halt) = (listing.is_some(), listing.is_some_and(|c| c.halt));
+        // The listing's score, where it has one: a halt checkpoint adopted
+        // as its step's periodic one was scored again with the step's
+        // result, which its file (written before) does not hold.
+        let listed_score = listing.map(|c| c.score);
         // A checkpoint taken only because the run halted in fuel order may
         // hold a step no decision was made on, which only the halt's saved
         // moment remembers: without it, the trial does the step again, and
@@ -371,7 +375,7 @@ fn newest_intact_of<B: TrialBackend>(
         trial.checkpoints.retain(|c| {
             c.iteration < iteration && c.path != path && trial.dir.join(&c.path).is_file()
         });
-        let score = policy.score(meta.result.as_ref());
+        let score = listed_score.unwrap_or_else(|| policy.score(meta.result.as_ref()));
         let bytes = std::fs::metadata(trial.dir.join(&path)).map_or(0, |m| m.len());
         trial.checkpoints.push(Checkpoint {
             path,

@@ -557,6 +557,9 @@ impl<B: TrialBackend> Runner<B> {
             && let Some(mut checkpoint) = trial.checkpoints.pop()
         {
             checkpoint.halt = false;
+            // Taken before the step's result was recorded, it was scored
+            // with the result before; the step's own scores it now.
+            checkpoint.score = self.spec.checkpoint.score(trial.last_result.as_ref());
             self.keep(trial, checkpoint);
         }
     }

@@ -294,8 +294,16 @@ pub(super) fn train<B: TrialBackend>(
                 match guard.redo(index, done, elapsed, fuel_total) {
                     // Halted: the steps left to redo are redone by the
                     // next resume; this one ends at the halt like any
-                    // trial that continues, checkpointed and paused.
-                    Ok(()) if guard.halted.is_some() => {
+                    // trial that continues, checkpointed and paused. Or
+                    // the uninterrupted run checkpointed this step (the
+                    // trial went on, so by frequency): it is written
+                    // again, since a later exploit clones it and a later
+                    // resume may start from it.
+                    Ok(())
+                        if guard.halted.is_some()
+                            || (guard.runner)
+                                .checkpoint_due(&guard.trials[index], &Decision::Continue) =>
+                    {
                         let decision = Ok(Decision::Continue);
                         guard.mark_saving(index, &decision);
                         guard.hand_to_loop(index, turns);
