@@ -45,7 +45,7 @@ call_timeout = "60s"
 digits = "{data}"
 
 [param_space]
-lr = {{ grid_search = [0.02, 0.05, 0.1, 0.3] }}
+lr = {{ grid_search = [0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3] }}
 hidden = 32
 batch_size = 64
 momentum = 0.8
@@ -82,16 +82,19 @@ def test_an_experiment_file_runs_on_the_cluster_as_wtune_run_runs_it(cluster, di
         timeout=600,
     )
     assert on_ray.returncode == 0, on_ray.stderr[-3000:]
-    assert "4 trials (4 TERMINATED, 0 ERROR)" in on_ray.stdout, on_ray.stdout
+    assert "8 trials (8 TERMINATED, 0 ERROR)" in on_ray.stdout, on_ray.stdout
     assert best_config(on_ray.stdout) == best_config(local.stdout), (on_ray.stdout, local.stdout)
     # Ray's usual result files, one directory per trial.
     experiment_dir = tmp_path / "ray" / "digits-grid"
     trials = [d for d in experiment_dir.iterdir() if d.is_dir()]
-    assert len(trials) == 4
+    assert len(trials) == 8
+    nodes = set()
     for trial in trials:
         rows = [json.loads(line) for line in (trial / "result.json").read_text().splitlines()]
         assert [row["training_iteration"] for row in rows] == [1, 2, 3]
         assert (trial / "progress.csv").is_file()
+        nodes.update(row["node_id"] for row in rows)
+    assert len(nodes) == 2, "the trials ran on one node only"
 
 
 def plan_of(tmp_path, text: str) -> dict:

@@ -5,6 +5,9 @@ experiment)."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 ray = pytest.importorskip("ray")
@@ -26,6 +29,15 @@ def add_worker(cluster, name):
 
 def alive_nodes() -> int:
     return sum(node["Alive"] for node in ray.nodes())
+
+
+def worker_resources() -> list[str]:
+    """The custom resources that name the live worker nodes (a node killed
+    by an earlier test is replaced by one named `replacement`)."""
+    names = ("node_a", "node_b", "replacement")
+    return sorted(
+        name for node in ray.nodes() if node["Alive"] for name in node["Resources"] if name in names
+    )
 
 
 def run(trainable, param_space, tmp_path, **tune_config):
@@ -159,16 +171,24 @@ def test_a_killed_node_s_trials_continue_from_their_last_snapshot(cluster, hosti
 
 
 def test_pbt_clones_continue_from_the_donor_s_snapshot(cluster, digits, tmp_path):
+    # Two trials, each pinned to a worker node of its own (by the custom
+    # resource of the node): every exploit clones the snapshot of a trial
+    # on the other node.
+    low, high = worker_resources()[:2]
     pbt = PopulationBasedTraining(
         time_attr="training_iteration",
         perturbation_interval=2,
         hyperparam_mutations={"lr": [0.01, 0.3]},
         quantile_fraction=0.5,
     )
-    trainable = wtune.ray.trainable(digits, experiment=DIGITS / "experiment.toml")
+    trainable = tune.with_resources(
+        wtune.ray.trainable(digits, experiment=DIGITS / "experiment.toml"),
+        # Ray sizes a trial once, from its first config.
+        lambda config: {"cpu": 1, low if config["lr"] < 0.1 else high: 1},
+    )
     grid = run(
         trainable,
-        {**DIGITS_CONFIG, "lr": tune.grid_search([0.005, 0.01, 0.2, 0.3])},
+        {**DIGITS_CONFIG, "lr": tune.grid_search([0.005, 0.3])},
         tmp_path,
         metric="val_accuracy",
         mode="max",
@@ -179,16 +199,56 @@ def test_pbt_clones_continue_from_the_donor_s_snapshot(cluster, digits, tmp_path
         reuse_actors=True,
     )
     assert not grid.errors
-    exploited = 0
+    histories = {}
     for result in grid:
-        history = result.metrics_dataframe
-        assert history["training_iteration"].iloc[-1] == 6 or result.metrics["training_iteration"] == 6
-        iterations = history["training_iteration"].tolist()
+        rows = [json.loads(line) for line in (Path(result.path) / "result.json").read_text().splitlines()]
+        iterations = [row["training_iteration"] for row in rows]
         # A clone reports the donor's iteration count plus one, never 1 again.
-        assert iterations.count(1) == 1, iterations
-        if len(set(history["config/lr"])) > 1:
-            exploited += 1
-    assert exploited > 0, "PBT exploited nothing"
+        assert iterations.count(1) == 1 and iterations[-1] == 6, iterations
+        histories[Path(result.path)] = rows
+    assert len({row["node_id"] for rows in histories.values() for row in rows}) == 2
+
+    # Every exploit, replayed here from the donor's snapshot with the
+    # clone's new config: the clone's first result after it, bit for bit.
+    exploits = 0
+    for clone, rows in histories.items():
+        for before, after in zip(rows, rows[1:]):
+            if after["config"] == before["config"]:
+                continue
+            exploits += 1
+            donor_iteration = after["training_iteration"] - 1
+            replayed = [
+                replay(digits, checkpoint, after["config"])
+                for donor in histories
+                if donor != clone
+                for checkpoint in sorted(donor.glob("checkpoint_*/trial.wtsnap"))
+                if snapshot_iteration(digits, checkpoint) == donor_iteration
+            ]
+            assert replayed, f"no checkpoint of the other trial at iteration {donor_iteration}"
+            metrics = {k: after[k] for k in replayed[0]}
+            assert metrics in replayed, (metrics, replayed)
+            donor_nodes = {
+                row["node_id"]
+                for donor, donor_rows in histories.items()
+                if donor != clone
+                for row in donor_rows
+                if row["training_iteration"] == donor_iteration
+            }
+            assert after["node_id"] not in donor_nodes, "the clone ran on its donor's node"
+    assert exploits > 0, "PBT exploited nothing"
+
+
+def snapshot_iteration(digits, checkpoint: Path) -> int:
+    return wtune.Trainable(digits, experiment=DIGITS / "experiment.toml", restore=checkpoint).iteration
+
+
+def replay(digits, checkpoint: Path, config: dict) -> dict:
+    """The guest's metrics of one step from `checkpoint`, switched to
+    `config` as a PBT exploit switches it."""
+    trial = wtune.Trainable(digits, config, experiment=DIGITS / "experiment.toml", restore=checkpoint)
+    report = trial.train()
+    automatic = {"done", "fuel_this_iter", "fuel_total", "time_this_iter_s", "time_total_s"}
+    return {k: v for k, v in report.items() if k not in automatic}
 
 
 def test_bad_input_gets_a_clear_error(cluster, hostile, tmp_path):
