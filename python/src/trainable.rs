@@ -7,6 +7,7 @@ use std::time::Instant;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 use serde_json::{Map, Value};
+use wtune::compute::GpuChoice;
 use wtune::config::{self, Overrides, Plan};
 use wtune::snapshot::SnapshotKey;
 use wtune::tune::{CheckpointInfo, Resources, TrialLaunch, TrialSession};
@@ -24,6 +25,8 @@ use crate::sandboxes::{self, Failure, Source};
 #[pyclass(module = "wtune._native", frozen)]
 pub struct Trainable {
     backend: WasmBackend,
+    /// The GPU of host compute's the trial runs on; the first when `None`.
+    gpu: Option<usize>,
     trial_id: String,
     trial_dir: PathBuf,
     /// Held so that a trial given no directory gets one that goes with it.
@@ -128,9 +131,7 @@ impl Trainable {
             trial_dir: self.trial_dir.clone(),
             restore: None,
             resources: Resources::default(),
-            // The first (and only) GPU this process's sandbox sees: under
-            // Ray, the one CUDA_VISIBLE_DEVICES gives the trial.
-            gpus: Vec::new(),
+            gpus: self.gpu.into_iter().collect(),
         }
     }
 
@@ -211,9 +212,12 @@ impl Trainable {
     /// directory is `trial_dir/work`); a temporary directory when `None`.
     /// `restore`: a checkpoint file to start from. `deferred`: compile
     /// now, but run the guest's `setup()` only when an instance is first
-    /// needed, so that a restore that comes first skips it.
+    /// needed, so that a restore that comes first skips it. `gpu`: the GPU
+    /// host compute runs the trial's kernels on, by number (`"1"`) or PCI
+    /// address (`"0000:19:00.0"`); the first when `None`, and unused by a
+    /// component that does not import host compute.
     #[new]
-    #[pyo3(signature = (wasm_path, wasm_bytes, config_json, experiment_json, base_dir, trial_dir=None, trial_id=None, restore=None, deferred=false))]
+    #[pyo3(signature = (wasm_path, wasm_bytes, config_json, experiment_json, base_dir, trial_dir=None, trial_id=None, restore=None, deferred=false, gpu=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -226,7 +230,14 @@ impl Trainable {
         trial_id: Option<String>,
         restore: Option<PathBuf>,
         deferred: bool,
+        gpu: Option<&str>,
     ) -> PyResult<Self> {
+        let gpu = gpu
+            .map(|text| {
+                text.parse::<GpuChoice>()
+                    .map_err(|e| config_error(format!("gpu: {e}")))
+            })
+            .transpose()?;
         let config = match config_json {
             Some(text) => Some(parse_config(text)?),
             None => None,
@@ -253,6 +264,14 @@ impl Trainable {
                 Failure::Component(why) => errors::ComponentError::new_err(why),
                 Failure::Host(why) => errors::WtuneError::new_err(why),
             })?;
+        let gpu = match gpu {
+            Some(choice) if program.uses_compute() => Some(
+                program
+                    .compute_gpu(&choice)
+                    .map_err(|e| config_error(format!("gpu: {e}")))?,
+            ),
+            _ => None,
+        };
         let mut backend =
             WasmBackend::new(program, plan.limits.clone(), plan.data.clone()).snapshot_key(key);
         if let Some(mode) = plan.checkpoint_mode {
@@ -270,6 +289,7 @@ impl Trainable {
         };
         let mut trainable = Self {
             backend,
+            gpu,
             trial_id: trial_id.unwrap_or_else(|| "trial".into()),
             trial_dir,
             _scratch: scratch,
@@ -476,6 +496,14 @@ impl Trainable {
     #[getter]
     fn checkpoint_mode(&self) -> String {
         self.backend.mode().to_string()
+    }
+
+    /// The number of the GPU host compute runs the trial's kernels on, among
+    /// its GPUs; `None` for the first, or where the component does not use
+    /// host compute.
+    #[getter]
+    fn gpu(&self) -> Option<usize> {
+        self.gpu
     }
 
     /// The trial's directory: `stdout.log`, `stderr.log` and `guest.log`

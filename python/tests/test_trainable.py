@@ -292,3 +292,28 @@ def test_host_compute_runs_in_a_gpu_worker_the_package_starts(digits):
         trial.close()
     assert reports["gpu"]["val_loss"] == pytest.approx(reports["cpu"]["val_loss"], rel=1e-3)
     assert reports["gpu"]["fuel_total"] > 0
+
+
+def test_a_trial_runs_on_the_gpu_it_is_given_or_is_refused(digits, stateful):
+    # By number among host compute's GPUs; here, software Vulkan is the
+    # only one, and it has no PCI address.
+    config = {**DIGITS_CONFIG, "math": "host"}
+    settings = {"experiment": DIGITS / "experiment.toml", "compute": "gpu"}
+    trial = wtune.Trainable(digits, config, gpu=0, **settings)
+    assert trial.gpu == 0
+    assert trial.train()["training_iteration"] == 1
+    trial.close()
+    # A GPU that is not there is refused before anything runs, with the
+    # GPUs that are.
+    for gpu, words in [
+        (1, "GPU 1 is not one host compute runs on; it has GPU 0: llvmpipe"),
+        ("0000:19:00.0", "the GPU at PCI address 0000:19:00.0 is not one host compute runs on"),
+        ("gpu0", "is not a PCI address"),
+    ]:
+        with pytest.raises(wtune.ConfigError, match="gpu: ") as refused:
+            wtune.Trainable(digits, config, gpu=gpu, **settings)
+        assert words in str(refused.value)
+    with pytest.raises(wtune.ConfigError, match="runs on no GPU here"):
+        wtune.Trainable(digits, config, gpu=0, experiment=DIGITS / "experiment.toml", compute="cpu")
+    # A component that does not import host compute runs nothing on a GPU.
+    assert wtune.Trainable(stateful, WALK, gpu=3).gpu is None

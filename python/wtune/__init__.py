@@ -101,6 +101,11 @@ class Trainable:
         trial_id: the trial's name in its checkpoints.
         restore: a checkpoint (path or bytes) to start from instead of
             ``setup``.
+        gpu: the GPU host compute runs the trial's kernels on: its number
+            among host compute's GPUs (``0``, ``1``, ...) or its PCI
+            address (``"0000:19:00.0"``, as ``nvidia-smi
+            --query-gpu=pci.bus_id`` prints it). The first when omitted;
+            unused by a component that does not import host compute.
 
     Raises `ConfigError` for bad settings, `ComponentError` for a
     component that cannot run, and a `TrialError` when ``setup`` (or the
@@ -122,6 +127,7 @@ class Trainable:
         trial_dir: PathLike | None = None,
         trial_id: str | None = None,
         restore: Union[PathLike, bytes, None] = None,
+        gpu: Union[int, str, None] = None,
     ) -> None:
         settings, base = trial_settings(
             experiment,
@@ -132,7 +138,7 @@ class Trainable:
             security=security,
             snapshot_key_file=snapshot_key_file,
         )
-        self._start(wasm, config, settings, base, trial_dir, trial_id, restore)
+        self._start(wasm, config, settings, base, trial_dir, trial_id, restore, gpu=gpu)
 
     @classmethod
     def from_settings(
@@ -146,6 +152,7 @@ class Trainable:
         trial_id: str | None = None,
         restore: Union[PathLike, bytes, None] = None,
         deferred: bool = False,
+        gpu: Union[int, str, None] = None,
     ) -> "Trainable":
         """A trainable from trial settings already gathered (the experiment
         file's keys of `TRIAL_KEYS`, relative paths from ``base_dir``), as
@@ -155,12 +162,12 @@ class Trainable:
         first (a Ray trial recovered on another node) skips it."""
         trainable = cls.__new__(cls)
         trainable._start(
-            wasm, config, dict(settings), Path(base_dir), trial_dir, trial_id, restore, deferred
+            wasm, config, dict(settings), Path(base_dir), trial_dir, trial_id, restore, deferred, gpu
         )
         return trainable
 
     def _start(
-        self, wasm, config, settings, base, trial_dir, trial_id, restore, deferred=False
+        self, wasm, config, settings, base, trial_dir, trial_id, restore, deferred=False, gpu=None
     ) -> None:
         if isinstance(wasm, (bytes, bytearray, memoryview)):
             wasm_path, wasm_bytes = None, bytes(wasm)
@@ -177,6 +184,7 @@ class Trainable:
                 trial_id,
                 restore_path,
                 deferred,
+                None if gpu is None else str(gpu),
             )
 
     def train(self) -> dict:
@@ -258,6 +266,13 @@ class Trainable:
     def checkpoint_mode(self) -> str:
         """``"snapshot"`` (host-taken) or ``"guest"`` (the guest's save)."""
         return self._native.checkpoint_mode
+
+    @property
+    def gpu(self) -> int | None:
+        """The number of the GPU host compute runs the trial's kernels on;
+        ``None`` for the first, or where the component uses no host
+        compute."""
+        return self._native.gpu
 
     @property
     def trial_dir(self) -> Path:

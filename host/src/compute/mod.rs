@@ -19,6 +19,7 @@ pub mod cpu;
 pub mod device;
 mod error;
 pub mod gpu;
+mod gpu_choice;
 pub mod ops;
 mod session;
 
@@ -30,6 +31,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use serde::{Deserialize, Serialize};
 
 pub use error::ComputeError;
+pub use gpu_choice::GpuChoice;
 pub use session::{ComputeImage, ComputeSession, MAX_PIPELINES, MAX_WGSL_BYTES};
 
 use crate::units::human_bytes;
@@ -237,6 +239,24 @@ impl Compute {
     /// backend.
     pub fn gpus(&self) -> usize {
         self.shared.gpu.as_ref().map_or(0, |pool| pool.adapters())
+    }
+
+    /// The number ([`Compute::session_on`]) of the GPU `choice` names;
+    /// an error lists the GPUs there are (none on the CPU backend).
+    pub fn gpu_index(&self, choice: &GpuChoice) -> Result<usize, String> {
+        let adapters: Vec<(String, String)> = match &self.shared.gpu {
+            Some(pool) => {
+                let adapter = pool.adapter();
+                let buses = adapter
+                    .pci_buses
+                    .iter()
+                    .cloned()
+                    .chain(std::iter::repeat(String::new()));
+                adapter.all.iter().cloned().zip(buses).collect()
+            }
+            None => Vec::new(),
+        };
+        choice.resolve(&adapters)
     }
 
     /// Where kernels run: on the GPU backend, the first GPU.

@@ -71,6 +71,12 @@ impl Program {
         self.uses_compute
     }
 
+    /// The number of the GPU `choice` names among those the program's
+    /// host compute runs on (see [`crate::compute::Compute::gpu_index`]).
+    pub fn compute_gpu(&self, choice: &crate::compute::GpuChoice) -> Result<usize, String> {
+        self.compute.gpu_index(choice)
+    }
+
     /// How many GPUs the program's host compute can run on: the
     /// sandbox's adapters when it imports the `compute` interface and the
     /// backend is a GPU, else 0.

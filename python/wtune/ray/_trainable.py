@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 from typing import Any, Mapping, Union
 
@@ -37,6 +38,8 @@ class WasmTrainable(tune.Trainable):
       a trial Ray recovers (or a PBT exploit on a reused actor) restores
       its checkpoint without first setting up an instance it would throw
       away. A setup that fails fails the first step, with its reason.
+    - host compute runs the trial's kernels on the GPU Ray gave it (found
+      by its PCI address), unless the settings say ``compute = "cpu"``.
     - a failing guest raises the `wtune.TrialError` subclass that says why;
       Ray marks the trial ERROR with it, and the actor process is unharmed.
     """
@@ -64,6 +67,7 @@ class WasmTrainable(tune.Trainable):
             # trial: the guest's setup waits for the first step, so a
             # restore replaces nothing it paid for.
             deferred=True,
+            gpu=None if (settings or {}).get("compute") == "cpu" else ray_gpu(),
         )
         self._node_id = ray.get_runtime_context().get_node_id()
 
@@ -98,6 +102,35 @@ class WasmTrainable(tune.Trainable):
         trial = getattr(self, "_trial", None)
         if trial is not None:
             trial.close()
+
+
+def ray_gpu() -> str | None:
+    """The PCI address of the first GPU Ray gave this trial, for host
+    compute to run the trial's kernels on; `None` when Ray gave it none.
+    Vulkan ignores ``CUDA_VISIBLE_DEVICES`` and numbers GPUs its own way,
+    so the device is named by the address every API agrees on."""
+    ids = ray.get_gpu_ids()
+    return pci_address(ids[0]) if ids else None
+
+
+def pci_address(device: Union[int, str]) -> str:
+    """The PCI address of CUDA device ``device`` of this node (Ray's GPU id:
+    an index, or a UUID where ``CUDA_VISIBLE_DEVICES`` names devices so),
+    as ``nvidia-smi`` reports it. Ray numbers a node's GPUs as CUDA does,
+    which on a node of alike GPUs is nvidia-smi's (PCI bus) order."""
+    query = ["nvidia-smi", "--query-gpu=index,uuid,pci.bus_id", "--format=csv,noheader"]
+    try:
+        listing = subprocess.run(query, capture_output=True, text=True, timeout=60, check=True).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        raise ConfigError(
+            f"Ray gave this trial GPU {device}, but nvidia-smi cannot say which device that is "
+            f"({e}), so host compute cannot run on it; set compute = \"cpu\" or request no GPU"
+        ) from None
+    for line in listing.splitlines():
+        parts = [part.strip() for part in line.split(",")]
+        if len(parts) == 3 and str(device) in parts[:2]:
+            return parts[2]
+    raise ConfigError(f"Ray gave this trial GPU {device}, which nvidia-smi does not list:\n{listing}")
 
 
 def trainable(

@@ -8,6 +8,8 @@
 //! - [`client`]: the host side: [`WorkerPool`] starts workers and keeps
 //!   idle ones; [`GpuDevice`] is one trial's worker, killed when a job
 //!   runs past its deadline.
+//! - [`pci`]: PCI addresses, by which a scheduler's CUDA device names
+//!   its Vulkan adapter.
 //!
 //! Only Vulkan is used: untrusted shaders stay inside their buffers (with
 //! robust buffer access 2 out-of-bounds reads give zero and writes are
@@ -18,9 +20,11 @@
 
 mod bounds;
 pub mod client;
+mod pci;
 pub mod protocol;
 mod worker;
 
 pub use bounds::{SOFTWARE_LOOP_CAP, check_workgroups, loop_iterations};
 pub use client::{GpuDevice, JOB_TIMEOUT, WorkerPool};
+pub use pci::PciAddress;
 pub use worker::{LocalGpu, main as worker_main};

@@ -49,6 +49,10 @@ pub struct Adapter {
     /// Every adapter host compute uses, as [`described`], numbered as the
     /// experiment's pool numbers its GPUs (see `LocalGpu::open_nth`).
     pub all: Vec<String>,
+    /// The PCI address of each of `all`, as the driver reports it
+    /// (`0000:19:00.0`; empty where it reports none, as lavapipe).
+    #[serde(default)]
+    pub pci_buses: Vec<String>,
 }
 
 /// An adapter as the guest's `info()` names it: `"NVIDIA H100 80GB HBM3

@@ -228,6 +228,10 @@ impl LocalGpu {
                 .iter()
                 .map(|&i| protocol::described(&infos[i].name, &driver(&infos[i])))
                 .collect(),
+            pci_buses: usable
+                .iter()
+                .map(|&i| infos[i].device_pci_bus_id.clone())
+                .collect(),
         };
 
         let storage = |binding, read_only| wgpu::BindGroupLayoutEntry {
