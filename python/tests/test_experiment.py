@@ -54,6 +54,18 @@ math = "wasm"
 """
 
 
+def ray_run(model, config, cluster, storage=None) -> subprocess.CompletedProcess:
+    """``python -m wtune.ray run MODEL --config CONFIG`` on the test cluster."""
+    storage_path = [] if storage is None else ["--storage-path", str(storage)]
+    return subprocess.run(
+        [sys.executable, "-m", "wtune.ray", "run", str(model), "--config", str(config),
+         "--address", cluster.address, *storage_path],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
 def best_config(output: str) -> set[str]:
     lines = output.splitlines()
     start = lines.index("Best config:") + 1
@@ -72,15 +84,7 @@ def test_an_experiment_file_runs_on_the_cluster_as_wtune_run_runs_it(cluster, di
         timeout=600,
     )
     assert local.returncode == 0, local.stderr[-3000:]
-    on_ray = subprocess.run(
-        [
-            sys.executable, "-m", "wtune.ray", "run", str(digits), "--config", str(config),
-            "--address", cluster.address, "--storage-path", str(tmp_path / "ray"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    on_ray = ray_run(digits, config, cluster, tmp_path / "ray")
     assert on_ray.returncode == 0, on_ray.stderr[-3000:]
     assert "8 trials (8 TERMINATED, 0 ERROR)" in on_ray.stdout, on_ray.stdout
     assert best_config(on_ray.stdout) == best_config(local.stdout), (on_ray.stdout, local.stdout)
@@ -153,13 +157,7 @@ def test_keys_ray_cannot_honour_are_refused_with_the_reason(cluster, digits, tmp
     # The command says so in one line and exits 2.
     config = tmp_path / "bad.toml"
     config.write_text('metric = "loss"\nsearch = "tpe"\n')
-    command = subprocess.run(
-        [sys.executable, "-m", "wtune.ray", "run", str(digits), "--config", str(config),
-         "--address", cluster.address],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    command = ray_run(digits, config, cluster)
     assert command.returncode == 2
     assert "error: search: not mapped onto Ray Tune" in command.stderr
 
@@ -172,15 +170,7 @@ def test_guest_text_reaches_the_terminal_inert(cluster, hostile, tmp_path):
         'name = "terminal"\nmetric = "score"\nmode = "max"\n[param_space]\n'
         'attack = { grid_search = ["none", "terminal"] }\nat = 1\niterations = 2\n'
     )
-    run = subprocess.run(
-        [
-            sys.executable, "-m", "wtune.ray", "run", str(hostile), "--config", str(config),
-            "--address", cluster.address, "--storage-path", str(tmp_path / "ray"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    run = ray_run(hostile, config, cluster, tmp_path / "ray")
     assert run.returncode == 0, run.stderr[-3000:]
     assert "2 trials (1 TERMINATED, 1 ERROR)" in run.stdout, run.stdout
     assert "\\u{1b}[2J\\u{1b}]0;pwned\\u{7}" in run.stdout, run.stdout

@@ -180,6 +180,10 @@ def test_pbt_clones_continue_from_the_donor_s_snapshot(cluster, digits, tmp_path
         perturbation_interval=2,
         hyperparam_mutations={"lr": [0.01, 0.3]},
         quantile_fraction=0.5,
+        # Both trials meet at every perturbation point, so the worse one
+        # clones the better whatever their pace (asynchronous PBT skips an
+        # exploit of a trial that has no checkpoint yet).
+        synch=True,
     )
     trainable = tune.with_resources(
         wtune.ray.trainable(digits, experiment=DIGITS / "experiment.toml"),
