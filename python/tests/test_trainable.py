@@ -3,6 +3,7 @@ sandbox and the repository's guest components."""
 
 from __future__ import annotations
 
+import shutil
 import threading
 import unicodedata
 from pathlib import Path
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import wtune
+from wtune._cuda import pci_address
 from conftest import DIGITS, DIGITS_CONFIG
 
 WALK = {"seed": 7, "buffer_kib": 64, "iterations": 50}
@@ -295,8 +297,8 @@ def test_host_compute_runs_in_a_gpu_worker_the_package_starts(digits):
 
 
 def test_a_trial_runs_on_the_gpu_it_is_given_or_is_refused(digits, stateful):
-    # By number among host compute's GPUs; here, software Vulkan is the
-    # only one, and it has no PCI address.
+    # By number among host compute's GPUs (software Vulkan alone, where the
+    # machine has no GPU).
     config = {**DIGITS_CONFIG, "math": "host"}
     settings = {"experiment": DIGITS / "experiment.toml", "compute": "gpu"}
     trial = wtune.Trainable(digits, config, gpu=0, **settings)
@@ -306,8 +308,8 @@ def test_a_trial_runs_on_the_gpu_it_is_given_or_is_refused(digits, stateful):
     # A GPU that is not there is refused before anything runs, with the
     # GPUs that are.
     for gpu, words in [
-        (1, "GPU 1 is not one host compute runs on; it has GPU 0: llvmpipe"),
-        ("0000:19:00.0", "the GPU at PCI address 0000:19:00.0 is not one host compute runs on"),
+        (99, "GPU 99 is not one host compute runs on; it has GPU 0: "),
+        ("0000:ff:1f.7", "the GPU at PCI address 0000:ff:1f.7 is not one host compute runs on"),
         ("gpu0", "is not a PCI address"),
     ]:
         with pytest.raises(wtune.ConfigError, match="gpu: ") as refused:
@@ -317,3 +319,20 @@ def test_a_trial_runs_on_the_gpu_it_is_given_or_is_refused(digits, stateful):
         wtune.Trainable(digits, config, gpu=0, experiment=DIGITS / "experiment.toml", compute="cpu")
     # A component that does not import host compute runs nothing on a GPU.
     assert wtune.Trainable(stateful, WALK, gpu=3).gpu is None
+
+
+def test_a_cuda_device_is_named_to_host_compute_by_its_pci_address(digits):
+    # What a Ray trial given CUDA device 0 does: Vulkan numbers GPUs its own
+    # way, so the device goes to host compute as its PCI address.
+    if shutil.which("nvidia-smi") is None:
+        with pytest.raises(wtune.ConfigError, match="nvidia-smi cannot say which device that is"):
+            pci_address(0)
+        return
+    address = pci_address(0)
+    config = {**DIGITS_CONFIG, "math": "host"}
+    trial = wtune.Trainable(digits, config, experiment=DIGITS / "experiment.toml", compute="gpu", gpu=address)
+    assert isinstance(trial.gpu, int)
+    assert trial.train()["training_iteration"] == 1
+    trial.close()
+    with pytest.raises(wtune.ConfigError, match="nvidia-smi does not list it"):
+        pci_address(99)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
 from typing import Any, Mapping, Union
 
@@ -11,6 +10,7 @@ import ray
 from ray import tune
 
 from .. import BadOutput, ComponentError, ConfigError, Trainable
+from .._cuda import pci_address
 from .._settings import trial_settings
 
 #: The file a checkpoint directory holds.
@@ -111,26 +111,6 @@ def ray_gpu() -> str | None:
     so the device is named by the address every API agrees on."""
     ids = ray.get_gpu_ids()
     return pci_address(ids[0]) if ids else None
-
-
-def pci_address(device: Union[int, str]) -> str:
-    """The PCI address of CUDA device ``device`` of this node (Ray's GPU id:
-    an index, or a UUID where ``CUDA_VISIBLE_DEVICES`` names devices so),
-    as ``nvidia-smi`` reports it. Ray numbers a node's GPUs as CUDA does,
-    which on a node of alike GPUs is nvidia-smi's (PCI bus) order."""
-    query = ["nvidia-smi", "--query-gpu=index,uuid,pci.bus_id", "--format=csv,noheader"]
-    try:
-        listing = subprocess.run(query, capture_output=True, text=True, timeout=60, check=True).stdout
-    except (OSError, subprocess.SubprocessError) as e:
-        raise ConfigError(
-            f"Ray gave this trial GPU {device}, but nvidia-smi cannot say which device that is "
-            f"({e}), so host compute cannot run on it; set compute = \"cpu\" or request no GPU"
-        ) from None
-    for line in listing.splitlines():
-        parts = [part.strip() for part in line.split(",")]
-        if len(parts) == 3 and str(device) in parts[:2]:
-            return parts[2]
-    raise ConfigError(f"Ray gave this trial GPU {device}, which nvidia-smi does not list:\n{listing}")
 
 
 def trainable(
