@@ -19,13 +19,26 @@ fn env(dir: &Path) -> TrialEnv {
     common::trial_env(dir, vec![])
 }
 
-fn program_with(compute: ComputeOptions) -> Program {
+fn load_with(name: &str, compute: ComputeOptions) -> Program {
     let sandbox = Sandbox::new(SandboxOptions {
         compute,
         ..SandboxOptions::default()
     })
     .unwrap();
-    sandbox.load(&common::guest("kernels")).unwrap()
+    sandbox.load(&common::guest(name)).unwrap()
+}
+
+fn program_with(compute: ComputeOptions) -> Program {
+    load_with("kernels", compute)
+}
+
+/// `name` on the CPU backend, which `auto` would pass over for a hardware GPU.
+fn cpu_program(name: &str) -> Program {
+    let cpu = ComputeOptions {
+        mode: ComputeMode::Cpu,
+        ..ComputeOptions::default()
+    };
+    load_with(name, cpu)
 }
 
 fn started(program: &Program, dir: &Path, limits: &Limits, config: Value) -> TrialInstance {
@@ -60,7 +73,9 @@ fn kernel_check(program: &Program) -> (GuestReport, Vec<(String, f64)>) {
 
 #[test]
 fn every_kernel_matches_the_reference_through_the_interface() {
-    let (report, errors) = kernel_check(&common::load("kernels"));
+    // The CPU backend's check; `auto` would pick a hardware GPU where there
+    // is one, whose check (with a custom shader) is the GPU test's.
+    let (report, errors) = kernel_check(&cpu_program("kernels"));
     // 4 matmuls, 10 unary, 7 binary twice, row, axpy, affine, 8
     // reductions, softmax, non-finite scalars.
     assert_eq!(errors.len(), 4 + 10 + 14 + 3 + 8 + 1 + 1, "{errors:?}");
@@ -233,8 +248,10 @@ fn a_call_spending_its_time_in_host_compute_ends_at_its_deadline() {
     // own code between kernels, or the compute meter's deadline check
     // before the next kernel (unit-tested in compute::cost). A single
     // kernel is not interrupted; fuel bounds its size.
+    // On the CPU backend, where kernels run as they are called; queued GPU
+    // work past a deadline is the next test's.
     let dir = tempfile::tempdir().unwrap();
-    let program = common::load("kernels");
+    let program = cpu_program("kernels");
     // Fuel is lifted so that the deadline is what ends the call.
     let limits = Limits {
         call_timeout: Some(Duration::from_millis(100)),
@@ -359,7 +376,7 @@ fn every_kernel_and_a_custom_shader_match_the_reference_on_the_gpu() {
     }
     assert_eq!(metric(&report, "backend_is_cpu"), 0.0);
     // The walk runs on the GPU too and agrees with the CPU's.
-    let (cpu_report, _) = kernel_check(&common::load("kernels"));
+    let (cpu_report, _) = kernel_check(&cpu_program("kernels"));
     let (walk_gpu, walk_cpu) = (metric(&report, "walk"), metric(&cpu_report, "walk"));
     assert!(
         (walk_gpu - walk_cpu).abs() < 1e-3,
@@ -380,6 +397,7 @@ fn gpu_misuse_is_an_error_the_guest_receives() {
             "shape",
             "out (buffer 5) has 1 elements; m * n = 16 are needed",
         ),
+        ("tile", "matmul output is larger than this GPU can tile"),
         // The WGSL error is located: the file, line 4 and the column.
         ("bad_wgsl", "shader.wgsl:4:"),
         ("dispatch", "workgroups along one dimension is more than"),
@@ -436,7 +454,7 @@ fn a_runaway_shader_is_killed_at_its_deadline_and_only_its_trial_fails() {
         Err(fault @ TrialFault::DeviceLost { .. }) => assert_eq!(
             fault.to_string(),
             "train() at iteration 1 lost its compute device: a dispatch of pipeline 1 over \
-             65535x65535x1 workgroups ran past the guest call's deadline \
+             65535x65535x1 workgroups, after 1 queued GPU job, ran past the guest call's deadline \
              (limits.call_timeout); its GPU worker process was killed, taking this trial's \
              device buffers with it"
         ),
@@ -455,6 +473,75 @@ fn a_runaway_shader_is_killed_at_its_deadline_and_only_its_trial_fails() {
     fresh.train().unwrap();
     let expected: Vec<GuestReport> = (0..3).map(|_| fresh.train().unwrap().0).collect();
     assert_eq!(continued, expected);
+}
+
+#[test]
+fn queued_kernels_still_running_at_the_deadline_end_only_their_trial() {
+    // Kernels are streamed to the worker without waiting; the call waits
+    // for them where it reads, and a worker still busy at the call's
+    // deadline is killed. A thousand products of 4096 x 4096 matrices
+    // outlast a second on any GPU (software Vulkan does not finish one).
+    let dir = tempfile::tempdir().unwrap();
+    let program = gpu_program("kernels", 1 << 30);
+    let config = json!({"width": 32, "iterations": 100});
+    let mut benign = started(&program, dir.path(), &Limits::default(), config);
+    benign.train().unwrap();
+
+    let limits = Limits {
+        fuel_per_call: None,
+        fuel_per_trial: None,
+        call_timeout: Some(Duration::from_secs(1)),
+        ..Limits::default()
+    };
+    let config = json!({"width": 8, "matmul": 4096, "repeat": 1000});
+    let mut heavy = started(&program, dir.path(), &limits, config);
+    let began = std::time::Instant::now();
+    match heavy.train() {
+        Err(fault @ TrialFault::DeviceLost { .. }) => {
+            let text = fault.to_string();
+            assert!(
+                text.contains("queued GPU jobs, ran past the guest call's deadline"),
+                "{text}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        began.elapsed() < Duration::from_secs(10),
+        "the call ended {:?} after it began, long past its deadline",
+        began.elapsed()
+    );
+    // The other trial's buffers live in a worker of its own.
+    benign.train().unwrap();
+}
+
+#[test]
+fn streamed_kernels_cost_the_same_fuel_and_compute_the_same_as_the_cpu_backend() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = json!({"width": 64, "tiny": 50, "iterations": 100});
+    let calls = |program: &Program| -> Vec<(f64, u64)> {
+        let mut trial = started(program, dir.path(), &Limits::default(), config.clone());
+        (0..3)
+            .map(|_| {
+                let (report, stats) = trial.train().unwrap();
+                (metric(&report, "walk"), stats.fuel)
+            })
+            .collect()
+    };
+    let (gpu, cpu) = (
+        calls(&gpu_program("kernels", 1 << 30)),
+        calls(&cpu_program("kernels")),
+    );
+    for ((walk_gpu, fuel_gpu), (walk_cpu, fuel_cpu)) in gpu.into_iter().zip(cpu) {
+        assert_eq!(
+            fuel_gpu, fuel_cpu,
+            "fuel is charged on the host, by the same rule"
+        );
+        assert!(
+            (walk_gpu - walk_cpu).abs() < 1e-3,
+            "{walk_gpu} vs {walk_cpu}"
+        );
+    }
 }
 
 #[test]

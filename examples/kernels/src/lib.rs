@@ -18,13 +18,15 @@
 //!   `repeat` times, through the interface, or in plain wasm with
 //!   `in_wasm` (the comparison the benchmarks make).
 //! - `tiny`: every call also makes that many one-element kernel calls (the
-//!   interface's per-call cost).
+//!   interface's per-call cost); with `tiny_read`, each is followed by a
+//!   read of its one element (the cost of a call that waits for the GPU).
 //! - `misuse`: in the first call, does something the host must refuse and
 //!   returns the host's error as the trial's error: `freed` (uses a freed
 //!   tensor), `quota` (allocates until refused), `huge` (one enormous
 //!   buffer), `outside` (reads past a buffer's end), `shader` (asks for a
 //!   custom shader), `shape` (a matmul whose output is too small); and on a
-//!   GPU backend `bad_wgsl` (WGSL with a type error), `dispatch` (more
+//!   GPU backend `tile` (a matmul output taller than the GPU's grid of
+//!   tiles), `bad_wgsl` (WGSL with a type error), `dispatch` (more
 //!   workgroups than a dispatch allows), `binding` (a pipeline given the
 //!   wrong buffers), `bindings` (more buffers than a dispatch binds),
 //!   `entry` (an overlong entry-point name), `override` (a workgroup size
@@ -57,6 +59,8 @@ pub struct Config {
     in_wasm: bool,
     #[serde(default)]
     tiny: u32,
+    #[serde(default)]
+    tiny_read: bool,
     #[serde(default = "none")]
     misuse: String,
 }
@@ -174,6 +178,9 @@ impl Trainable for Kernels {
         }
         for _ in 0..self.config.tiny {
             raw::unary(Unary::Neg, self.bias.buffer(), self.bias.buffer(), 1)?;
+            if self.config.tiny_read {
+                raw::read_f32(self.bias.buffer(), 0, 1)?;
+            }
         }
         let mut next = self.state.matmul(&self.weights)?;
         next.add_row(&self.bias)?;
@@ -254,6 +261,28 @@ fn misuse(kind: &str) -> Result<()> {
             raw::matmul(a.buffer(), a.buffer(), out.buffer(), spec)
                 .err()
                 .ok_or_else(|| Error::msg("a matmul wrote past its output"))?
+        }
+        "tile" => {
+            // One row more than 65,535 workgroups of 16 rows cover; the
+            // kernel would have been streamed, so only the host can refuse.
+            let m = 65_535 * 16 + 1;
+            let (a, b, out) = (
+                Tensor::zeros(m, 1)?,
+                Tensor::zeros(1, 1)?,
+                Tensor::zeros(m, 1)?,
+            );
+            let spec = raw::MatmulSpec {
+                m,
+                n: 1,
+                k: 1,
+                transpose_a: false,
+                transpose_b: false,
+                alpha: 1.0,
+                beta: 0.0,
+            };
+            raw::matmul(a.buffer(), b.buffer(), out.buffer(), spec)
+                .err()
+                .ok_or_else(|| Error::msg("a matmul past the GPU's tiles ran"))?
         }
         "bad_wgsl" => compute::Pipeline::new(BAD_WGSL, "main")
             .err()

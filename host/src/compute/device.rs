@@ -155,6 +155,12 @@ pub trait Device: Send {
     fn lost(&self) -> Option<&str> {
         None
     }
+    /// Waits until every job handed over so far has run: a device may
+    /// queue those that return nothing. An error means one of them failed
+    /// where only the device could tell, and the device is then lost.
+    fn sync(&mut self) -> Result<(), ComputeError> {
+        Ok(())
+    }
     /// Makes buffer `id` (a number not in use).
     fn create(&mut self, id: u32, fill: Fill) -> Result<(), ComputeError>;
     /// Overwrites elements from `offset` on.

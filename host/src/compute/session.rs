@@ -155,6 +155,14 @@ impl ComputeSession {
         self.meter.settle()
     }
 
+    /// The guest call is returning: waits for the device to finish the
+    /// work the call queued, so that its time is the call's and a failure
+    /// only the device could see is the call's too (after which the device
+    /// is [`Self::lost`]).
+    pub fn end_call(&mut self) -> Result<(), ComputeError> {
+        self.device.sync()
+    }
+
     /// Why the device lost this trial's buffers, once it has.
     pub fn lost(&self) -> Option<&str> {
         self.device.lost()
@@ -285,6 +293,9 @@ impl ComputeSession {
             return Err(invalid!(
                 "matmul's out must be a buffer other than a and b (buffer {out} is also {which})"
             ));
+        }
+        if let Some(limit) = self.compute.max_workgroups() {
+            gpu::check_matmul_tiles(&spec, limit)?;
         }
         let kernel = Kernel::Matmul { a, b, out, spec };
         self.fits_loops(&kernel)?;
@@ -547,6 +558,10 @@ impl ComputeSession {
                 self.clear();
                 return Err(err);
             }
+        }
+        if let Err(err) = self.device.sync() {
+            self.clear();
+            return Err(err);
         }
         self.next_buffer = image.next_buffer.max(1);
         self.next_pipeline = image.next_pipeline.max(1);

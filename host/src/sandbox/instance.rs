@@ -296,6 +296,7 @@ impl TrialInstance {
         arm(&mut self.store, &self.limits, allotted, at)?;
         let started = Instant::now();
         let outcome = f(&self.guest, &mut self.store);
+        let finished = self.store.data_mut().compute.end_call();
         let fuel = allotted - self.store.get_fuel().unwrap_or(0);
         self.fuel_total += fuel;
         let stats = CallStats {
@@ -303,7 +304,17 @@ impl TrialInstance {
             elapsed: started.elapsed(),
         };
         match outcome {
-            Ok(Ok(value)) => Ok((value, stats)),
+            Ok(Ok(value)) => match finished {
+                Ok(()) => Ok((value, stats)),
+                Err(err) => {
+                    self.poisoned = true;
+                    let reason = self.store.data().compute.lost().map(str::to_owned);
+                    Err(TrialFault::DeviceLost {
+                        at,
+                        reason: reason.unwrap_or_else(|| err.to_string()),
+                    })
+                }
+            },
             Ok(Err(message)) => Err(guest_error(at, message)),
             Err(err) => {
                 self.poisoned = true;

@@ -2,7 +2,25 @@
 
 use crate::compute::ComputeError;
 use crate::compute::device::Kernel;
-use crate::compute::ops::Axis;
+use crate::compute::ops::{Axis, Matmul};
+
+/// Output rows and columns one workgroup of the built-in matmul computes.
+pub const MATMUL_TILE: u32 = 16;
+
+/// Refuses a matmul whose output needs more than `limit` workgroups along
+/// a dimension. The session checks before it charges fuel, so the worker,
+/// which runs kernels without answering, never meets one.
+pub fn check_matmul_tiles(spec: &Matmul, limit: u32) -> Result<(), ComputeError> {
+    let most = limit as u64 * MATMUL_TILE as u64;
+    if spec.m as u64 > most || spec.n as u64 > most {
+        return Err(ComputeError::Invalid(format!(
+            "a {} x {} matmul output is larger than this GPU can tile ({most} rows or columns \
+             at most)",
+            spec.m, spec.n
+        )));
+    }
+    Ok(())
+}
 
 /// Refuses a dispatch of more than `limit` workgroups along any dimension:
 /// the session checks before it charges fuel, the worker again before it
@@ -36,7 +54,7 @@ pub fn loop_iterations(kernel: &Kernel) -> u64 {
     const LANES: u64 = 256;
     const FOLD: u64 = 8;
     match *kernel {
-        Kernel::Matmul { spec, .. } => (spec.k as u64).div_ceil(16),
+        Kernel::Matmul { spec, .. } => (spec.k as u64).div_ceil(MATMUL_TILE as u64),
         Kernel::Reduce {
             along, rows, cols, ..
         } => {

@@ -8,7 +8,7 @@
 //! trial on. Idle workers wait in a [`WorkerPool`] for the next trial on
 //! their GPU, which saves opening the device again.
 
-use std::io::{BufReader, BufWriter};
+use std::io::{BufReader, BufWriter, Write};
 use std::process::{Child, ChildStdin, Stdio};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
@@ -32,6 +32,21 @@ const MAX_IDLE: usize = 8;
 
 /// Bytes of a worker's stderr kept for messages.
 const STDERR_TAIL: usize = 4096;
+
+/// Streamed jobs the host gathers before it hands them to the writer
+/// thread (a request that gets a reply sends the batch at once): each
+/// hand-over wakes a thread, which costs more than a job.
+const BATCH_FRAMES: usize = 64;
+const BATCH_BYTES: usize = 256 << 10;
+
+/// Jobs a trial may stream before it waits for the worker to catch up:
+/// they bound what the host holds for a worker, and how long the GPU may
+/// run on past the point the guest has reached.
+const MAX_QUEUED: usize = 4096;
+
+/// Payload bytes a trial may stream before it waits (one larger write
+/// goes alone).
+const MAX_QUEUED_BYTES: usize = 64 << 20;
 
 /// The earlier of the guest call's deadline and `limit` from now, and
 /// whether it is the call's.
@@ -58,7 +73,12 @@ pub struct Worker {
     adapter: usize,
     /// `None` once killed.
     child: Option<Child>,
-    stdin: BufWriter<ChildStdin>,
+    /// Frames for the thread that writes the worker's stdin, so that a
+    /// worker that stops reading holds up that thread, never the trial.
+    frames: mpsc::Sender<Vec<u8>>,
+    /// Frames not yet handed to the writer, and how many.
+    batch: Vec<u8>,
+    batched: usize,
     replies: Receiver<Result<(Reply, Vec<u8>), String>>,
     stderr: OutputTail,
     /// How the process ended, once known.
@@ -91,7 +111,7 @@ impl Worker {
             .env("RUST_LOG", "error")
             .spawn()
             .map_err(|e| format!("starting the GPU worker {executable}: {e}"))?;
-        let stdin = BufWriter::with_capacity(1 << 20, child.stdin.take().expect("piped"));
+        let frames = writer(child.stdin.take().expect("piped"));
         let mut stdout = BufReader::with_capacity(1 << 20, child.stdout.take().expect("piped"));
         let stderr = OutputTail::collect(child.stderr.take().expect("piped"), STDERR_TAIL);
 
@@ -120,7 +140,9 @@ impl Worker {
         let mut worker = Worker {
             adapter,
             child: Some(child),
-            stdin,
+            frames,
+            batch: Vec::new(),
+            batched: 0,
             replies,
             stderr,
             status: None,
@@ -137,19 +159,40 @@ impl Worker {
         Ok((worker, hello))
     }
 
-    /// Sends one request and waits for its reply until `deadline`; past it
-    /// the worker is killed.
+    /// Adds one request to the batch, and sends the batch once it is full.
+    fn send(&mut self, request: &Request, payload: &[u8]) -> Result<(), Failure> {
+        protocol::append_frame(&mut self.batch, request, payload)
+            .map_err(|e| Failure::Died(format!("{} could not be sent: {e}", request.describe())))?;
+        self.batched += 1;
+        if self.batched >= BATCH_FRAMES || self.batch.len() >= BATCH_BYTES {
+            self.push()?;
+        }
+        Ok(())
+    }
+
+    /// Hands the batch to the writer thread.
+    fn push(&mut self) -> Result<(), Failure> {
+        self.batched = 0;
+        if self.batch.is_empty() {
+            return Ok(());
+        }
+        let batch = std::mem::take(&mut self.batch);
+        self.frames
+            .send(batch)
+            .map_err(|_| Failure::Died(self.died("it stopped reading")))
+    }
+
+    /// Sends one request that gets a reply ([`Request::replies`]) and waits
+    /// for it until `deadline`; past it the worker is killed.
     fn call(
         &mut self,
         request: &Request,
         payload: &[u8],
         deadline: Instant,
     ) -> Result<(Reply, Vec<u8>), Failure> {
-        if let Err(e) = protocol::write_frame(&mut self.stdin, request, payload) {
-            return Err(Failure::Died(
-                self.died(&format!("it stopped reading: {e}")),
-            ));
-        }
+        debug_assert!(request.replies());
+        self.send(request, payload)?;
+        self.push()?;
         let wait = deadline.saturating_duration_since(Instant::now());
         match self.replies.recv_timeout(wait) {
             Ok(Ok(reply)) => Ok(reply),
@@ -215,6 +258,29 @@ impl Drop for Worker {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// A thread that writes frames to `stdin` as they come, flushing whenever
+/// none is waiting; it ends when the worker stops reading or the sender is
+/// dropped.
+fn writer(stdin: ChildStdin) -> mpsc::Sender<Vec<u8>> {
+    let (frames, queue) = mpsc::channel::<Vec<u8>>();
+    thread::spawn(move || {
+        let mut stdin = BufWriter::with_capacity(1 << 20, stdin);
+        while let Ok(frame) = queue.recv() {
+            let mut next = Some(frame);
+            while let Some(frame) = next {
+                if stdin.write_all(&frame).is_err() {
+                    return;
+                }
+                next = queue.try_recv().ok();
+            }
+            if stdin.flush().is_err() {
+                return;
+            }
+        }
+    });
+    frames
 }
 
 /// Workers waiting for a trial, and how to start more.
@@ -294,6 +360,13 @@ impl WorkerPool {
 }
 
 /// One trial's buffers and pipelines in a worker process of its own.
+///
+/// Jobs that return nothing to the guest are streamed: sent without
+/// waiting, up to [`MAX_QUEUED`] of them (or [`MAX_QUEUED_BYTES`] of
+/// payload), then the trial waits for the worker to catch up. The session
+/// has checked them, so only the device can still fail one (out of memory,
+/// lost); that failure comes back at the next job that waits, or at
+/// [`Device::sync`] at the latest, and ends the trial.
 pub struct GpuDevice {
     pool: Arc<WorkerPool>,
     /// The adapter its worker opens.
@@ -302,6 +375,9 @@ pub struct GpuDevice {
     /// Set once the worker died or was killed: the device state is gone.
     lost: Option<String>,
     deadline: Option<Instant>,
+    /// Jobs and payload bytes sent since the worker last replied.
+    queued: usize,
+    queued_bytes: usize,
 }
 
 impl GpuDevice {
@@ -314,56 +390,95 @@ impl GpuDevice {
             worker: None,
             lost: None,
             deadline: None,
+            queued: 0,
+            queued_bytes: 0,
         }
     }
 
+    /// The trial's worker, started (or taken from the pool) at first use.
+    fn worker(&mut self) -> Result<&mut Worker, ComputeError> {
+        if let Some(lost) = &self.lost {
+            return Err(ComputeError::Device(lost.clone()));
+        }
+        if self.worker.is_none() {
+            let worker = self
+                .pool
+                .take(self.adapter, self.deadline)
+                .map_err(ComputeError::Device)?;
+            self.worker = Some(worker);
+        }
+        Ok(self.worker.as_mut().expect("just set"))
+    }
+
+    /// Streams a job that gets no reply, first waiting for the worker to
+    /// catch up when the queue is full.
+    fn queue(&mut self, request: &Request, payload: &[u8]) -> Result<(), ComputeError> {
+        debug_assert!(!request.replies());
+        if self.queued >= MAX_QUEUED || self.queued_bytes + payload.len() > MAX_QUEUED_BYTES {
+            self.sync()?;
+        }
+        let sent = self.worker()?.send(request, payload);
+        if let Err(failure) = sent {
+            return Err(self.lose(failure, &request.describe(), false));
+        }
+        self.queued += 1;
+        self.queued_bytes += payload.len();
+        Ok(())
+    }
+
+    /// Sends a job that gets a reply and waits for it: the reply comes
+    /// after every job queued before it has run.
     fn call(
         &mut self,
         request: &Request,
         payload: &[u8],
     ) -> Result<(Reply, Vec<u8>), ComputeError> {
-        if let Some(lost) = &self.lost {
-            return Err(ComputeError::Device(lost.clone()));
-        }
-        let worker = match &mut self.worker {
-            Some(worker) => worker,
-            None => {
-                let worker = self
-                    .pool
-                    .take(self.adapter, self.deadline)
-                    .map_err(ComputeError::Device)?;
-                self.worker.insert(worker)
-            }
-        };
         let (deadline, calls) = earlier(self.deadline, JOB_TIMEOUT);
-        let why = if calls {
-            "the guest call's deadline (limits.call_timeout)".to_owned()
-        } else {
-            format!(
-                "the {} limit on one GPU job",
-                humantime::format_duration(JOB_TIMEOUT)
-            )
+        let result = self.worker()?.call(request, payload, deadline);
+        let job = match self.queued {
+            0 => request.describe(),
+            1 => format!("{}, after 1 queued GPU job,", request.describe()),
+            n => format!("{}, after {n} queued GPU jobs,", request.describe()),
         };
-        let result = worker.call(request, payload, deadline);
+        self.queued = 0;
+        self.queued_bytes = 0;
         match result {
             Ok((Reply::Failed(err), _)) => Err(err),
-            Ok(reply) => Ok(reply),
-            Err(failure) => {
+            Ok((Reply::Lost(why), _)) => {
                 self.worker = None;
-                let lost = match failure {
-                    Failure::Deadline => format!(
-                        "{} ran past {why}; its GPU worker process was killed, taking this \
-                         trial's device buffers with it",
-                        request.describe()
-                    ),
-                    Failure::Died(why) => {
-                        format!("{why}; this trial's device buffers are gone")
-                    }
-                };
+                let lost = format!("{why}; this trial's device buffers are gone");
                 self.lost = Some(lost.clone());
                 Err(ComputeError::Device(lost))
             }
+            Ok(reply) => Ok(reply),
+            Err(failure) => Err(self.lose(failure, &job, calls)),
         }
+    }
+
+    /// Ends the worker after `failure` in `job`, which waited until the
+    /// guest call's deadline (`calls`) or [`JOB_TIMEOUT`]: the trial's
+    /// device state is gone, and every later call says why.
+    fn lose(&mut self, failure: Failure, job: &str, calls: bool) -> ComputeError {
+        self.worker = None;
+        let lost = match failure {
+            Failure::Deadline => {
+                let why = if calls {
+                    "the guest call's deadline (limits.call_timeout)".to_owned()
+                } else {
+                    format!(
+                        "the {} limit on one GPU job",
+                        humantime::format_duration(JOB_TIMEOUT)
+                    )
+                };
+                format!(
+                    "{job} ran past {why}; its GPU worker process was killed, taking this \
+                     trial's device buffers with it"
+                )
+            }
+            Failure::Died(why) => format!("{why}; this trial's device buffers are gone"),
+        };
+        self.lost = Some(lost.clone());
+        ComputeError::Device(lost)
     }
 
     fn done(&mut self, request: &Request, payload: &[u8]) -> Result<(), ComputeError> {
@@ -388,6 +503,16 @@ impl Device for GpuDevice {
         self.lost.as_deref()
     }
 
+    fn sync(&mut self) -> Result<(), ComputeError> {
+        if self.queued == 0 {
+            return match &self.lost {
+                Some(lost) => Err(ComputeError::Device(lost.clone())),
+                None => Ok(()),
+            };
+        }
+        self.done(&Request::Sync, &[])
+    }
+
     fn create(&mut self, id: u32, fill: Fill) -> Result<(), ComputeError> {
         let (elements, data) = match &fill {
             Fill::Zeros(n) => (*n, None),
@@ -398,7 +523,7 @@ impl Device for GpuDevice {
             elements: elements as u64,
             from_payload: data.is_some(),
         };
-        self.done(&request, protocol::f32_bytes(data.unwrap_or_default()))
+        self.queue(&request, protocol::f32_bytes(data.unwrap_or_default()))
     }
 
     fn write(&mut self, id: u32, offset: usize, data: &[f32]) -> Result<(), ComputeError> {
@@ -406,7 +531,7 @@ impl Device for GpuDevice {
             id,
             offset: offset as u64,
         };
-        self.done(&request, protocol::f32_bytes(data))
+        self.queue(&request, protocol::f32_bytes(data))
     }
 
     fn read(&mut self, id: u32, offset: usize, len: usize) -> Result<Vec<f32>, ComputeError> {
@@ -427,11 +552,11 @@ impl Device for GpuDevice {
     }
 
     fn free(&mut self, id: u32) -> Result<(), ComputeError> {
-        self.done(&Request::Free { id }, &[])
+        self.queue(&Request::Free { id }, &[])
     }
 
     fn run(&mut self, kernel: &Kernel) -> Result<(), ComputeError> {
-        self.done(&Request::Run(kernel.clone()), &[])
+        self.queue(&Request::Run(kernel.clone()), &[])
     }
 
     fn create_pipeline(

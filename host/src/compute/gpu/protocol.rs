@@ -1,5 +1,9 @@
 //! What `wtune` and its GPU worker say to each other over the worker's
-//! stdin and stdout: strictly one reply per request, in order.
+//! stdin and stdout. Jobs that return nothing to the guest (creating,
+//! writing and freeing buffers, built-in kernels) get no reply: the host
+//! has checked them, so it streams them without waiting
+//! ([`Request::replies`]). Every other request gets exactly one reply, in
+//! order, after everything sent before it has run.
 //!
 //! A frame is a 4-byte little-endian header length, an 8-byte little-endian
 //! payload length, the header as JSON and the payload as raw bytes. Buffer
@@ -76,7 +80,7 @@ pub enum Request {
     Read { id: u32, offset: u64, len: u64 },
     /// Release a buffer.
     Free { id: u32 },
-    /// Run a checked kernel and wait for it to finish.
+    /// Run a checked kernel.
     Run(Kernel),
     /// Compile WGSL into a pipeline.
     CreatePipeline {
@@ -95,6 +99,8 @@ pub enum Request {
     /// Release everything: the worker goes back to the pool for another
     /// trial.
     Reset,
+    /// Reply once every job sent so far has finished on the GPU.
+    Sync,
 }
 
 impl Request {
@@ -113,7 +119,19 @@ impl Request {
             ),
             Request::FreePipeline { id } => format!("freeing pipeline {id}"),
             Request::Reset => "clearing the worker".into(),
+            Request::Sync => "finishing the queued GPU work".into(),
         }
+    }
+
+    /// Whether the worker answers this request. Those it does not answer
+    /// are queued and sent in batches; a failure only the device can find
+    /// in one of them (its memory ran out, it was lost) comes back as
+    /// [`Reply::Lost`] to the next request that is answered.
+    pub fn replies(&self) -> bool {
+        !matches!(
+            self,
+            Request::Create { .. } | Request::Write { .. } | Request::Free { .. } | Request::Run(_)
+        )
     }
 }
 
@@ -126,6 +144,10 @@ pub enum Reply {
     Pipeline(PipelineInfo),
     /// The device refused or failed; nothing else changed.
     Failed(ComputeError),
+    /// A job that gets no reply failed (named in the message), so the
+    /// trial's device state is not what its calls made it; the worker ran
+    /// nothing after it.
+    Lost(String),
 }
 
 /// Writes one frame and flushes it.
@@ -134,22 +156,39 @@ pub fn write_frame<T: Serialize>(
     header: &T,
     payload: &[u8],
 ) -> io::Result<()> {
+    out.write_all(&frame_head(header, payload.len())?)?;
+    out.write_all(payload)?;
+    out.flush()
+}
+
+/// Appends one frame to `batch`, for a writer elsewhere to send.
+pub fn append_frame<T: Serialize>(
+    batch: &mut Vec<u8>,
+    header: &T,
+    payload: &[u8],
+) -> io::Result<()> {
+    batch.extend_from_slice(&frame_head(header, payload.len())?);
+    batch.extend_from_slice(payload);
+    Ok(())
+}
+
+/// A frame's lengths and header, checked against the limits.
+fn frame_head<T: Serialize>(header: &T, payload: usize) -> io::Result<Vec<u8>> {
     let header = serde_json::to_vec(header).map_err(io::Error::other)?;
-    if header.len() as u64 > MAX_HEADER as u64 || payload.len() as u64 > MAX_PAYLOAD {
+    if header.len() as u64 > MAX_HEADER as u64 || payload as u64 > MAX_PAYLOAD {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             format!(
-                "a frame of {} + {} bytes is larger than allowed",
-                header.len(),
-                payload.len()
+                "a frame of {} + {payload} bytes is larger than allowed",
+                header.len()
             ),
         ));
     }
-    out.write_all(&(header.len() as u32).to_le_bytes())?;
-    out.write_all(&(payload.len() as u64).to_le_bytes())?;
-    out.write_all(&header)?;
-    out.write_all(payload)?;
-    out.flush()
+    let mut head = Vec::with_capacity(12 + header.len());
+    head.extend_from_slice(&(header.len() as u32).to_le_bytes());
+    head.extend_from_slice(&(payload as u64).to_le_bytes());
+    head.extend_from_slice(&header);
+    Ok(head)
 }
 
 /// Reads one frame; `Ok(None)` at a clean end of the stream.

@@ -3,13 +3,23 @@
 //!
 //! It runs in its own process because a shader cannot be stopped from
 //! inside one: a timed-out wait leaves the work running, and dropping the
-//! device blocks until it ends. The parent kills
-//! this process instead. Every job waits for its submission to finish, so
-//! the job that overruns its deadline is the one that caused it.
+//! device blocks until it ends. The parent kills this process instead.
+//!
+//! Jobs the host streams (buffers and built-in kernels; see
+//! [`Request::replies`]) are recorded, not waited for: built-in kernels go
+//! into one command encoder, each with its parameters in its own slot of a
+//! uniform ring and a bind group kept for its buffers, and the batch is
+//! submitted once, when the input runs dry, when the ring is full, or
+//! before anything that must see its results (a write, a read, a custom
+//! dispatch, a sync). Custom dispatches still wait for their submission,
+//! so the one that overruns its deadline is the one that caused it.
 
 use std::collections::HashMap;
 use std::io::{self, BufReader, BufWriter};
+use std::num::NonZeroU64;
 use std::process::ExitCode;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
 
 use super::protocol::{self, Adapter, Hello, Reply, Request};
 use crate::compute::ComputeError;
@@ -44,6 +54,10 @@ pub fn main(adapter: usize) -> ExitCode {
         return ExitCode::FAILURE;
     }
     loop {
+        // Nothing more has arrived: the GPU starts on what has.
+        if input.buffer().is_empty() {
+            gpu.flush();
+        }
         let (header, payload) = match protocol::read_raw_frame(&mut input) {
             Ok(Some(frame)) => frame,
             Ok(None) => return ExitCode::SUCCESS,
@@ -55,6 +69,10 @@ pub fn main(adapter: usize) -> ExitCode {
         // A well-framed request this worker cannot decode is refused, and
         // the stream stays in step.
         let (reply, data) = match serde_json::from_slice::<Request>(&header) {
+            Ok(request) if !request.replies() => {
+                gpu.handle(request, &payload);
+                continue;
+            }
             Ok(request) => gpu.handle(request, &payload),
             Err(err) => (
                 Reply::Failed(ComputeError::Device(format!(
@@ -105,6 +123,19 @@ const ENTRY_POINTS: [&str; 8] = [
 /// Invocations per workgroup of the element-wise and row kernels.
 const GROUP: u32 = 256;
 
+/// Parameter slots in the uniform ring: the most built-in kernels one
+/// submission holds.
+const RING: u32 = 1024;
+
+/// Bind groups kept for built-in kernels before the cache starts over.
+const MAX_BINDS: usize = 4096;
+
+/// The largest read-back buffer kept between reads.
+const KEPT_STAGING: u64 = 16 << 20;
+
+/// How long a wait for a hardware GPU polls before it blocks.
+const SPIN: Duration = Duration::from_millis(1);
+
 /// The uniform block of `kernels.wgsl`, field for field.
 #[repr(C)]
 #[derive(Clone, Copy, Default, bytemuck::Pod, bytemuck::Zeroable)]
@@ -123,6 +154,9 @@ struct Params {
     s1: f32,
 }
 
+/// Bytes of one parameter block.
+const PARAMS_BYTES: u64 = std::mem::size_of::<Params>() as u64;
+
 const A_IS_OUT: u32 = 1;
 const B_IS_OUT: u32 = 2;
 const TRANSPOSE_A: u32 = 4;
@@ -130,6 +164,24 @@ const TRANSPOSE_B: u32 = 8;
 
 struct Custom {
     pipeline: wgpu::ComputePipeline,
+}
+
+/// Work recorded for the next submission.
+enum Op {
+    /// A built-in kernel whose parameters are at byte `params` of the ring.
+    Kernel {
+        pipeline: wgpu::ComputePipeline,
+        bind: wgpu::BindGroup,
+        params: u32,
+        groups: [u32; 3],
+    },
+    Copy {
+        from: wgpu::Buffer,
+        from_offset: u64,
+        to: wgpu::Buffer,
+        to_offset: u64,
+        bytes: u64,
+    },
 }
 
 /// A wgpu device serving jobs in this process: what the worker runs, and
@@ -140,16 +192,52 @@ pub struct LocalGpu {
     queue: wgpu::Queue,
     layout: wgpu::BindGroupLayout,
     builtin: HashMap<&'static str, wgpu::ComputePipeline>,
+    /// [`RING`] parameter blocks, `stride` bytes apart (the adapter's
+    /// uniform offset alignment), bound with a dynamic offset.
     params: wgpu::Buffer,
+    stride: u64,
+    /// The ring's contents for the batch being recorded.
+    staged_params: Vec<u8>,
     /// Bound in place of an input the kernel reads from `out`.
     spare: wgpu::Buffer,
     buffers: HashMap<u32, wgpu::Buffer>,
     pipelines: HashMap<u32, Custom>,
+    /// Recorded and not yet submitted, and the ring slots it uses.
+    pending: Vec<Op>,
+    slots: u32,
+    /// Built-in kernels' bind groups by their buffers (`[a, b, out]`, 0 for
+    /// `spare`).
+    binds: HashMap<[u32; 3], wgpu::BindGroup>,
+    /// The first streamed job that failed; nothing runs after it.
+    failed: Option<String>,
+    /// Kept for the next read (see [`LocalGpu::staging`]).
+    staging: Option<wgpu::Buffer>,
 }
 
 impl LocalGpu {
-    /// Serves one job: the reply, and for reads the elements.
+    /// Serves one job: the reply, and for reads the elements. A job that
+    /// gets no reply ([`Request::replies`]) may only be recorded; one that
+    /// does runs after all of them, and is answered [`Reply::Lost`] if one
+    /// of them failed.
     pub fn handle(&mut self, request: Request, payload: &[u8]) -> (Reply, Vec<f32>) {
+        if !request.replies() {
+            if self.failed.is_none() {
+                let job = request.describe();
+                if let Err(err) = self.serve(request, payload) {
+                    self.fail(format!("{job} failed: {err}"));
+                }
+            }
+            return (Reply::Done, Vec::new());
+        }
+        if matches!(request, Request::Reset) {
+            self.pending.clear();
+            self.slots = 0;
+            self.failed = None;
+        }
+        self.flush();
+        if let Some(why) = &self.failed {
+            return (Reply::Lost(why.clone()), Vec::new());
+        }
         match self.serve(request, payload) {
             Ok(Served::Done) => (Reply::Done, Vec::new()),
             Ok(Served::Data(data)) => (Reply::Done, data),
@@ -252,8 +340,8 @@ impl LocalGpu {
                     visibility: wgpu::ShaderStages::COMPUTE,
                     ty: wgpu::BindingType::Buffer {
                         ty: wgpu::BufferBindingType::Uniform,
-                        has_dynamic_offset: false,
-                        min_binding_size: None,
+                        has_dynamic_offset: true,
+                        min_binding_size: NonZeroU64::new(PARAMS_BYTES),
                     },
                     count: None,
                 },
@@ -285,9 +373,11 @@ impl LocalGpu {
                 (entry, pipeline)
             })
             .collect();
+        let stride =
+            PARAMS_BYTES.next_multiple_of(limits.min_uniform_buffer_offset_alignment as u64);
         let params = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("params"),
-            size: std::mem::size_of::<Params>() as u64,
+            size: stride * RING as u64,
             usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
@@ -304,9 +394,16 @@ impl LocalGpu {
             layout,
             builtin,
             params,
+            stride,
+            staged_params: vec![0; (stride * RING as u64) as usize],
             spare,
             buffers: HashMap::new(),
             pipelines: HashMap::new(),
+            pending: Vec::new(),
+            slots: 0,
+            binds: HashMap::new(),
+            failed: None,
+            staging: None,
         })
     }
 
@@ -326,14 +423,16 @@ impl LocalGpu {
                 Ok(Served::Done)
             }
             Request::Write { id, offset } => {
+                // A queue write lands before the commands recorded so far.
+                self.flush();
                 let buffer = self.buffer(id)?;
                 self.checked(|gpu| gpu.queue.write_buffer(buffer, offset * 4, payload))?;
-                self.settle()?;
                 Ok(Served::Done)
             }
             Request::Read { id, offset, len } => Ok(Served::Data(self.read(id, offset, len)?)),
             Request::Free { id } => {
                 self.buffers.remove(&id);
+                self.binds.retain(|key, _| !key.contains(&id));
                 Ok(Served::Done)
             }
             Request::Run(kernel) => {
@@ -364,9 +463,77 @@ impl LocalGpu {
             Request::Reset => {
                 self.buffers.clear();
                 self.pipelines.clear();
+                self.binds.clear();
+                Ok(Served::Done)
+            }
+            Request::Sync => {
+                self.settle()?;
                 Ok(Served::Done)
             }
         }
+    }
+
+    /// Records that a streamed job failed: what was recorded is dropped,
+    /// and nothing runs until the host has heard ([`Reply::Lost`]).
+    fn fail(&mut self, why: String) {
+        self.failed.get_or_insert(why);
+        self.pending.clear();
+        self.slots = 0;
+    }
+
+    /// Submits what was recorded, in one command buffer.
+    fn flush(&mut self) {
+        let slots = std::mem::take(&mut self.slots) as usize;
+        if self.pending.is_empty() {
+            return;
+        }
+        let ops = std::mem::take(&mut self.pending);
+        let submitted = self.checked(|gpu| {
+            // The batch's parameters in one write, which lands before the
+            // batch's commands.
+            let used = slots * gpu.stride as usize;
+            if used > 0 {
+                gpu.queue
+                    .write_buffer(&gpu.params, 0, &gpu.staged_params[..used]);
+            }
+            let mut encoder = gpu.device.create_command_encoder(&Default::default());
+            let mut ops = ops.iter().peekable();
+            while let Some(op) = ops.next() {
+                match op {
+                    Op::Copy {
+                        from,
+                        from_offset,
+                        to,
+                        to_offset,
+                        bytes,
+                    } => encoder.copy_buffer_to_buffer(from, *from_offset, to, *to_offset, *bytes),
+                    Op::Kernel { .. } => {
+                        // Consecutive kernels share a pass; wgpu orders
+                        // their reads after the writes before them.
+                        let mut pass = encoder.begin_compute_pass(&Default::default());
+                        let mut next = Some(op);
+                        while let Some(Op::Kernel {
+                            pipeline,
+                            bind,
+                            params,
+                            groups,
+                        }) = next
+                        {
+                            pass.set_pipeline(pipeline);
+                            pass.set_bind_group(0, bind, &[*params]);
+                            pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+                            next = ops.next_if(|op| matches!(op, Op::Kernel { .. }));
+                        }
+                    }
+                }
+            }
+            gpu.queue.submit([encoder.finish()]);
+        });
+        if let Err(err) = submitted {
+            self.fail(format!("the queued GPU work failed: {err}"));
+        }
+        // Frees what finished submissions held, without waiting.
+        let _ = self.device.poll(wgpu::PollType::Poll);
     }
 
     fn buffer(&self, id: u32) -> Result<&wgpu::Buffer, ComputeError> {
@@ -400,13 +567,18 @@ impl LocalGpu {
         Ok(value)
     }
 
-    /// Waits for everything submitted so far.
-    fn settle(&self) -> Result<(), ComputeError> {
+    /// Submits what was recorded and waits for everything submitted.
+    fn settle(&mut self) -> Result<(), ComputeError> {
+        self.flush();
+        if let Some(why) = &self.failed {
+            return Err(ComputeError::Device(why.clone()));
+        }
         self.queue.submit([]);
-        self.device
-            .poll(wgpu::PollType::wait_indefinitely())
-            .map(drop)
-            .map_err(|e| ComputeError::Device(format!("waiting for the GPU: {e}")))
+        let (sender, done) = mpsc::channel();
+        self.queue.on_submitted_work_done(move || {
+            let _ = sender.send(());
+        });
+        self.wait_for(&done)
     }
 
     fn create(&mut self, id: u32, elements: u64, data: Option<&[f32]>) -> Result<(), ComputeError> {
@@ -434,32 +606,31 @@ impl LocalGpu {
         Ok(())
     }
 
-    fn read(&self, id: u32, offset: u64, len: u64) -> Result<Vec<f32>, ComputeError> {
+    fn read(&mut self, id: u32, offset: u64, len: u64) -> Result<Vec<f32>, ComputeError> {
         if len == 0 {
             return Ok(Vec::new());
         }
-        let buffer = self.buffer(id)?;
-        let staging = self.checked(|gpu| {
-            let staging = gpu.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("read"),
-                size: len * 4,
-                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
-            });
-            let mut encoder = gpu.device.create_command_encoder(&Default::default());
-            encoder.copy_buffer_to_buffer(buffer, offset * 4, &staging, 0, len * 4);
-            gpu.queue.submit([encoder.finish()]);
-            staging
-        })?;
-        let slice = staging.slice(..);
-        let (sender, receiver) = std::sync::mpsc::channel();
+        let from = self.buffer(id)?.clone();
+        let bytes = len * 4;
+        let staging = self.staging(bytes)?;
+        // The copy goes in the same submission as the kernels before it.
+        self.pending.push(Op::Copy {
+            from,
+            from_offset: offset * 4,
+            to: staging.clone(),
+            to_offset: 0,
+            bytes,
+        });
+        self.flush();
+        if let Some(why) = &self.failed {
+            return Err(ComputeError::Device(why.clone()));
+        }
+        let slice = staging.slice(..bytes);
+        let (sender, mapped) = mpsc::channel();
         slice.map_async(wgpu::MapMode::Read, move |result| {
             let _ = sender.send(result);
         });
-        self.settle()?;
-        receiver
-            .recv()
-            .map_err(|_| ComputeError::Device("the GPU never mapped the read buffer".into()))?
+        self.wait_for(&mapped)?
             .map_err(|e| ComputeError::Device(format!("mapping the read buffer: {e}")))?;
         let data = {
             let view = slice
@@ -471,7 +642,55 @@ impl LocalGpu {
         Ok(data)
     }
 
-    fn run(&self, kernel: &Kernel) -> Result<(), ComputeError> {
+    /// A buffer to read `bytes` back through: the one kept from the last
+    /// read where it is large enough, as making one costs more than a small
+    /// read; reads past [`KEPT_STAGING`] get one of their own.
+    fn staging(&mut self, bytes: u64) -> Result<wgpu::Buffer, ComputeError> {
+        if let Some(kept) = self.staging.as_ref().filter(|kept| kept.size() >= bytes) {
+            return Ok(kept.clone());
+        }
+        let size = if bytes <= KEPT_STAGING {
+            bytes.next_power_of_two().clamp(1 << 16, KEPT_STAGING)
+        } else {
+            bytes
+        };
+        let staging = self.checked(|gpu| {
+            gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("read"),
+                size,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            })
+        })?;
+        if size <= KEPT_STAGING {
+            self.staging = Some(staging.clone());
+        }
+        Ok(staging)
+    }
+
+    /// Waits until the device signals on `done`. On a hardware GPU it
+    /// polls without sleeping for a while first: a small job finishes in
+    /// microseconds, sooner than a blocked thread wakes up.
+    fn wait_for<T>(&self, done: &mpsc::Receiver<T>) -> Result<T, ComputeError> {
+        let failed = |e| ComputeError::Device(format!("waiting for the GPU: {e}"));
+        if !self.adapter.software {
+            let spin_until = Instant::now() + SPIN;
+            while Instant::now() < spin_until {
+                if let Ok(value) = done.try_recv() {
+                    return Ok(value);
+                }
+                self.device.poll(wgpu::PollType::Poll).map_err(failed)?;
+            }
+        }
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(failed)?;
+        done.recv()
+            .map_err(|_| ComputeError::Device("the GPU never signalled the end of a job".into()))
+    }
+
+    /// Records a built-in kernel.
+    fn run(&mut self, kernel: &Kernel) -> Result<(), ComputeError> {
         let mut params = Params::default();
         let (entry, a, b, out, groups) = match *kernel {
             Kernel::Copy {
@@ -489,18 +708,9 @@ impl LocalGpu {
                 params.s1 = spec.beta;
                 params.flags = if spec.transpose_a { TRANSPOSE_A } else { 0 }
                     | if spec.transpose_b { TRANSPOSE_B } else { 0 };
-                let groups = [spec.n.div_ceil(16), spec.m.div_ceil(16), 1];
-                if groups[0] > self.adapter.max_workgroups
-                    || groups[1] > self.adapter.max_workgroups
-                {
-                    return Err(ComputeError::Invalid(format!(
-                        "a {} x {} matmul output is larger than this GPU can tile ({} rows or \
-                         columns at most)",
-                        spec.m,
-                        spec.n,
-                        self.adapter.max_workgroups as u64 * 16
-                    )));
-                }
+                super::bounds::check_matmul_tiles(&spec, self.adapter.max_workgroups)?;
+                let tile = super::bounds::MATMUL_TILE;
+                let groups = [spec.n.div_ceil(tile), spec.m.div_ceil(tile), 1];
                 ("matmul", Some(a), Some(b), out, groups)
             }
             Kernel::Unary { op, x, out, n } => {
@@ -578,36 +788,70 @@ impl LocalGpu {
         if groups.contains(&0) {
             return Ok(());
         }
-        let out_buffer = self.buffer(out)?;
-        // An input that is the output is read through `out` (see kernels.wgsl).
-        let mut input = |id: Option<u32>, flag: u32| -> Result<&wgpu::Buffer, ComputeError> {
-            match id {
-                Some(id) if id == out => {
-                    params.flags |= flag;
-                    Ok(&self.spare)
-                }
-                Some(id) => self.buffer(id),
-                None => Ok(&self.spare),
+        // An input that is the output is read through `out` (see
+        // kernels.wgsl); `spare` is bound in its place.
+        let mut input = |id: Option<u32>, flag: u32| match id {
+            Some(id) if id == out => {
+                params.flags |= flag;
+                0
             }
+            Some(id) => id,
+            None => 0,
         };
-        let a_buffer = input(a, A_IS_OUT)?;
-        let b_buffer = input(b, B_IS_OUT)?;
-        self.checked(|gpu| {
-            gpu.queue
-                .write_buffer(&gpu.params, 0, bytemuck::bytes_of(&params));
-            let bind = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+        let key = [input(a, A_IS_OUT), input(b, B_IS_OUT), out];
+        let bind = self.bind_group(key)?;
+        if self.slots == RING {
+            self.flush();
+        }
+        let offset = self.slots as u64 * self.stride;
+        let at = offset as usize;
+        self.staged_params[at..at + PARAMS_BYTES as usize]
+            .copy_from_slice(bytemuck::bytes_of(&params));
+        self.slots += 1;
+        self.pending.push(Op::Kernel {
+            pipeline: self.builtin[entry].clone(),
+            bind,
+            params: offset as u32,
+            groups,
+        });
+        Ok(())
+    }
+
+    /// The bind group of a built-in kernel over buffers `key` (`[a, b,
+    /// out]`, 0 for `spare`), made once and kept until one is freed.
+    fn bind_group(&mut self, key: [u32; 3]) -> Result<wgpu::BindGroup, ComputeError> {
+        if let Some(bind) = self.binds.get(&key) {
+            return Ok(bind.clone());
+        }
+        let buffer = |id| match id {
+            0 => Ok(&self.spare),
+            id => self.buffer(id),
+        };
+        let (a, b, out) = (buffer(key[0])?, buffer(key[1])?, buffer(key[2])?);
+        let bind = self.checked(|gpu| {
+            gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
                 label: None,
                 layout: &gpu.layout,
                 entries: &[
-                    entry_of(0, &gpu.params),
-                    entry_of(1, a_buffer),
-                    entry_of(2, b_buffer),
-                    entry_of(3, out_buffer),
+                    wgpu::BindGroupEntry {
+                        binding: 0,
+                        resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                            buffer: &gpu.params,
+                            offset: 0,
+                            size: NonZeroU64::new(PARAMS_BYTES),
+                        }),
+                    },
+                    entry_of(1, a),
+                    entry_of(2, b),
+                    entry_of(3, out),
                 ],
-            });
-            gpu.submit(&gpu.builtin[entry], &bind, groups);
+            })
         })?;
-        self.settle()
+        if self.binds.len() >= MAX_BINDS {
+            self.binds.clear();
+        }
+        self.binds.insert(key, bind.clone());
+        Ok(bind)
     }
 
     fn submit(&self, pipeline: &wgpu::ComputePipeline, bind: &wgpu::BindGroup, groups: [u32; 3]) {
@@ -621,29 +865,45 @@ impl LocalGpu {
         self.queue.submit([encoder.finish()]);
     }
 
-    fn copy(&self, src: u32, s0: u64, dst: u32, d0: u64, len: u64) -> Result<(), ComputeError> {
+    /// Records a copy; through a temporary buffer within one buffer, as
+    /// WebGPU copies between distinct buffers only.
+    fn copy(&mut self, src: u32, s0: u64, dst: u32, d0: u64, len: u64) -> Result<(), ComputeError> {
         if len == 0 {
             return Ok(());
         }
-        let (from, to) = (self.buffer(src)?, self.buffer(dst)?);
-        self.checked(|gpu| {
-            let mut encoder = gpu.device.create_command_encoder(&Default::default());
-            if src == dst {
-                // WebGPU copies between distinct buffers only.
-                let temp = gpu.device.create_buffer(&wgpu::BufferDescriptor {
-                    label: Some("copy"),
-                    size: len * 4,
-                    usage: wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
-                    mapped_at_creation: false,
-                });
-                encoder.copy_buffer_to_buffer(from, s0 * 4, &temp, 0, len * 4);
-                encoder.copy_buffer_to_buffer(&temp, 0, to, d0 * 4, len * 4);
-            } else {
-                encoder.copy_buffer_to_buffer(from, s0 * 4, to, d0 * 4, len * 4);
-            }
-            gpu.queue.submit([encoder.finish()]);
-        })?;
-        self.settle()
+        let (from, to) = (self.buffer(src)?.clone(), self.buffer(dst)?.clone());
+        let bytes = len * 4;
+        let temp = (src == dst)
+            .then(|| {
+                self.checked(|gpu| {
+                    gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                        label: Some("copy"),
+                        size: bytes,
+                        usage: wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+                        mapped_at_creation: false,
+                    })
+                })
+            })
+            .transpose()?;
+        let mut copy = |from, from_offset, to, to_offset| {
+            self.pending.push(Op::Copy {
+                from,
+                from_offset,
+                to,
+                to_offset,
+                bytes,
+            })
+        };
+        if let Some(temp) = temp {
+            copy(from, s0 * 4, temp.clone(), 0);
+            copy(temp, 0, to, d0 * 4);
+        } else {
+            copy(from, s0 * 4, to, d0 * 4);
+        }
+        if self.pending.len() >= RING as usize {
+            self.flush();
+        }
+        Ok(())
     }
 
     /// Sets `params.n` for an element-wise kernel over `n` elements and
@@ -739,7 +999,12 @@ impl LocalGpu {
         Ok(info)
     }
 
-    fn dispatch(&self, id: u32, bindings: &[u32], groups: [u32; 3]) -> Result<(), ComputeError> {
+    fn dispatch(
+        &mut self,
+        id: u32,
+        bindings: &[u32],
+        groups: [u32; 3],
+    ) -> Result<(), ComputeError> {
         let custom = self.pipelines.get(&id).ok_or_else(|| {
             ComputeError::BadHandle(format!("the GPU worker holds no pipeline {id}"))
         })?;
@@ -839,8 +1104,104 @@ fn binary_code(op: Binary) -> u32 {
 
 #[cfg(test)]
 mod tests {
-    use super::usable;
+    use super::*;
     use wgpu::DeviceType::{Cpu, DiscreteGpu, IntegratedGpu, VirtualGpu};
+
+    fn gpu() -> LocalGpu {
+        LocalGpu::open().expect("a Vulkan adapter (scripts/setup.sh installs software Vulkan)")
+    }
+
+    fn create(gpu: &mut LocalGpu, id: u32, data: &[f32]) {
+        let request = Request::Create {
+            id,
+            elements: data.len() as u64,
+            from_payload: true,
+        };
+        assert_eq!(
+            gpu.handle(request, protocol::f32_bytes(data)).0,
+            Reply::Done
+        );
+    }
+
+    fn read(gpu: &mut LocalGpu, id: u32, len: u64) -> (Reply, Vec<f32>) {
+        let offset = 0;
+        gpu.handle(Request::Read { id, offset, len }, &[])
+    }
+
+    #[test]
+    fn recorded_kernels_see_writes_and_parameters_in_the_order_they_came() {
+        let mut gpu = gpu();
+        create(&mut gpu, 1, &[1.0, 2.0, 3.0, 4.0]);
+        create(&mut gpu, 2, &[0.0; 4]);
+        create(&mut gpu, 3, &[0.0; 4]);
+        let affine = |out, scale| {
+            Request::Run(Kernel::Affine {
+                x: 1,
+                out,
+                n: 4,
+                scale,
+                shift: 0.0,
+            })
+        };
+        gpu.handle(affine(2, 2.0), &[]);
+        // Lands after the kernel before it, not before the batch.
+        let write = Request::Write { id: 1, offset: 0 };
+        gpu.handle(write, protocol::f32_bytes(&[10.0; 4]));
+        gpu.handle(affine(3, 3.0), &[]);
+        // More kernels than the ring has parameter slots, each its own alpha.
+        let n = RING + 100;
+        for i in 0..n {
+            let alpha = if i % 2 == 0 { 1.0 } else { 2.0 };
+            let axpy = Kernel::Axpy {
+                alpha,
+                x: 1,
+                y: 3,
+                n: 4,
+            };
+            assert_eq!(gpu.handle(Request::Run(axpy), &[]).0, Reply::Done);
+        }
+        assert_eq!(
+            read(&mut gpu, 2, 4),
+            (Reply::Done, vec![2.0, 4.0, 6.0, 8.0])
+        );
+        let expected = 30.0 + 10.0 * (n / 2 * 3) as f32;
+        assert_eq!(read(&mut gpu, 3, 4), (Reply::Done, vec![expected; 4]));
+    }
+
+    #[test]
+    fn a_streamed_job_that_fails_is_reported_to_the_next_answered_request() {
+        let mut gpu = gpu();
+        create(&mut gpu, 1, &[1.0; 4]);
+        // The host checks handles before it streams a kernel, so one naming
+        // a buffer the worker lacks means the two disagree: the worker
+        // stops rather than run on.
+        let bad = Kernel::Unary {
+            op: Unary::Neg,
+            x: 9,
+            out: 1,
+            n: 4,
+        };
+        assert_eq!(gpu.handle(Request::Run(bad), &[]).0, Reply::Done);
+        let skipped = Kernel::Unary {
+            op: Unary::Neg,
+            x: 1,
+            out: 1,
+            n: 4,
+        };
+        gpu.handle(Request::Run(skipped), &[]);
+        match read(&mut gpu, 1, 4).0 {
+            Reply::Lost(why) => assert_eq!(
+                why,
+                "a unary kernel failed: bad handle: the GPU worker holds no buffer 9"
+            ),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(gpu.handle(Request::Sync, &[]).0, Reply::Lost(_)));
+        // Cleared, the worker serves the next trial.
+        assert_eq!(gpu.handle(Request::Reset, &[]).0, Reply::Done);
+        create(&mut gpu, 1, &[1.0; 4]);
+        assert_eq!(read(&mut gpu, 1, 4), (Reply::Done, vec![1.0; 4]));
+    }
 
     fn found(list: &[(wgpu::DeviceType, &str)]) -> Vec<(wgpu::DeviceType, String)> {
         list.iter().map(|(k, b)| (*k, b.to_string())).collect()
