@@ -347,8 +347,17 @@ fn max_diff(got: &[f32], want: &[f32]) -> f32 {
 /// Every kernel against a plain reference: `(name, largest difference)`.
 fn check() -> Result<Vec<(String, f32)>> {
     let mut errors = Vec::new();
-    let (m, n, k) = (13u32, 7u32, 29u32);
-    for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+    // A small product, and one past 128 x 128, which a GPU computes in big
+    // tiles (neither a multiple of its tile nor of its depth).
+    let shapes = [
+        ("matmul", 13u32, 7u32, 29u32),
+        ("matmul_tiled", 130, 150, 29),
+    ];
+    let transposes = [(false, false), (true, false), (false, true), (true, true)];
+    for ((name, m, n, k), (ta, tb)) in shapes
+        .into_iter()
+        .flat_map(|shape| transposes.map(|t| (shape, t)))
+    {
         let av = values((m * k) as usize, 11);
         let bv = values((k * n) as usize, 12);
         let cv = values((m * n) as usize, 13);
@@ -378,7 +387,7 @@ fn check() -> Result<Vec<(String, f32)>> {
             }
         }
         errors.push((
-            format!("matmul_{}{}", ta as u8, tb as u8),
+            format!("{name}_{}{}", ta as u8, tb as u8),
             max_diff(&out.to_vec()?, &want),
         ));
     }

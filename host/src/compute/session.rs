@@ -295,7 +295,8 @@ impl ComputeSession {
             ));
         }
         if let Some(limit) = self.compute.max_workgroups() {
-            gpu::check_matmul_tiles(&spec, limit)?;
+            let software = self.compute.loop_cap().is_some();
+            gpu::check_matmul_tiles(&spec, limit, software)?;
         }
         let kernel = Kernel::Matmul { a, b, out, spec };
         self.fits_loops(&kernel)?;

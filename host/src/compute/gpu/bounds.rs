@@ -4,14 +4,65 @@ use crate::compute::ComputeError;
 use crate::compute::device::Kernel;
 use crate::compute::ops::{Axis, Matmul};
 
-/// Output rows and columns one workgroup of the built-in matmul computes.
-pub const MATMUL_TILE: u32 = 16;
+/// The built-in matmul kernels of `kernels.wgsl`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MatmulKernel {
+    /// `matmul`: a 16 x 16 output tile per workgroup, one output per
+    /// invocation; for small outputs, where big tiles would leave most of
+    /// the GPU idle.
+    Simple,
+    /// `matmul_tiled`: a 128 x 128 tile per workgroup, 8 x 8 outputs per
+    /// invocation kept in registers.
+    Tiled,
+}
+
+impl MatmulKernel {
+    /// The kernel the worker runs for `spec` (on a software adapter only
+    /// where its loops stay under [`SOFTWARE_LOOP_CAP`]).
+    pub fn for_spec(spec: &Matmul, software: bool) -> Self {
+        let big = spec.m >= 128 && spec.n >= 128;
+        if big && (!software || MatmulKernel::Tiled.loop_iterations(spec.k) <= SOFTWARE_LOOP_CAP) {
+            MatmulKernel::Tiled
+        } else {
+            MatmulKernel::Simple
+        }
+    }
+
+    /// Its entry point in `kernels.wgsl`.
+    pub fn entry_point(self) -> &'static str {
+        match self {
+            MatmulKernel::Simple => "matmul",
+            MatmulKernel::Tiled => "matmul_tiled",
+        }
+    }
+
+    /// Output rows and columns one workgroup computes.
+    pub fn tile(self) -> u32 {
+        match self {
+            MatmulKernel::Simple => 16,
+            MatmulKernel::Tiled => 128,
+        }
+    }
+
+    /// Loop iterations of one invocation over a depth of `k` (see
+    /// [`loop_iterations`]). `Simple`'s inner loop of 16 is unrolled; of
+    /// `Tiled`'s constant loops it is not known which are, so all count.
+    fn loop_iterations(self, k: u32) -> u64 {
+        let steps = (k as u64).div_ceil(16);
+        match self {
+            MatmulKernel::Simple => steps,
+            // Per step 8 loads and 16 products; 8 rows of 8 stores at the end.
+            MatmulKernel::Tiled => steps * (8 + 16) + 8 * 8,
+        }
+    }
+}
 
 /// Refuses a matmul whose output needs more than `limit` workgroups along
-/// a dimension. The session checks before it charges fuel, so the worker,
-/// which runs kernels without answering, never meets one.
-pub fn check_matmul_tiles(spec: &Matmul, limit: u32) -> Result<(), ComputeError> {
-    let most = limit as u64 * MATMUL_TILE as u64;
+/// a dimension with the kernel the worker would run for it. The session
+/// checks before it charges fuel, so the worker, which runs kernels
+/// without answering, never meets one.
+pub fn check_matmul_tiles(spec: &Matmul, limit: u32, software: bool) -> Result<(), ComputeError> {
+    let most = limit as u64 * MatmulKernel::for_spec(spec, software).tile() as u64;
     if spec.m as u64 > most || spec.n as u64 > most {
         return Err(ComputeError::Invalid(format!(
             "a {} x {} matmul output is larger than this GPU can tile ({most} rows or columns \
@@ -54,7 +105,7 @@ pub fn loop_iterations(kernel: &Kernel) -> u64 {
     const LANES: u64 = 256;
     const FOLD: u64 = 8;
     match *kernel {
-        Kernel::Matmul { spec, .. } => (spec.k as u64).div_ceil(MATMUL_TILE as u64),
+        Kernel::Matmul { spec, .. } => MatmulKernel::for_spec(&spec, true).loop_iterations(spec.k),
         Kernel::Reduce {
             along, rows, cols, ..
         } => {

@@ -172,6 +172,123 @@ fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) l:
     }
 }
 
+// ----- matmul_tiled: 128 x 128 output tiles, 8 x 8 of them per invocation --
+//
+// For outputs of at least 128 rows and columns (the worker picks; see
+// bounds.rs). Each step stages a 128 x 16 slice of op(a) and a 16 x 128
+// slice of op(b) in workgroup memory, k-major, loaded so that neighbouring
+// invocations read neighbouring addresses whichever operand is transposed.
+// Each invocation keeps an 8 x 8 block of sums in sixteen vec4 registers
+// (named, not an array: an array indexed in a loop can land in slow
+// memory), its rows and columns 16 apart so that a subgroup's reads of the
+// slices fall in distinct banks. Sums run over k in order, as in `matmul`.
+
+const BIG: u32 = 128u;
+const DEPTH: u32 = 16u;
+
+var<workgroup> slice_a: array<array<f32, 128>, 16>;
+var<workgroup> slice_b: array<array<f32, 128>, 16>;
+
+// Row `row` of the output at columns col, col + 16, ..., col + 112.
+fn store_eight(row: u32, col: u32, lo: vec4<f32>, hi: vec4<f32>) {
+    if (row >= p.m) {
+        return;
+    }
+    let sums = array<f32, 8>(lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w);
+    for (var j = 0u; j < 8u; j++) {
+        let c = col + 16u * j;
+        if (c < p.nn) {
+            let o = row * p.nn + c;
+            // As in BLAS, beta = 0 means `out` is not read (it may hold NaN).
+            var v = p.s0 * sums[j];
+            if (p.s1 != 0.0) {
+                v += p.s1 * out[o];
+            }
+            out[o] = v;
+        }
+    }
+}
+
+@compute @workgroup_size(16, 16)
+fn matmul_tiled(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) l: vec3<u32>,
+                @builtin(local_invocation_index) li: u32) {
+    let row0 = wg.y * BIG;
+    let col0 = wg.x * BIG;
+    let ta = (p.flags & TRANSPOSE_A) != 0u;
+    let tb = (p.flags & TRANSPOSE_B) != 0u;
+    var c00 = vec4<f32>();
+    var c01 = vec4<f32>();
+    var c10 = vec4<f32>();
+    var c11 = vec4<f32>();
+    var c20 = vec4<f32>();
+    var c21 = vec4<f32>();
+    var c30 = vec4<f32>();
+    var c31 = vec4<f32>();
+    var c40 = vec4<f32>();
+    var c41 = vec4<f32>();
+    var c50 = vec4<f32>();
+    var c51 = vec4<f32>();
+    var c60 = vec4<f32>();
+    var c61 = vec4<f32>();
+    var c70 = vec4<f32>();
+    var c71 = vec4<f32>();
+    let steps = (p.k + DEPTH - 1u) / DEPTH;
+    for (var t = 0u; t < steps; t++) {
+        let k0 = t * DEPTH;
+        for (var s = 0u; s < 8u; s++) {
+            let e = li + s * 256u;
+            // op(a)[r, q]: along k where a is m x k, along m where k x m.
+            var r = e / DEPTH;
+            var q = e % DEPTH;
+            if (ta) {
+                r = e % BIG;
+                q = e / BIG;
+            }
+            slice_a[q][r] = a_at(row0 + r, k0 + q);
+            // op(b)[q, c]: along n where b is k x n, along k where n x k.
+            var c = e % BIG;
+            var qb = e / BIG;
+            if (tb) {
+                c = e / DEPTH;
+                qb = e % DEPTH;
+            }
+            slice_b[qb][c] = b_at(k0 + qb, col0 + c);
+        }
+        workgroupBarrier();
+        for (var q = 0u; q < DEPTH; q++) {
+            let a0 = vec4<f32>(slice_a[q][l.y + 0u], slice_a[q][l.y + 16u], slice_a[q][l.y + 32u], slice_a[q][l.y + 48u]);
+            let a1 = vec4<f32>(slice_a[q][l.y + 64u], slice_a[q][l.y + 80u], slice_a[q][l.y + 96u], slice_a[q][l.y + 112u]);
+            let b0 = vec4<f32>(slice_b[q][l.x + 0u], slice_b[q][l.x + 16u], slice_b[q][l.x + 32u], slice_b[q][l.x + 48u]);
+            let b1 = vec4<f32>(slice_b[q][l.x + 64u], slice_b[q][l.x + 80u], slice_b[q][l.x + 96u], slice_b[q][l.x + 112u]);
+            c00 = fma(vec4<f32>(a0.x), b0, c00);
+            c01 = fma(vec4<f32>(a0.x), b1, c01);
+            c10 = fma(vec4<f32>(a0.y), b0, c10);
+            c11 = fma(vec4<f32>(a0.y), b1, c11);
+            c20 = fma(vec4<f32>(a0.z), b0, c20);
+            c21 = fma(vec4<f32>(a0.z), b1, c21);
+            c30 = fma(vec4<f32>(a0.w), b0, c30);
+            c31 = fma(vec4<f32>(a0.w), b1, c31);
+            c40 = fma(vec4<f32>(a1.x), b0, c40);
+            c41 = fma(vec4<f32>(a1.x), b1, c41);
+            c50 = fma(vec4<f32>(a1.y), b0, c50);
+            c51 = fma(vec4<f32>(a1.y), b1, c51);
+            c60 = fma(vec4<f32>(a1.z), b0, c60);
+            c61 = fma(vec4<f32>(a1.z), b1, c61);
+            c70 = fma(vec4<f32>(a1.w), b0, c70);
+            c71 = fma(vec4<f32>(a1.w), b1, c71);
+        }
+        workgroupBarrier();
+    }
+    store_eight(row0 + l.y + 0u, col0 + l.x, c00, c01);
+    store_eight(row0 + l.y + 16u, col0 + l.x, c10, c11);
+    store_eight(row0 + l.y + 32u, col0 + l.x, c20, c21);
+    store_eight(row0 + l.y + 48u, col0 + l.x, c30, c31);
+    store_eight(row0 + l.y + 64u, col0 + l.x, c40, c41);
+    store_eight(row0 + l.y + 80u, col0 + l.x, c50, c51);
+    store_eight(row0 + l.y + 96u, col0 + l.x, c60, c61);
+    store_eight(row0 + l.y + 112u, col0 + l.x, c70, c71);
+}
+
 // ----- reductions and softmax: one workgroup per output or row -----------
 
 var<workgroup> part: array<f32, 256>;

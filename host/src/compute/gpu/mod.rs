@@ -24,7 +24,9 @@ mod pci;
 pub mod protocol;
 mod worker;
 
-pub use bounds::{SOFTWARE_LOOP_CAP, check_matmul_tiles, check_workgroups, loop_iterations};
+pub use bounds::{
+    MatmulKernel, SOFTWARE_LOOP_CAP, check_matmul_tiles, check_workgroups, loop_iterations,
+};
 pub use client::{GpuDevice, JOB_TIMEOUT, WorkerPool};
 pub use pci::PciAddress;
 pub use worker::{LocalGpu, main as worker_main};

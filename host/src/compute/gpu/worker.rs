@@ -21,6 +21,7 @@ use std::process::ExitCode;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use super::bounds::MatmulKernel;
 use super::protocol::{self, Adapter, Hello, Reply, Request};
 use crate::compute::ComputeError;
 use crate::compute::device::{Kernel, PipelineInfo};
@@ -109,13 +110,14 @@ enum Served {
 }
 
 /// Built-in kernels: entry points of `kernels.wgsl`.
-const ENTRY_POINTS: [&str; 8] = [
+const ENTRY_POINTS: [&str; 9] = [
     "unary",
     "binary",
     "binary_rows",
     "affine",
     "axpy",
     "matmul",
+    "matmul_tiled",
     "reduce",
     "softmax",
 ];
@@ -708,10 +710,12 @@ impl LocalGpu {
                 params.s1 = spec.beta;
                 params.flags = if spec.transpose_a { TRANSPOSE_A } else { 0 }
                     | if spec.transpose_b { TRANSPOSE_B } else { 0 };
-                super::bounds::check_matmul_tiles(&spec, self.adapter.max_workgroups)?;
-                let tile = super::bounds::MATMUL_TILE;
+                let software = self.adapter.software;
+                super::bounds::check_matmul_tiles(&spec, self.adapter.max_workgroups, software)?;
+                let kernel = MatmulKernel::for_spec(&spec, software);
+                let tile = kernel.tile();
                 let groups = [spec.n.div_ceil(tile), spec.m.div_ceil(tile), 1];
-                ("matmul", Some(a), Some(b), out, groups)
+                (kernel.entry_point(), Some(a), Some(b), out, groups)
             }
             Kernel::Unary { op, x, out, n } => {
                 params.op = unary_code(op);
