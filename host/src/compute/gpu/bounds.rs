@@ -51,8 +51,9 @@ impl MatmulKernel {
         let steps = (k as u64).div_ceil(16);
         match self {
             MatmulKernel::Simple => steps,
-            // Per step 8 loads and 16 products; 8 rows of 8 stores at the end.
-            MatmulKernel::Tiled => steps * (8 + 16) + 8 * 8,
+            // Per step the step itself, 8 loads and 16 products; 8 rows of 8
+            // stores at the end.
+            MatmulKernel::Tiled => steps * (1 + 8 + 16) + 8 * 8,
         }
     }
 }
@@ -117,5 +118,59 @@ pub fn loop_iterations(kernel: &Kernel) -> u64 {
         }
         Kernel::Softmax { cols, .. } => 3 * (cols as u64).div_ceil(LANES) + 2 * FOLD,
         _ => 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn square(n: u32, k: u32) -> Matmul {
+        Matmul {
+            m: n,
+            n,
+            k,
+            transpose_a: false,
+            transpose_b: false,
+            alpha: 1.0,
+            beta: 0.0,
+        }
+    }
+
+    #[test]
+    fn software_vulkan_runs_the_tiled_matmul_only_where_its_loops_fit() {
+        for k in [29, 16_000, 38_400, 39_000, 40_000, 1_000_000] {
+            let spec = square(256, k);
+            let kernel = MatmulKernel::for_spec(&spec, true);
+            let counted = loop_iterations(&Kernel::Matmul {
+                a: 1,
+                b: 2,
+                out: 3,
+                spec,
+            });
+            // Every loop of matmul_tiled, the step loop included.
+            let steps = (k as u64).div_ceil(16);
+            if kernel == MatmulKernel::Tiled {
+                assert_eq!(counted, steps * 25 + 64);
+            }
+            assert!(counted <= SOFTWARE_LOOP_CAP || k == 1_000_000, "k = {k}");
+        }
+        assert_eq!(
+            MatmulKernel::for_spec(&square(256, 29), true),
+            MatmulKernel::Tiled
+        );
+        assert_eq!(
+            MatmulKernel::for_spec(&square(256, 39_000), true),
+            MatmulKernel::Simple
+        );
+        // Hardware GPUs have no loop cap; small outputs keep the small tiles.
+        assert_eq!(
+            MatmulKernel::for_spec(&square(256, 1_000_000), false),
+            MatmulKernel::Tiled
+        );
+        assert_eq!(
+            MatmulKernel::for_spec(&square(100, 29), false),
+            MatmulKernel::Simple
+        );
     }
 }

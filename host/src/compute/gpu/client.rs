@@ -23,8 +23,9 @@ use crate::process::{OutputTail, WorkerProgram};
 /// How long a new worker may take to open its device.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// The longest any one job may run when the guest call has no deadline
-/// of its own (and the most a reset or snapshot read may take).
+/// The longest a wait for the worker may last when the guest call has no
+/// deadline of its own (and the most a reset or snapshot read may take): a
+/// job that gets a reply and the streamed jobs queued before it.
 pub const JOB_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Idle workers kept for later trials, per adapter.
@@ -466,7 +467,7 @@ impl GpuDevice {
                     "the guest call's deadline (limits.call_timeout)".to_owned()
                 } else {
                     format!(
-                        "the {} limit on one GPU job",
+                        "the {} limit on one wait for the GPU",
                         humantime::format_duration(JOB_TIMEOUT)
                     )
                 };

@@ -135,6 +135,22 @@ impl Request {
     }
 }
 
+/// Whether a request header the worker could not decode is of a kind that
+/// gets a reply (see [`Request::replies`]), judged by its variant's name;
+/// a header that is not even JSON is taken to want one.
+pub fn tag_replies(header: &[u8]) -> bool {
+    let tag = match serde_json::from_slice::<serde_json::Value>(header) {
+        Ok(serde_json::Value::String(tag)) => tag,
+        Ok(serde_json::Value::Object(map)) if map.len() == 1 => map
+            .into_iter()
+            .next()
+            .map(|(tag, _)| tag)
+            .unwrap_or_default(),
+        _ => return true,
+    };
+    !matches!(tag.as_str(), "Create" | "Write" | "Free" | "Run")
+}
+
 /// The worker's answer to one request.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Reply {
@@ -247,6 +263,38 @@ pub fn bytes_f32(bytes: &[u8]) -> Result<Vec<f32>, ComputeError> {
 mod tests {
     use super::*;
     use crate::compute::ops::Unary;
+
+    #[test]
+    fn an_undecodable_request_is_answered_only_if_its_kind_is() {
+        // Variants this worker knows, with fields it does not.
+        assert!(!tag_replies(br#"{"Run":{"Unknown":{"x":1}}}"#));
+        assert!(!tag_replies(br#"{"Create":{"id":"seven"}}"#));
+        assert!(tag_replies(br#"{"Read":{"id":1}}"#));
+        assert!(tag_replies(br#""Sync""#));
+        // Unknown kinds and non-JSON get an answer, as before streaming.
+        assert!(tag_replies(br#""Frobnicate""#));
+        assert!(tag_replies(b"\x00not json"));
+        // Every kind the host streams is one the tag names as streamed.
+        let streamed = [
+            Request::Create {
+                id: 1,
+                elements: 4,
+                from_payload: false,
+            },
+            Request::Write { id: 1, offset: 0 },
+            Request::Free { id: 1 },
+            Request::Run(Kernel::Unary {
+                op: Unary::Neg,
+                x: 1,
+                out: 1,
+                n: 4,
+            }),
+        ];
+        for request in streamed {
+            assert!(!request.replies());
+            assert!(!tag_replies(&serde_json::to_vec(&request).unwrap()));
+        }
+    }
 
     #[test]
     fn frames_round_trip_and_a_clean_end_is_none() {

@@ -67,20 +67,23 @@ pub fn main(adapter: usize) -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
-        // A well-framed request this worker cannot decode is refused, and
-        // the stream stays in step.
         let (reply, data) = match serde_json::from_slice::<Request>(&header) {
             Ok(request) if !request.replies() => {
                 gpu.handle(request, &payload);
                 continue;
             }
             Ok(request) => gpu.handle(request, &payload),
-            Err(err) => (
-                Reply::Failed(ComputeError::Device(format!(
-                    "the GPU worker could not decode the request: {err}"
-                ))),
-                Vec::new(),
-            ),
+            Err(err) => {
+                // A well-framed request this worker cannot decode: refused
+                // if its kind gets a reply, so the stream stays in step;
+                // else the worker stops as after a failed streamed job.
+                let why = format!("the GPU worker could not decode the request: {err}");
+                if !protocol::tag_replies(&header) {
+                    gpu.fail(why);
+                    continue;
+                }
+                (Reply::Failed(ComputeError::Device(why)), Vec::new())
+            }
         };
         if protocol::write_frame(&mut output, &reply, protocol::f32_bytes(&data)).is_err() {
             return ExitCode::FAILURE;
@@ -240,7 +243,12 @@ impl LocalGpu {
         if let Some(why) = &self.failed {
             return (Reply::Lost(why.clone()), Vec::new());
         }
-        match self.serve(request, payload) {
+        let served = self.serve(request, payload);
+        // The job's own submission can fail too; then nothing runs after it.
+        if let Some(why) = &self.failed {
+            return (Reply::Lost(why.clone()), Vec::new());
+        }
+        match served {
             Ok(Served::Done) => (Reply::Done, Vec::new()),
             Ok(Served::Data(data)) => (Reply::Done, data),
             Ok(Served::Pipeline(info)) => (Reply::Pipeline(info), Vec::new()),
@@ -466,6 +474,8 @@ impl LocalGpu {
                 self.buffers.clear();
                 self.pipelines.clear();
                 self.binds.clear();
+                // The next trial's first wait must not inherit this one's work.
+                self.settle()?;
                 Ok(Served::Done)
             }
             Request::Sync => {
@@ -483,9 +493,13 @@ impl LocalGpu {
         self.slots = 0;
     }
 
-    /// Submits what was recorded, in one command buffer.
+    /// Submits what was recorded, in one command buffer; nothing once a
+    /// streamed job has failed.
     fn flush(&mut self) {
         let slots = std::mem::take(&mut self.slots) as usize;
+        if self.failed.is_some() {
+            self.pending.clear();
+        }
         if self.pending.is_empty() {
             return;
         }
