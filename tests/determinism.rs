@@ -3,7 +3,7 @@
 //! plain Rust (`FnBackend`) whose fuel per step is a function of their
 //! config, with delays injected into their steps to reorder the threads.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -20,12 +20,28 @@ type Delay = Arc<dyn Fn(f64, u64) -> Duration + Send + Sync>;
 
 /// score = a curve of `x` and the iteration that crosses between trials;
 /// fuel per step = the config's `fuel`. A config with `fails_at` fails
-/// once at that iteration.
+/// once at that iteration; one with `fails_to_launch` fails its first that
+/// many launches, before it burns any fuel.
 fn backend(delay: Delay) -> FnBackend {
     let failed: Arc<Mutex<HashSet<String>>> = Arc::default();
+    let launches: Arc<Mutex<HashMap<String, u64>>> = Arc::default();
     FnBackend::new(move |config: &Value| {
         let x = config["x"].as_f64().unwrap();
         let fuel = config["fuel"].as_u64().unwrap();
+        let launch = {
+            let mut launches = launches.lock().unwrap();
+            let count = launches.entry(format!("{x}")).or_default();
+            *count += 1;
+            *count
+        };
+        if config["fails_to_launch"]
+            .as_u64()
+            .is_some_and(|k| launch <= k)
+        {
+            return Err(TrialFailure::new(format!(
+                "failing to launch, time {launch}"
+            )));
+        }
         let fails_at = config["fails_at"].as_u64();
         let fails_for_good_at = config["fails_for_good_at"].as_u64();
         let (delay, failed) = (delay.clone(), failed.clone());
@@ -73,6 +89,17 @@ impl Callback for Seen {
         self.0.lock().unwrap().push(line);
         Ok(())
     }
+
+    fn on_trial_recover(
+        &mut self,
+        trials: &[Trial],
+        index: usize,
+        reason: &str,
+    ) -> Result<(), String> {
+        let line = format!("{} recovers: {reason}", trials[index].trial_id);
+        self.0.lock().unwrap().push(line);
+        Ok(())
+    }
 }
 
 /// One trial's outcome: id, status, iterations, why it stopped, config.
@@ -86,6 +113,22 @@ fn run(
     order: ResultOrder,
     concurrent: usize,
     delay: Delay,
+) -> (Vec<Outcome>, Vec<String>) {
+    let failure = FailurePolicy {
+        max_failures: Some(2),
+        fail_fast: FailFast::Stop,
+    };
+    run_with(configs, scheduler, order, concurrent, delay, failure)
+}
+
+/// [`run`] with `failure` as the failure policy.
+fn run_with(
+    configs: &[Value],
+    scheduler: &Value,
+    order: ResultOrder,
+    concurrent: usize,
+    delay: Delay,
+    failure: FailurePolicy,
 ) -> (Vec<Outcome>, Vec<String>) {
     let dir = tempfile::tempdir().unwrap();
     let scheduler: SchedulerSpec = serde_json::from_value(scheduler.clone()).unwrap();
@@ -102,10 +145,7 @@ fn run(
             freq: 3,
             ..CheckpointPolicy::default()
         },
-        failure: FailurePolicy {
-            max_failures: Some(2),
-            fail_fast: FailFast::Stop,
-        },
+        failure,
         result_order: order,
         ..RunSpec::new("determinism", dir.path())
     };
@@ -275,6 +315,62 @@ fn pbt_exploits_the_same_whatever_the_timing() {
             .any(|(o, c)| o.4["x"] != c["x"]),
         "no trial exploited another: {outcomes:?}"
     );
+}
+
+#[test]
+fn a_trial_that_keeps_failing_to_launch_does_not_hold_the_others_back() {
+    // trial_0000 fails its first 30 launches, each at the fuel time it
+    // started at (it burns nothing), and is retried forever; trial_0001
+    // trains. Retried at its failure's fuel time, trial_0000 would have
+    // the earliest event 30 times over while trial_0001 waited (and for
+    // good, were it never to launch).
+    let configs = [
+        json!({"x": 1.0, "fuel": 100, "fails_to_launch": 30}),
+        json!({"x": 2.0, "fuel": 100}),
+    ];
+    let fifo = json!({"type": "fifo"});
+    let forever = || FailurePolicy {
+        max_failures: None,
+        fail_fast: FailFast::Stop,
+    };
+    let (outcomes, seen) = run_with(
+        &configs,
+        &fifo,
+        ResultOrder::Fuel,
+        2,
+        scrambled(1, 0),
+        forever(),
+    );
+    let at = |prefix: &str| {
+        seen.iter()
+            .position(|line| line.starts_with(prefix))
+            .unwrap()
+    };
+    assert!(
+        at("trial_0001 ended") < at("trial_0000 it="),
+        "trial_0001 waited for trial_0000's retries: {seen:#?}"
+    );
+    // Once trial_0001 trains, each retry starts at its next result.
+    let recovers = |line: &String| line.starts_with("trial_0000 recovers");
+    let training = &seen[at("trial_0001 it=1")..at("trial_0001 ended")];
+    assert!(
+        training
+            .windows(2)
+            .all(|w| !(recovers(&w[0]) && recovers(&w[1]))),
+        "{seen:#?}"
+    );
+    assert!(outcomes.iter().all(|o| o.2 == 12), "{outcomes:?}");
+    for seed in [2, 3] {
+        let (again, seen_again) = run_with(
+            &configs,
+            &fifo,
+            ResultOrder::Fuel,
+            2,
+            scrambled(seed, 12),
+            forever(),
+        );
+        assert_eq!((&outcomes, &seen), (&again, &seen_again), "delays {seed}");
+    }
 }
 
 mod common;

@@ -81,6 +81,10 @@ pub struct SavedClock {
     /// first, in its turn.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pending: Option<PendingStep>,
+    /// Recovered after a failure, it waits for the next event of another
+    /// trial to learn its start (`start` and `floor` are not yet its own).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub deferred: bool,
 }
 
 /// A step a trial finished after its run halted in fuel order, kept

@@ -17,6 +17,12 @@
 //! The cost is waiting: a trial ahead of its siblings in fuel time waits for
 //! them at its next result. `BENCHMARKS.md` measures it.
 //!
+//! A trial recovered after a failure starts again at the fuel time of the
+//! next event another trial's clock releases ([`FuelOrder::defer`]), not
+//! at its failure's: a trial that fails again without burning fuel (in its
+//! setup, say) would otherwise have the earliest event forever, and under
+//! `max_failures = -1` hold every other trial back for good.
+//!
 //! Between two events the order is at a moment ([`FuelOrder::moment`]) that
 //! the saved state keeps, so that `wtune resume` after a kill continues the
 //! same run: the trials that held slots get their clocks back
@@ -49,6 +55,10 @@ struct Clock {
     /// Results up to this iteration were decided before the run was
     /// resumed: the trial redoes those steps without a turn or a decision.
     redo_until: u64,
+    /// Recovered after a failure, it has no start yet: it gets the fuel
+    /// time of the next event released for another trial, and until then
+    /// holds nothing back and has no event of its own.
+    deferred: bool,
 }
 
 /// The fuel-time order of one experiment's events.
@@ -97,9 +107,43 @@ impl FuelOrder {
                 floor: self.now,
                 carried: false,
                 redo_until: self.decided_until.remove(&index).unwrap_or(0),
+                deferred: false,
             },
         );
         false
+    }
+
+    /// Trial `index`, just started again after a failure, starts at the
+    /// fuel time of the next event released for another trial instead of
+    /// now. With no other clock to wait for once the loop has refilled the
+    /// free slots ([`FuelOrder::loop_done`]), it starts now.
+    pub(super) fn defer(&mut self, index: usize) {
+        if let Some(clock) = self.clocks.get_mut(&index) {
+            clock.deferred = true;
+        }
+    }
+
+    /// Whether trial `index` waits for another trial's event to learn its
+    /// start ([`FuelOrder::defer`]): until then its events have no key.
+    pub(super) fn is_deferred(&self, index: usize) -> bool {
+        self.clocks.get(&index).is_some_and(|clock| clock.deferred)
+    }
+
+    /// Deferred clocks start at `time`.
+    fn start_deferred(&mut self, time: u64) {
+        for clock in self.clocks.values_mut().filter(|c| c.deferred) {
+            clock.deferred = false;
+            clock.start = time;
+            clock.floor = time;
+        }
+    }
+
+    /// Deferred clocks start now when no other clock is left to release
+    /// an event.
+    fn start_deferred_if_alone(&mut self) {
+        if self.clocks.values().all(|c| c.deferred) {
+            self.start_deferred(self.now);
+        }
     }
 
     /// The launched session of trial `index` starts with `fuel_total`. A
@@ -193,6 +237,7 @@ impl FuelOrder {
                     floor: clock.floor,
                     iteration,
                     pending,
+                    deferred: clock.deferred,
                 }
             })
             .collect();
@@ -221,15 +266,18 @@ impl FuelOrder {
                     floor: saved.floor,
                     carried: true,
                     redo_until: saved.iteration,
+                    deferred: saved.deferred,
                 },
             );
         }
     }
 
     /// The key of an event of trial `index` at its own fuel count
-    /// `fuel_total`; `None` for a trial this order does not know.
+    /// `fuel_total`; `None` for a trial this order does not know. A
+    /// deferred clock ([`FuelOrder::is_deferred`]) has no keys yet.
     pub(super) fn key(&self, index: usize, fuel_total: u64) -> Option<Key> {
         let clock = self.clocks.get(&index)?;
+        debug_assert!(!clock.deferred, "a deferred clock has no keys");
         let burned = fuel_total.saturating_sub(clock.fuel_at_start.unwrap_or(fuel_total));
         Some((clock.start.saturating_add(burned), clock.trial_id.clone()))
     }
@@ -255,6 +303,7 @@ impl FuelOrder {
         }
         self.clocks.iter().all(|(&other, clock)| {
             other == index
+                || clock.deferred
                 || self.waiting.iter().any(|(_, i)| *i == other)
                 || (clock.floor, &clock.trial_id) > (key.0, &key.1)
         })
@@ -267,6 +316,7 @@ impl FuelOrder {
         if let Some(clock) = self.clocks.get_mut(&index) {
             clock.floor = key.0;
         }
+        self.start_deferred(key.0);
     }
 
     /// The loop carries out the event of trial `index` just released:
@@ -304,11 +354,13 @@ impl FuelOrder {
 
     /// The loop refilled the free slots: trials it was done with stop
     /// holding the next release back. Returns whether any did.
+    /// Deferred clocks left with no other clock to wait for start now.
     pub(super) fn loop_done(&mut self) -> bool {
         let any = !self.leaving.is_empty();
         for index in std::mem::take(&mut self.leaving) {
             self.in_loop.remove(&index);
         }
+        self.start_deferred_if_alone();
         any
     }
 }
@@ -472,6 +524,46 @@ mod tests {
         assert!(dropped.start(1, "trial_0001"));
         assert!(dropped.drop_carried());
         assert!(!dropped.drop_carried());
+    }
+
+    #[test]
+    fn a_recovered_trial_starts_at_the_next_event_of_another() {
+        let mut order = FuelOrder::default();
+        for (i, id) in ["trial_0000", "trial_0001"].into_iter().enumerate() {
+            order.start(i, id);
+            order.launched(i, 0);
+        }
+        // Trial 0 fails at its start, burning nothing, and is retried.
+        let failed = order.key(0, 0).unwrap();
+        order.arrive(0, failed.clone());
+        assert!(order.is_turn(0, &failed));
+        order.release(0, &failed);
+        order.hold(0);
+        assert!(!order.start(0, "trial_0000"));
+        order.defer(0);
+        order.handed_back(0);
+        order.loop_done();
+        assert!(order.is_deferred(0));
+        // Deferred, it holds nothing back: trial 1's result goes first.
+        let result = order.key(1, 100).unwrap();
+        order.arrive(1, result.clone());
+        assert!(order.is_turn(1, &result));
+        order.release(1, &result);
+        assert!(!order.is_deferred(0));
+        order.launched(0, 0);
+        assert_eq!(order.key(0, 0), Some(key(100, "trial_0000")));
+        // Deferred with no other clock left, it starts once the loop is done.
+        let again = order.key(0, 0).unwrap();
+        order.release(0, &again);
+        order.hold(0);
+        order.stopped(1);
+        order.start(0, "trial_0000");
+        order.defer(0);
+        order.handed_back(0);
+        order.loop_done();
+        assert!(!order.is_deferred(0));
+        order.launched(0, 0);
+        assert_eq!(order.key(0, 0), Some(key(100, "trial_0000")));
     }
 
     #[test]

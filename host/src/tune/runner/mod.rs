@@ -149,6 +149,9 @@ pub struct Runner<B: TrialBackend> {
     metric_seen: bool,
     /// Some trial's session has launched (its `setup` took its config).
     launched_once: bool,
+    /// The first trial to launch failed and is being retried: the other
+    /// slots fill instead of waiting on its retries (`Runner::probing`).
+    probe_retried: bool,
     /// Finished trials continued under new stopping criteria
     /// ([`Runner::extending`]): their checkpoint's result says `done`, which
     /// does not end them.
@@ -217,6 +220,7 @@ impl<B: TrialBackend> Runner<B> {
             order,
             metric_seen: false,
             launched_once: false,
+            probe_retried: false,
             extending: HashSet::new(),
             halt_for: None,
             decisions_made: 0,
@@ -364,6 +368,7 @@ impl<B: TrialBackend> Runner<B> {
     /// Tells every callback of `record` (a callback's error is logged: a
     /// record that cannot be kept does not change the run).
     fn decided(&mut self, record: DecisionRecord) {
+        let record = record.relative_to(&self.spec.output_dir);
         self.decisions_made += 1;
         for cb in &mut self.callbacks {
             if let Err(reason) = cb.on_decision(&record) {
@@ -421,9 +426,11 @@ impl<B: TrialBackend> Runner<B> {
     /// config, one launches at a time: a space that does not fit the
     /// trainable's config type (or a component every setup refuses) then
     /// fails one trial, not a whole slot's worth, before the run halts
-    /// (`launch_failed`). It costs one setup's wait at the start.
+    /// (`launch_failed`). It costs one setup's wait at the start. A first
+    /// trial that failed and is retried ends the probe: under
+    /// `max_failures = -1` its retries might never end.
     fn probing(&self, live: usize) -> bool {
-        !self.launched_once && live > 0
+        !self.launched_once && !self.probe_retried && live > 0
     }
 
     /// Trial `index`'s session was launched and booked: in fuel order, its
@@ -996,6 +1003,10 @@ impl<B: TrialBackend> Runner<B> {
                 cb.on_trial_recover(t, index, &reason)
             });
             self.spawn_launch(tasks, &trials[index], index, session, Vec::new());
+            if let Some(order) = &mut self.order {
+                order.defer(index);
+            }
+            self.probe_retried = true;
             return None;
         }
         let record = DecisionRecord::new(&trials[index], self.fuel_time(), "ERROR");

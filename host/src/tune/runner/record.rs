@@ -1,6 +1,8 @@
 //! What the runner decided, one record per decision, so that two runs can
 //! be compared decision by decision (`wtune decisions A B`).
 
+use std::path::Path;
+
 use serde::{Deserialize, Serialize};
 
 use crate::tune::schedulers::Decision;
@@ -49,6 +51,24 @@ impl DecisionRecord {
         self.why = why;
         self
     }
+
+    /// With the paths in `why` under `experiment_dir` (as given, or
+    /// canonical) made relative to it: the same failure in two experiment
+    /// directories is the same decision (`wtune decisions A B`).
+    pub(super) fn relative_to(mut self, experiment_dir: &Path) -> Self {
+        if let Some(why) = &mut self.why {
+            let canonical = std::fs::canonicalize(experiment_dir).ok();
+            // The canonical form first: a relative `experiment_dir` could
+            // also match inside it.
+            for dir in canonical.as_deref().into_iter().chain([experiment_dir]) {
+                let prefix = format!("{}{}", dir.display(), std::path::MAIN_SEPARATOR);
+                if prefix.len() > 1 && why.contains(&prefix) {
+                    *why = why.replace(&prefix, "");
+                }
+            }
+        }
+        self
+    }
 }
 
 /// The name a record gives `decision`.
@@ -59,5 +79,37 @@ pub(super) fn decision_name(decision: &Decision) -> &'static str {
         Decision::Pause => "PAUSE",
         Decision::Checkpoint => "CHECKPOINT",
         Decision::Exploit { .. } => "EXPLOIT",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_under_the_experiment_directory_are_made_relative_to_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let trial = Trial::new(
+            "trial_0001".into(),
+            serde_json::json!({}),
+            dir.path().join("trial_0001"),
+        );
+        let why = format!(
+            "restoring {}: damaged; elsewhere /etc/passwd",
+            dir.path()
+                .join("trial_0001/checkpoint_000003/trial.wtsnap")
+                .display()
+        );
+        let record = DecisionRecord::new(&trial, Some(5), "RECOVER")
+            .why(Some(why))
+            .relative_to(dir.path());
+        assert_eq!(
+            record.why.as_deref(),
+            Some(
+                "restoring trial_0001/checkpoint_000003/trial.wtsnap: damaged; elsewhere /etc/passwd"
+            )
+        );
+        let none = DecisionRecord::new(&trial, None, "START").relative_to(dir.path());
+        assert_eq!(none.why, None);
     }
 }

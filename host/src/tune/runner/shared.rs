@@ -386,6 +386,17 @@ pub(super) fn turn<'a, B: TrialBackend>(
     fuel_total: Option<u64>,
 ) -> MutexGuard<'a, Shared<B>> {
     let mut guard = lock(shared);
+    // A trial recovered after a failure learns where its clock starts from
+    // another trial's next event; a halted or closed run does not wait.
+    let deferred = |guard: &Shared<B>| {
+        (guard.runner.order.as_ref()).is_some_and(|order| order.is_deferred(index))
+    };
+    while deferred(&guard) && guard.halted.is_none() && !guard.closed {
+        turns.wait_for(&mut guard, TURN_RECHECK);
+    }
+    if deferred(&guard) {
+        return guard;
+    }
     let Some(key) = guard
         .runner
         .order
