@@ -511,7 +511,7 @@ fn a_fail_fast_halt_keeps_the_fuel_order() {
     // the results the others still report are decided in the same order
     // whatever the timing, so they end (stopped or paused) alike.
     let mut configs = population(9);
-    configs[0]["fails_for_good_at"] = json!(5);
+    configs[0]["fails_for_good_at"] = json!(3);
     let asha = json!({"type": "asha", "time_attr": "fuel_total", "max_t": 1200,
                       "grace_period": 150, "reduction_factor": 3});
     let (outcomes, seen) = run(&configs, &asha, ResultOrder::Fuel, 3, scrambled(1, 0));
@@ -519,6 +519,8 @@ fn a_fail_fast_halt_keeps_the_fuel_order() {
         outcomes.iter().any(|o| o.1 == TrialStatus::Error),
         "{outcomes:?}"
     );
+    // The two trials beside it had results in flight when it failed.
+    assert!(outcomes[1..3].iter().all(|o| o.2 >= 2), "{outcomes:?}");
     for seed in [2, 3] {
         let (again, seen_again) = run(&configs, &asha, ResultOrder::Fuel, 3, scrambled(seed, 12));
         assert_eq!(outcomes, again, "delays {seed}");

@@ -126,6 +126,21 @@ def test_schedulers_map_with_their_parameters(tmp_path, table, kind, checks):
         assert getattr(scheduler, attribute) == value
 
 
+def test_notes_about_fuel_order_give_way_to_rays_arrival_order(tmp_path):
+    fuel = plan_of(
+        tmp_path,
+        'metric = "loss"\nmode = "min"\n[scheduler]\ntype = "asha"\ntime_attr = "fuel_total"\n'
+        "max_t = 1e9\ngrace_period = 1e7\n",
+    )
+    assert fuel["spec"]["result_order"] == "fuel"
+    assert any("fuel order" in note for note in fuel["notes"]), fuel["notes"]
+    notes = experiment.plan_notes(fuel)
+    assert not any("fuel order" in note and "Ray" not in note for note in notes), notes
+    assert any(note.startswith("Ray hands results") for note in notes), notes
+    arrival = plan_of(tmp_path, 'metric = "loss"\nmode = "min"\n')
+    assert experiment.plan_notes(arrival) == arrival["notes"]
+
+
 def test_stop_criteria_map_as_wtune_reads_them(tmp_path):
     plan = plan_of(
         tmp_path,

@@ -135,10 +135,7 @@ pub(super) fn result_order(
     stop_experiment: &ExperimentStop,
     notes: &mut Vec<String>,
 ) -> ResultOrder {
-    let fuel_clock = scheduler
-        .time_attr()
-        .is_some_and(|attr| attr.starts_with("fuel_"));
-    if !file.deterministic.unwrap_or(fuel_clock) {
+    if !fuel_order_chosen(file, scheduler) {
         return ResultOrder::Arrival;
     }
     let mut wall = Vec::new();
@@ -159,6 +156,36 @@ pub(super) fn result_order(
         ));
     }
     ResultOrder::Fuel
+}
+
+/// Whether the experiment decides in fuel order: `deterministic`, by
+/// default on when the scheduler measures progress in fuel.
+pub(super) fn fuel_order_chosen(file: &ExperimentToml, scheduler: &SchedulerSpec) -> bool {
+    let fuel_clock = scheduler
+        .time_attr()
+        .is_some_and(|attr| attr.starts_with("fuel_"));
+    file.deterministic.unwrap_or(fuel_clock)
+}
+
+/// In fuel order, a note when `max_concurrent_trials` was left to default
+/// to this machine's cores: decisions depend on it.
+pub(super) fn note_default_concurrency(
+    file: &ExperimentToml,
+    overrides: &Overrides,
+    order: ResultOrder,
+    max_concurrent: usize,
+    notes: &mut Vec<String>,
+) {
+    if order == ResultOrder::Fuel
+        && file.max_concurrent_trials.is_none()
+        && overrides.max_concurrent.is_none()
+    {
+        notes.push(format!(
+            "max_concurrent_trials defaults to this machine's cores ({max_concurrent}); \
+             decisions in fuel order depend on it: set it to decide the same on machines \
+             with other core counts"
+        ));
+    }
 }
 
 /// `--stop KEY=VALUE` flags as a `[stop]` table.

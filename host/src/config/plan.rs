@@ -138,6 +138,7 @@ fn plan_file(
         &scheduler,
         sandbox.max_concurrent,
         search.trial_count,
+        decisions::fuel_order_chosen(&file, &scheduler),
         &mut notes,
     )?;
     let result_order = decisions::result_order(
@@ -147,6 +148,7 @@ fn plan_file(
         &resources.stop_experiment,
         &mut notes,
     );
+    decisions::note_default_concurrency(&file, overrides, result_order, max_concurrent, &mut notes);
     let checkpoint_mode = policies::checkpoint_mode(&file, overrides)?;
     let checkpoint = policies::checkpoint(&file, overrides)?;
     let failure = policies::failure(&file, overrides)?;

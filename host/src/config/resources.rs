@@ -14,7 +14,10 @@ pub(super) struct ResourcePlan {
 
 /// `[resources_per_trial]`, `[resources]` (checked against each other) and
 /// `[stop_experiment]`; with PBT, a note when the population cannot train
-/// side by side.
+/// side by side. In fuel order (`fuel_order`), CPUs left undeclared hold
+/// all `max_concurrent` trials even where the cores are fewer
+/// ([`PoolSpec::share_cores`]), with a note.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn plan(
     file: &ExperimentToml,
     metric: Option<&str>,
@@ -22,12 +25,23 @@ pub(super) fn plan(
     scheduler: &SchedulerSpec,
     max_concurrent: usize,
     trial_count: u64,
+    fuel_order: bool,
     notes: &mut Vec<String>,
 ) -> Result<ResourcePlan, ConfigError> {
     let resources_per_trial: Resources =
         table_as("resources_per_trial", &file.resources_per_trial)?;
     resources_per_trial.validate().map_err(bad)?;
-    let resources: PoolSpec = table_as("resources", &file.resources)?;
+    let mut resources: PoolSpec = table_as("resources", &file.resources)?;
+    if fuel_order
+        && let Some(cores) = resources.share_cores(resources_per_trial.cpu, max_concurrent)
+    {
+        notes.push(format!(
+            "all max_concurrent_trials = {max_concurrent} trials run at once, sharing this \
+             machine's {cores} cores, so that decisions in fuel order do not depend on its \
+             cores; declare resources.cpu to run fewer (decisions then differ from a machine \
+             where all fit)"
+        ));
+    }
     let pool = resources.build().map_err(bad)?;
     // Undeclared GPUs depend on where host compute runs, known once the
     // sandbox exists: `fit_gpu` settles them, and the run checks again.

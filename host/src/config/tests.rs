@@ -488,6 +488,49 @@ fn fuel_order_is_the_default_with_a_fuel_clock_and_wall_time_is_noted() {
 }
 
 #[test]
+fn in_fuel_order_max_concurrent_trials_alone_sets_how_many_run_at_once() {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let asha = |extra: &str| {
+        format!(
+            "metric = \"loss\"\n{extra}\n[scheduler]\ntype = \"asha\"\n\
+             time_attr = \"fuel_total\"\nmax_t = 100\ngrace_period = 10\n"
+        )
+    };
+    let more = format!("max_concurrent_trials = {}", cores + 2);
+    let plan = plan_of(&asha(&more)).unwrap();
+    let sharing = |plan: &Plan| {
+        plan.notes
+            .iter()
+            .any(|n| n.contains("sharing this machine's"))
+    };
+    // The file-descriptor limit may run fewer (with its own note).
+    if plan.spec.max_concurrent > cores {
+        assert_eq!(
+            plan.spec.resources.cpu,
+            Some(plan.spec.max_concurrent as f64)
+        );
+        assert!(sharing(&plan), "{:?}", plan.notes);
+    }
+    let cpu_of = |text: &str| plan_of(text).unwrap().spec.resources.cpu;
+    // Declared CPUs, arrival order, or trials that fit: as declared.
+    let declared = format!("{more}\n[resources]\ncpu = 1\n");
+    assert_eq!(cpu_of(&asha(&declared)), Some(1.0));
+    let arrival = format!("{more}\ndeterministic = false");
+    assert_eq!(cpu_of(&asha(&arrival)), None);
+    assert_eq!(cpu_of(&asha("max_concurrent_trials = 1")), None);
+    // Left to default to the cores, the count is noted.
+    let defaulted = |text: &str| {
+        let plan = plan_of(text).unwrap();
+        plan.notes
+            .iter()
+            .any(|n| n.contains("defaults to this machine's cores"))
+    };
+    assert!(defaulted(&asha("")));
+    assert!(!defaulted(&asha("max_concurrent_trials = 1")));
+    assert!(!defaulted("metric = \"loss\""));
+}
+
+#[test]
 fn an_experiment_given_as_a_value_is_checked_as_a_file_is() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir(dir.path().join("data")).unwrap();

@@ -140,6 +140,22 @@ pub struct PoolSpec {
 }
 
 impl PoolSpec {
+    /// With `cpu` undeclared, declares enough CPUs for `trials` trials
+    /// asking `per_trial` each where this machine's cores hold fewer, so
+    /// that they all run at once, sharing the cores; returns the cores when
+    /// it did. In fuel order, decisions depend on how many trials run at
+    /// once, which must then be `max_concurrent_trials` on every machine,
+    /// not the number of its cores.
+    pub fn share_cores(&mut self, per_trial: f64, trials: usize) -> Option<u64> {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+        let needed = per_trial * trials as f64;
+        if self.cpu.is_some() || needed <= cores as f64 {
+            return None;
+        }
+        self.cpu = Some(needed);
+        Some(cores)
+    }
+
     /// The pool: declared amounts, the rest detected.
     pub fn build(&self) -> Result<ResourcePool, String> {
         let detected = ResourcePool::detect();

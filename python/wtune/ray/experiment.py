@@ -199,6 +199,20 @@ class Criteria(tune.Stopper):
         return False
 
 
+def plan_notes(plan: dict) -> list[str]:
+    """wtune's notes on the plan, as they hold on Ray: Ray hands results to
+    the scheduler as they arrive, so where wtune would decide in fuel order,
+    its notes about that order give way to one saying Ray does not."""
+    notes = list(plan["notes"])
+    if plan["spec"].get("result_order") == "fuel":
+        notes = [note for note in notes if "fuel order" not in note]
+        notes.append(
+            "Ray hands results to the scheduler as they arrive, not in fuel order "
+            "(wtune run's default for this scheduler): decisions may differ between runs"
+        )
+    return notes
+
+
 def _resources(spec: dict, notes: list[str]) -> dict:
     request = {"cpu": spec["cpu"], "gpu": spec["gpu"]}
     if spec["memory"]:
@@ -229,7 +243,7 @@ def tuner(
     file = read_experiment(config) if config is not None else {}
     _check_mappable(file, plan)
     spec = plan["spec"]
-    notes = list(plan["notes"])
+    notes = plan_notes(plan)
     metric, mode = spec["metric"], spec["mode"]
     # The trial settings (limits, data, ...) are read from the file as
     # wtune.Trainable reads them.

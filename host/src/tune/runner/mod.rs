@@ -331,10 +331,15 @@ impl<B: TrialBackend> Runner<B> {
         if let Some(cap) = self.pool.capacity(&self.spec.resources_per_trial)
             && cap.trials < asked
         {
+            // In fuel order, how many run at once shapes the decisions.
+            let differ = match self.order {
+                Some(_) => "; decisions in fuel order then differ from a machine where all fit",
+                None => "",
+            };
             tracing::warn!(
                 "at most {} trial(s) can run at once, not max_concurrent_trials = {asked}: \
                  each asks resources_per_trial.{key} = {} of the experiment's {}; lower \
-                 resources_per_trial.{key} or raise resources.{key}",
+                 resources_per_trial.{key} or raise resources.{key}{differ}",
                 cap.trials,
                 cap.asked,
                 cap.total,

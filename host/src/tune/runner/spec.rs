@@ -129,7 +129,9 @@ pub enum ResultOrder {
     /// same decisions on every machine, whatever the threads' timing
     /// (unless something measured in wall time decides: a `time_total_s`
     /// criterion, `max_time`, control requests). Trials ahead in fuel time
-    /// wait for their siblings at their next result.
+    /// wait for their siblings at their next result. CPUs the resources
+    /// leave undeclared hold all `max_concurrent` trials, sharing the cores
+    /// where they are fewer ([`PoolSpec::share_cores`](crate::tune::PoolSpec::share_cores)).
     Fuel,
 }
 
