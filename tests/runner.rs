@@ -901,6 +901,36 @@ fn max_fuel_counts_fuel_burned_before_recoveries() {
 }
 
 #[test]
+fn a_resumed_fuel_count_is_kept_and_only_a_missing_one_is_made_up() {
+    // The saved trial holds more fuel than the run burned (a PBT clone
+    // carries its source's count): a kept count is not raised to it. A
+    // state from before the count was kept (0) counts what trials hold.
+    let burned = |kept: u64| {
+        let dir = tempfile::tempdir().unwrap();
+        let mut saved = Trial::new(
+            "trial_0".into(),
+            json!({"x": 1.0}),
+            dir.path().join("trial_0"),
+        );
+        saved.status = TrialStatus::Terminated;
+        saved.iterations = 10;
+        saved.fuel_total = 1000;
+        let configs = vec![json!({"x": 1.0}), json!({"x": 2.0})];
+        let spec = spec(dir.path(), configs, iterations(10), 1);
+        let runner = Runner::new(linear(), spec, Box::new(Fifo::default()))
+            .with_trials(vec![saved])
+            .fuel_burned(kept);
+        let summary = tokio::runtime::Runtime::new()
+            .unwrap()
+            .block_on(runner.run())
+            .unwrap();
+        summary.decisions.fuel_burned
+    };
+    assert_eq!(burned(300), 300 + 70);
+    assert_eq!(burned(0), 1000 + 70);
+}
+
+#[test]
 fn a_limited_search_under_hyperband_does_not_wait_forever() {
     // HyperBand pauses the two live trials at their first milestone to wait
     // for their bracket, while the search admits only two live trials: the

@@ -153,8 +153,12 @@ fn assemble(
     // sessions and MLflow's params cannot show: their values are also
     // logged as metrics.
     let pbt = matches!(setup.scheduler, SchedulerSpec::Pbt(_));
+    // The decision log before the state: at a moment, the decisions a state
+    // counts are flushed before that state is written, so a kill between
+    // the two never leaves a state counting decisions the log lacks.
     let mut runner = runner
         .with_trials(trials)
+        .callback(decision_log)
         .callback(state)
         .callback(
             TrialFiles::new()
@@ -162,7 +166,6 @@ fn assemble(
                 .tensorboard(setup.tracking.tensorboard)
                 .config_scalars(pbt),
         )
-        .callback(decision_log)
         .callback(ExperimentFile::new(setup.run_info()));
     if let Some(target) = &setup.tracking.mlflow {
         match MlflowLogger::start(&target.uri, &target.experiment) {

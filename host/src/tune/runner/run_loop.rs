@@ -138,16 +138,19 @@ impl<B: TrialBackend> Runner<B> {
         // Trials that trained before were set up with this experiment's
         // configs: nothing to probe.
         self.launched_once = trials.iter().any(|t| t.iterations > 0);
-        // States written before the count was kept: at least what the
-        // trials hold, but for the steps a halt left pending, which are
+        // States written before the count was kept (none given, or 0): what
+        // the trials hold, but for the steps a halt left pending, which are
         // on their trials' counters and counted when decided on
-        // (`Shared::settle`).
-        let pending: u64 = (self.resume_moment.iter())
-            .flat_map(|moment| &moment.clocks)
-            .filter_map(|clock| clock.pending.as_ref().map(|p| p.fuel))
-            .sum();
-        let held: u64 = trials.iter().map(|t| t.fuel_total).sum();
-        self.fuel_burned = self.fuel_burned.max(held.saturating_sub(pending));
+        // (`Shared::settle`). A count kept is kept as it is: trials may
+        // hold more than was burned (a PBT clone carries its source's).
+        if self.fuel_burned == 0 {
+            let pending: u64 = (self.resume_moment.iter())
+                .flat_map(|moment| &moment.clocks)
+                .filter_map(|clock| clock.pending.as_ref().map(|p| p.fuel))
+                .sum();
+            let held: u64 = trials.iter().map(|t| t.fuel_total).sum();
+            self.fuel_burned = held.saturating_sub(pending);
+        }
         self.moments_ok = self.resume_moment.is_some() || trials.is_empty();
         if let Some(moment) = self.resume_moment.take()
             && let Some(order) = &mut self.order
