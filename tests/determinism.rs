@@ -11,8 +11,9 @@ use std::time::Duration;
 use serde_json::{Map, Value, json};
 use wtune::report::TrialFiles;
 use wtune::tune::{
-    Callback, CheckpointPolicy, FailFast, FailurePolicy, FnBackend, Mode, ResultOrder, RunSpec,
-    Runner, SchedulerSpec, Step, StopCriteria, Trial, TrialFailure, TrialStatus,
+    Callback, CheckpointPolicy, FailFast, FailurePolicy, FnBackend, FuelMoment, Mode, ResultOrder,
+    RunSpec, Runner, SavedClock, SchedulerSpec, Step, StopCriteria, Trial, TrialFailure,
+    TrialStatus,
 };
 
 /// How long step `iteration` of the trial with config `x` sleeps.
@@ -371,6 +372,75 @@ fn a_trial_that_keeps_failing_to_launch_does_not_hold_the_others_back() {
         );
         assert_eq!((&outcomes, &seen), (&again, &seen_again), "delays {seed}");
     }
+}
+
+#[test]
+fn a_stop_tightened_on_resume_ends_a_trial_among_the_steps_it_redoes() {
+    // One trial ran to iteration 8 in fuel order; the run was killed at a
+    // moment that had decided up to 8, with the trial's checkpoint at 2
+    // listed. Resumed with training_iteration = 5, it redoes steps 3 on
+    // and must end at 5, not redo up to 8 and stop at 9.
+    let dir = tempfile::tempdir().unwrap();
+    let spec = |stop: u64| RunSpec {
+        metric: Some("score".into()),
+        mode: Mode::Max,
+        stop: StopCriteria {
+            training_iteration: Some(stop),
+            ..Default::default()
+        },
+        configs: vec![json!({"x": 1.0, "fuel": 10})],
+        checkpoint: CheckpointPolicy {
+            freq: 2,
+            ..CheckpointPolicy::default()
+        },
+        result_order: ResultOrder::Fuel,
+        ..RunSpec::new("tightened", dir.path())
+    };
+    let fifo = || Box::new(wtune::tune::Fifo::default());
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let first = Runner::new(backend(scrambled(1, 0)), spec(8), fifo());
+    let mut trials = runtime.block_on(first.run()).unwrap().trials;
+    let trial = &mut trials[0];
+    assert_eq!(trial.iterations, 8);
+    trial.status = TrialStatus::Running;
+    trial.checkpoints.retain(|c| c.iteration == 2);
+    let moment = FuelMoment {
+        now: 80,
+        decisions: 0,
+        clocks: vec![SavedClock {
+            trial_id: trial.trial_id.clone(),
+            start: 0,
+            fuel_at_start: Some(0),
+            floor: 80,
+            iteration: 8,
+            pending: None,
+            deferred: false,
+        }],
+    };
+    let policy = CheckpointPolicy::default();
+    let errored = wtune::tune::resume::ErroredTrials::Keep;
+    let backend = backend(scrambled(1, 0));
+    wtune::tune::resume::prepare_at(
+        &backend,
+        &mut trials,
+        dir.path(),
+        &policy,
+        errored,
+        Some(&moment),
+    );
+    assert_eq!(trials[0].iterations, 2);
+    let resumed = Runner::new(backend, spec(5), fifo())
+        .with_trials(trials)
+        .continue_at(moment);
+    let trial = runtime.block_on(resumed.run()).unwrap().trials.remove(0);
+    assert_eq!(
+        (trial.status, trial.iterations, trial.stop_reason.as_deref()),
+        (
+            TrialStatus::Terminated,
+            5,
+            Some("training_iteration reached 5")
+        )
+    );
 }
 
 mod common;

@@ -1171,17 +1171,35 @@ impl<B: TrialBackend> Runner<B> {
     /// [`Runner::continue_at`]): the files get it again (they were cut back
     /// to the checkpoint the trial restarted from), the decision makers do
     /// not: they decided on it before the run stopped.
+    /// Returns why the stopping criteria end the trial at this result,
+    /// if they do: criteria tightened on resume (`wtune resume --stop`)
+    /// may end it at a step the run it continues went past.
     fn record_redone(
         &mut self,
         trials: &mut [Trial],
         index: usize,
         step: &Step,
         elapsed: Duration,
-    ) -> Result<(), String> {
+    ) -> Result<Option<String>, String> {
         let reuse = self.spare_record.take();
         let record = result::record(&trials[index], step, elapsed, false, reuse)?;
+        let stop = self.spec.stop.reached(&record)?;
         self.spare_record = trials[index].last_result.replace(record);
-        self.tell_result(trials, index)
+        self.tell_result(trials, index)?;
+        Ok(stop)
+    }
+
+    /// Ends trial `index` at the step it just redid, which the stopping
+    /// criteria end (`reason`, see [`Self::record_redone`]), as a fresh
+    /// result that met them would have.
+    fn stop_redone(&mut self, trials: &mut [Trial], index: usize, reason: String) -> Decision {
+        let trial = &mut trials[index];
+        trial.stop_reason = Some(reason);
+        if let Some(record) = &trial.last_result {
+            self.scheduler.on_trial_complete(trial, record);
+        }
+        self.decided_on(trials, index, &Decision::Stop);
+        Decision::Stop
     }
 
     /// Tells every callback of trial `index`'s `last_result`.

@@ -82,19 +82,22 @@ impl<B: TrialBackend> Shared<B> {
     /// Books a step redone after a resume and records its result, without
     /// a decision ([`Runner::continue_at`]). Its fuel is not counted again
     /// toward `max_fuel`: the run it continues counted it, and a resumed run
-    /// stops where an uninterrupted one would.
+    /// stops where an uninterrupted one would. Returns `Stop` when stopping
+    /// criteria tightened on resume end the trial here (it is then ended
+    /// as at any result that meets them).
     fn redo(
         &mut self,
         index: usize,
         step: &Step,
         elapsed: Duration,
         fuel_total: u64,
-    ) -> Result<(), String> {
+    ) -> Result<Option<Decision>, String> {
         let Shared { runner, trials, .. } = self;
         let trial = &mut trials[index];
         book_step(trial, elapsed, fuel_total);
         trial.fuel_total = fuel_total;
-        runner.record_redone(trials, index, step, elapsed)
+        let stop = runner.record_redone(trials, index, step, elapsed)?;
+        Ok(stop.map(|reason| runner.stop_redone(trials, index, reason)))
     }
 
     /// Whether a trial just launched starts training on its launching
@@ -292,6 +295,18 @@ pub(super) fn train<B: TrialBackend>(
             let mut guard = lock(shared);
             if !guard.closed {
                 match guard.redo(index, done, elapsed, fuel_total) {
+                    // Criteria tightened on resume end it here.
+                    Ok(Some(ended)) => {
+                        let decision = Ok(ended);
+                        if guard.ends_here(index, &decision) {
+                            guard.hand_to_loop(index, turns);
+                            drop(guard);
+                            return (index, stop(session, false));
+                        }
+                        guard.mark_saving(index, &decision);
+                        guard.hand_to_loop(index, turns);
+                        return (index, Event::Settled { session, decision });
+                    }
                     // Halted: the steps left to redo are redone by the
                     // next resume; this one ends at the halt like any
                     // trial that continues, checkpointed and paused. Or
@@ -299,7 +314,7 @@ pub(super) fn train<B: TrialBackend>(
                     // trial went on, so by frequency): it is written
                     // again, since a later exploit clones it and a later
                     // resume may start from it.
-                    Ok(())
+                    Ok(None)
                         if guard.halted.is_some()
                             || (guard.runner)
                                 .checkpoint_due(&guard.trials[index], &Decision::Continue) =>
@@ -309,7 +324,7 @@ pub(super) fn train<B: TrialBackend>(
                         guard.hand_to_loop(index, turns);
                         return (index, Event::Settled { session, decision });
                     }
-                    Ok(()) => {
+                    Ok(None) => {
                         redo -= 1;
                         continue;
                     }
