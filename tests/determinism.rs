@@ -11,9 +11,9 @@ use std::time::Duration;
 use serde_json::{Map, Value, json};
 use wtune::report::TrialFiles;
 use wtune::tune::{
-    Callback, CheckpointPolicy, FailFast, FailurePolicy, FnBackend, FuelMoment, Mode, ResultOrder,
-    RunSpec, Runner, SavedClock, SchedulerSpec, Step, StopCriteria, Trial, TrialFailure,
-    TrialStatus,
+    Callback, CheckpointPolicy, DecisionRecord, FailFast, FailurePolicy, FnBackend, FuelMoment,
+    Mode, ResultOrder, RunSpec, Runner, SavedClock, SchedulerSpec, Step, StopCriteria, Trial,
+    TrialFailure, TrialStatus,
 };
 
 /// How long step `iteration` of the trial with config `x` sleeps.
@@ -374,12 +374,24 @@ fn a_trial_that_keeps_failing_to_launch_does_not_hold_the_others_back() {
     }
 }
 
-#[test]
-fn a_stop_tightened_on_resume_ends_a_trial_among_the_steps_it_redoes() {
-    // One trial ran to iteration 8 in fuel order; the run was killed at a
-    // moment that had decided up to 8, with the trial's checkpoint at 2
-    // listed. Resumed with training_iteration = 5, it redoes steps 3 on
-    // and must end at 5, not redo up to 8 and stop at 9.
+/// What the runner decided, as `ITERATION DECISION` lines.
+#[derive(Clone, Default)]
+struct Decided(Arc<Mutex<Vec<String>>>);
+
+impl Callback for Decided {
+    fn on_decision(&mut self, record: &DecisionRecord) -> Result<(), String> {
+        let line = format!("{} {}", record.iteration, record.decision);
+        self.0.lock().unwrap().push(line);
+        Ok(())
+    }
+}
+
+/// One trial with `config` ran to iteration 8 in fuel order; the run was
+/// killed at a moment that had decided up to 8, with the trial's
+/// checkpoint at 2 listed. Resumed with `training_iteration = stop`, it
+/// redoes steps 3 to 8 without deciding on them again. Returns the trial
+/// and what the resumed run decided.
+fn resumed_from_a_moment_at_8(config: Value, stop: u64) -> (Trial, Vec<String>) {
     let dir = tempfile::tempdir().unwrap();
     let spec = |stop: u64| RunSpec {
         metric: Some("score".into()),
@@ -388,30 +400,41 @@ fn a_stop_tightened_on_resume_ends_a_trial_among_the_steps_it_redoes() {
             training_iteration: Some(stop),
             ..Default::default()
         },
-        configs: vec![json!({"x": 1.0, "fuel": 10})],
+        configs: vec![config.clone()],
         checkpoint: CheckpointPolicy {
             freq: 2,
             ..CheckpointPolicy::default()
         },
+        failure: FailurePolicy {
+            max_failures: Some(2),
+            fail_fast: FailFast::Off,
+        },
         result_order: ResultOrder::Fuel,
-        ..RunSpec::new("tightened", dir.path())
+        ..RunSpec::new("moment", dir.path())
     };
     let fifo = || Box::new(wtune::tune::Fifo::default());
     let runtime = tokio::runtime::Runtime::new().unwrap();
-    let first = Runner::new(backend(scrambled(1, 0)), spec(8), fifo());
+    // The run before the kill fails nowhere: its `fails_at` is spent.
+    let mut once = config.clone();
+    once.as_object_mut().unwrap().remove("fails_at");
+    let mut first = spec(8);
+    first.configs = vec![once];
+    let first = Runner::new(backend(scrambled(1, 0)), first, fifo());
     let mut trials = runtime.block_on(first.run()).unwrap().trials;
+    trials[0].config = config.clone();
     let trial = &mut trials[0];
     assert_eq!(trial.iterations, 8);
     trial.status = TrialStatus::Running;
     trial.checkpoints.retain(|c| c.iteration == 2);
+    let fuel = config["fuel"].as_u64().unwrap();
     let moment = FuelMoment {
-        now: 80,
+        now: 8 * fuel,
         decisions: 0,
         clocks: vec![SavedClock {
             trial_id: trial.trial_id.clone(),
             start: 0,
             fuel_at_start: Some(0),
-            floor: 80,
+            floor: 8 * fuel,
             iteration: 8,
             pending: None,
             deferred: false,
@@ -420,19 +443,30 @@ fn a_stop_tightened_on_resume_ends_a_trial_among_the_steps_it_redoes() {
     let policy = CheckpointPolicy::default();
     let errored = wtune::tune::resume::ErroredTrials::Keep;
     let backend = backend(scrambled(1, 0));
+    let moment_ref = Some(&moment);
     wtune::tune::resume::prepare_at(
         &backend,
         &mut trials,
         dir.path(),
         &policy,
         errored,
-        Some(&moment),
+        moment_ref,
     );
     assert_eq!(trials[0].iterations, 2);
-    let resumed = Runner::new(backend, spec(5), fifo())
+    let decided = Decided::default();
+    let resumed = Runner::new(backend, spec(stop), fifo())
         .with_trials(trials)
-        .continue_at(moment);
+        .continue_at(moment)
+        .callback(decided.clone());
     let trial = runtime.block_on(resumed.run()).unwrap().trials.remove(0);
+    let decided = decided.0.lock().unwrap().clone();
+    (trial, decided)
+}
+
+#[test]
+fn a_stop_tightened_on_resume_ends_a_trial_among_the_steps_it_redoes() {
+    // Not redone up to 8 to stop at 9: it ends at 5.
+    let (trial, decided) = resumed_from_a_moment_at_8(json!({"x": 1.0, "fuel": 10}), 5);
     assert_eq!(
         (trial.status, trial.iterations, trial.stop_reason.as_deref()),
         (
@@ -440,6 +474,24 @@ fn a_stop_tightened_on_resume_ends_a_trial_among_the_steps_it_redoes() {
             5,
             Some("training_iteration reached 5")
         )
+    );
+    assert_eq!(decided, ["5 STOP"]);
+}
+
+#[test]
+fn a_trial_that_fails_while_redoing_steps_does_not_decide_on_them_again() {
+    // It fails at 5 among the steps it redoes and restarts from its
+    // checkpoint at 4: steps 5 to 8 were decided before the kill.
+    let config = json!({"x": 1.0, "fuel": 10, "fails_at": 5});
+    let (trial, decided) = resumed_from_a_moment_at_8(config, 10);
+    assert_eq!(
+        (trial.status, trial.iterations),
+        (TrialStatus::Terminated, 10)
+    );
+    assert_eq!(
+        decided,
+        ["4 RECOVER", "4 START", "9 CONTINUE", "10 STOP"],
+        "steps decided before the kill were decided again"
     );
 }
 

@@ -98,6 +98,10 @@ impl FuelOrder {
             clock.carried = false;
             return true;
         }
+        // Relaunched (after a failure) before it had redone every step
+        // decided before the resume: it still does not decide on them.
+        let unfinished = self.clocks.get(&index).map_or(0, |clock| clock.redo_until);
+        let decided = self.decided_until.remove(&index).unwrap_or(0);
         self.clocks.insert(
             index,
             Clock {
@@ -106,7 +110,7 @@ impl FuelOrder {
                 fuel_at_start: None,
                 floor: self.now,
                 carried: false,
-                redo_until: self.decided_until.remove(&index).unwrap_or(0),
+                redo_until: unfinished.max(decided),
                 deferred: false,
             },
         );
@@ -160,10 +164,18 @@ impl FuelOrder {
 
     /// How many of trial `index`'s next steps, now at `iteration`, were
     /// decided on before the run was resumed (see [`FuelOrder::carry`]).
-    pub(super) fn redo_left(&self, index: usize, iteration: u64) -> u64 {
-        self.clocks
-            .get(&index)
-            .map_or(0, |clock| clock.redo_until.saturating_sub(iteration))
+    /// Once none, none are again: a trial relaunched from an older
+    /// checkpoint after that (a failure) decides on its steps again, as an
+    /// uninterrupted run's would.
+    pub(super) fn redo_left(&mut self, index: usize, iteration: u64) -> u64 {
+        let Some(clock) = self.clocks.get_mut(&index) else {
+            return 0;
+        };
+        let left = clock.redo_until.saturating_sub(iteration);
+        if left == 0 {
+            clock.redo_until = 0;
+        }
+        left
     }
 
     /// Forgets the clocks carried from a saved moment whose trials have

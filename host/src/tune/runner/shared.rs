@@ -263,7 +263,7 @@ pub(super) fn train<B: TrialBackend>(
         let mut guard = lock(shared);
         let iteration = guard.trials[index].iterations;
         let redo =
-            (guard.runner.order.as_ref()).map_or(0, |order| order.redo_left(index, iteration));
+            (guard.runner.order.as_mut()).map_or(0, |order| order.redo_left(index, iteration));
         // A step a halted run left pending comes first, if the trial
         // restarted from the checkpoint taken right after it (otherwise it
         // trains that step again). It stays pending until decided on.
@@ -326,6 +326,13 @@ pub(super) fn train<B: TrialBackend>(
                     }
                     Ok(None) => {
                         redo -= 1;
+                        let iteration = guard.trials[index].iterations;
+                        if redo == 0
+                            && let Some(order) = &mut guard.runner.order
+                        {
+                            // Every decided step redone: the bound is spent.
+                            order.redo_left(index, iteration);
+                        }
                         continue;
                     }
                     Err(reason) => {
