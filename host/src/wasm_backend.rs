@@ -322,15 +322,12 @@ impl TrialBackend for WasmBackend {
 
     fn describe_checkpoint(&self, path: &Path) -> Result<CheckpointMeta, TrialFailure> {
         let file = self.open_checkpoint(path).map_err(TrialFailure::new)?;
-        let meta = file.meta().clone();
+        let mut meta = file.meta().clone();
         Ok(CheckpointMeta {
             iteration: meta.iteration,
             time_total_s: meta.time_total_s,
             fuel_total: meta.fuel_total,
-            result: match meta.result {
-                Value::Object(map) => Some(map),
-                _ => None,
-            },
+            result: meta.take_result(),
         })
     }
 

@@ -151,7 +151,8 @@ impl Trainable {
             .backend
             .open_checkpoint(path)
             .map_err(errors::CheckpointError::new_err)?;
-        let meta = file.meta().clone();
+        let mut meta = file.meta().clone();
+        let last_result = meta.take_result();
         let config = config.unwrap_or(meta.config);
         wtune::sandbox::reinstate_trap_handlers();
         let session = self
@@ -162,10 +163,7 @@ impl Trainable {
             session,
             config,
             time_total_s: meta.time_total_s,
-            last_result: match meta.result {
-                Value::Object(map) => Some(map),
-                _ => None,
-            },
+            last_result,
         })
     }
 

@@ -235,8 +235,7 @@ impl LocalGpu {
             return (Reply::Done, Vec::new());
         }
         if matches!(request, Request::Reset) {
-            self.pending.clear();
-            self.slots = 0;
+            self.discard_recorded();
             self.failed = None;
         }
         self.flush();
@@ -489,6 +488,11 @@ impl LocalGpu {
     /// and nothing runs until the host has heard ([`Reply::Lost`]).
     fn fail(&mut self, why: String) {
         self.failed.get_or_insert(why);
+        self.discard_recorded();
+    }
+
+    /// Drops what was recorded and not submitted, with its ring slots.
+    fn discard_recorded(&mut self) {
         self.pending.clear();
         self.slots = 0;
     }
@@ -496,10 +500,10 @@ impl LocalGpu {
     /// Submits what was recorded, in one command buffer; nothing once a
     /// streamed job has failed.
     fn flush(&mut self) {
-        let slots = std::mem::take(&mut self.slots) as usize;
         if self.failed.is_some() {
-            self.pending.clear();
+            self.discard_recorded();
         }
+        let slots = std::mem::take(&mut self.slots) as usize;
         if self.pending.is_empty() {
             return;
         }

@@ -83,6 +83,17 @@ pub struct SnapshotMeta {
     pub result: Value,
 }
 
+impl SnapshotMeta {
+    /// The last result it holds, taken out: `None` when there is none (or
+    /// it is not a JSON object).
+    pub fn take_result(&mut self) -> Option<serde_json::Map<String, Value>> {
+        match self.result.take() {
+            Value::Object(map) => Some(map),
+            _ => None,
+        }
+    }
+}
+
 /// What a checkpoint file holds.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Payload {
