@@ -243,9 +243,7 @@ fn open_events(
         }
     }
     ours.sort();
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
+    let now = super::unix_time();
     let path = match ours.pop() {
         Some(path) => {
             cut_back(&path, continues_after, tfevents::kept)?;
@@ -712,9 +710,7 @@ impl Open {
                 .get("training_iteration")
                 .and_then(Value::as_u64)
                 .unwrap_or(0);
-            let wall_time = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0.0, |d| d.as_secs_f64());
+            let wall_time = super::unix_time().as_secs_f64();
             scalars.fill(result, matches!(which, Logged::MetricsAndConfig));
             tfevents::scalars(&mut pending.events, scalars.as_slice(), wall_time, step);
         }
@@ -973,9 +969,7 @@ impl Callback for TrialFiles {
                 TrialStatus::Error => tfevents::SessionStatus::Failure,
                 _ => tfevents::SessionStatus::Success,
             };
-            let wall_time = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0.0, |d| d.as_secs_f64());
+            let wall_time = super::unix_time().as_secs_f64();
             let mut pending = lock(&open.slot.pending);
             tfevents::session_end(&mut pending.events, wall_time, trial.iterations, status);
         }

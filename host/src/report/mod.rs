@@ -23,3 +23,11 @@ pub use progress::Progress;
 pub use state::StateFile;
 pub use summary::{Outcome, TrialOutcome, outcome_text, summary_text};
 pub use tfevents::tensorboard_line;
+
+/// Time since the Unix epoch now (zero on a clock set before it): what
+/// TensorBoard's events and MLflow's timestamps count from.
+fn unix_time() -> std::time::Duration {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+}

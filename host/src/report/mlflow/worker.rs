@@ -521,7 +521,5 @@ impl Worker {
 }
 
 pub(super) fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
+    crate::report::unix_time().as_millis() as u64
 }
