@@ -129,7 +129,8 @@ def test_schedulers_map_with_their_parameters(tmp_path, table, kind, checks):
 def test_notes_about_fuel_order_give_way_to_rays_arrival_order(tmp_path):
     fuel = plan_of(
         tmp_path,
-        'metric = "loss"\nmode = "min"\n[scheduler]\ntype = "asha"\ntime_attr = "fuel_total"\n'
+        'metric = "loss"\nmode = "min"\nnum_samples = 4\n[scheduler]\ntype = "asha"\n'
+        'time_attr = "fuel_total"\n'
         "max_t = 1e9\ngrace_period = 1e7\n",
     )
     assert fuel["spec"]["result_order"] == "fuel"

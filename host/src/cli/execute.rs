@@ -95,14 +95,15 @@ fn fit_to_machine(spec: &mut RunSpec, backend: &WasmBackend, setup: &Setup) -> R
             spec.max_concurrent = shares as usize;
         }
     }
-    let pool = spec.resources.build().map_err(Failure::user)?;
+    let pool = spec.pool_spec().build().map_err(Failure::user)?;
     pool.check(&spec.resources_per_trial)
         .map_err(|e| Failure::user(format!("resources_per_trial: {e}")))
 }
 
-/// The runner with its callbacks (the state file first: it must be saved
-/// even if another callback fails at the end) and, resuming, what the
-/// earlier runs left.
+/// The runner with its callbacks (the decision log before the state file,
+/// so that a state never counts decisions the log lacks; every callback
+/// hears the end even when one fails) and, resuming, what the earlier runs
+/// left.
 fn assemble(
     backend: WasmBackend,
     spec: RunSpec,

@@ -168,15 +168,17 @@ pub(super) fn fuel_order_chosen(file: &ExperimentToml, scheduler: &SchedulerSpec
 }
 
 /// In fuel order, a note when `max_concurrent_trials` was left to default
-/// to this machine's cores: decisions depend on it.
+/// to this machine's cores and more than one trial runs: decisions depend
+/// on it.
 pub(super) fn note_default_concurrency(
     file: &ExperimentToml,
     overrides: &Overrides,
     order: ResultOrder,
-    max_concurrent: usize,
+    (max_concurrent, trial_count): (usize, u64),
     notes: &mut Vec<String>,
 ) {
     if order == ResultOrder::Fuel
+        && trial_count > 1
         && file.max_concurrent_trials.is_none()
         && overrides.max_concurrent.is_none()
     {

@@ -148,7 +148,8 @@ fn plan_file(
         &resources.stop_experiment,
         &mut notes,
     );
-    decisions::note_default_concurrency(&file, overrides, result_order, max_concurrent, &mut notes);
+    let counts = (max_concurrent, search.trial_count);
+    decisions::note_default_concurrency(&file, overrides, result_order, counts, &mut notes);
     let checkpoint_mode = policies::checkpoint_mode(&file, overrides)?;
     let checkpoint = policies::checkpoint(&file, overrides)?;
     let failure = policies::failure(&file, overrides)?;

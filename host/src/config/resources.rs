@@ -31,18 +31,19 @@ pub(super) fn plan(
     let resources_per_trial: Resources =
         table_as("resources_per_trial", &file.resources_per_trial)?;
     resources_per_trial.validate().map_err(bad)?;
-    let mut resources: PoolSpec = table_as("resources", &file.resources)?;
-    if fuel_order
-        && let Some(cores) = resources.share_cores(resources_per_trial.cpu, max_concurrent)
-    {
+    let resources: PoolSpec = table_as("resources", &file.resources)?;
+    // The pool this machine's run will build (`RunSpec::pool_spec`); the
+    // spec keeps what was declared, for a resume elsewhere.
+    let mut fitted = resources.clone();
+    if fuel_order && let Some(cores) = fitted.share_cores(resources_per_trial.cpu, max_concurrent) {
         notes.push(format!(
-            "all max_concurrent_trials = {max_concurrent} trials run at once, sharing this \
-             machine's {cores} cores, so that decisions in fuel order do not depend on its \
-             cores; declare resources.cpu to run fewer (decisions then differ from a machine \
-             where all fit)"
+            "all max_concurrent_trials = {max_concurrent} trials run at once (as far as \
+             memory and GPUs allow), sharing this machine's {cores} cores, so that decisions \
+             in fuel order do not depend on its cores; declare resources.cpu to run fewer \
+             (decisions then differ from a machine where all fit)"
         ));
     }
-    let pool = resources.build().map_err(bad)?;
+    let pool = fitted.build().map_err(bad)?;
     // Undeclared GPUs depend on where host compute runs, known once the
     // sandbox exists: `fit_gpu` settles them, and the run checks again.
     let mut known = resources_per_trial.clone();

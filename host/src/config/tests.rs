@@ -506,12 +506,14 @@ fn in_fuel_order_max_concurrent_trials_alone_sets_how_many_run_at_once() {
     // The file-descriptor limit may run fewer (with its own note).
     if plan.spec.max_concurrent > cores {
         assert_eq!(
-            plan.spec.resources.cpu,
+            plan.spec.pool_spec().cpu,
             Some(plan.spec.max_concurrent as f64)
         );
         assert!(sharing(&plan), "{:?}", plan.notes);
     }
-    let cpu_of = |text: &str| plan_of(text).unwrap().spec.resources.cpu;
+    // The spec keeps what was declared: a resume elsewhere fits its cores.
+    assert_eq!(plan.spec.resources.cpu, None);
+    let cpu_of = |text: &str| plan_of(text).unwrap().spec.pool_spec().cpu;
     // Declared CPUs, arrival order, or trials that fit: as declared.
     let declared = format!("{more}\n[resources]\ncpu = 1\n");
     assert_eq!(cpu_of(&asha(&declared)), Some(1.0));
@@ -525,7 +527,9 @@ fn in_fuel_order_max_concurrent_trials_alone_sets_how_many_run_at_once() {
             .iter()
             .any(|n| n.contains("defaults to this machine's cores"))
     };
-    assert!(defaulted(&asha("")));
+    assert!(defaulted(&asha("num_samples = 4")));
+    // One trial decides the same however many may run.
+    assert!(!defaulted(&asha("")));
     assert!(!defaulted(&asha("max_concurrent_trials = 1")));
     assert!(!defaulted("metric = \"loss\""));
 }

@@ -3,8 +3,9 @@
 //! same on every machine whatever the threads' timing.
 //!
 //! Each running trial has a clock: the experiment's fuel time when its
-//! session started (when a slot was freed for it, or when it failed and was
-//! restored) plus the fuel it has burned since. Fuel is deterministic, so a
+//! session started (when a slot was freed for it, or, restored after a
+//! failure, the next event of another trial: see below) plus the fuel it
+//! has burned since. Fuel is deterministic, so a
 //! trial's results land at the same fuel times on every machine; only the
 //! order in which threads finish differs. A trial thread with a result (or a
 //! failure) waits here until its fuel time is the smallest that any running
@@ -41,7 +42,8 @@ pub(super) type Key = (u64, String);
 #[derive(Debug, Clone)]
 struct Clock {
     trial_id: String,
-    /// Experiment fuel time when its session started.
+    /// Experiment fuel time when its session started (for a deferred
+    /// clock, not yet known).
     start: u64,
     /// The trial's own fuel count when its session started (after a
     /// restore, the checkpoint's), once launched.
@@ -234,7 +236,11 @@ impl FuelOrder {
                         // Launching: it starts from its newest checkpoint,
                         // whatever its counters still say (an exploit's or a
                         // failure's relaunch goes back).
-                        None => trial.latest_checkpoint().map_or(0, |c| c.iteration),
+                        // A relaunch after failing among the steps it
+                        // redoes still has them to redo without deciding.
+                        None => (trial.latest_checkpoint())
+                            .map_or(0, |c| c.iteration)
+                            .max(clock.redo_until),
                         Some(_) => {
                             let booked = trial
                                 .iterations
@@ -262,7 +268,8 @@ impl FuelOrder {
 
     /// Continues from a saved `moment`: its clocks, for the trials
     /// `index_of` finds, are carried until those trials start again, and
-    /// hold back every later event until they get there.
+    /// (but for deferred ones, which wait for another trial's event) hold
+    /// back every later event until they get there.
     pub(super) fn carry(&mut self, moment: &FuelMoment, index_of: impl Fn(&str) -> Option<usize>) {
         self.now = moment.now;
         for saved in &moment.clocks {
@@ -576,6 +583,46 @@ mod tests {
         assert!(!order.is_deferred(0));
         order.launched(0, 0);
         assert_eq!(order.key(0, 0), Some(key(100, "trial_0000")));
+    }
+
+    #[test]
+    fn a_relaunch_after_failing_among_redone_steps_keeps_them_undecided() {
+        let dir = std::path::Path::new("/nonexistent");
+        let trials = vec![Trial::new(
+            "trial_0000".into(),
+            serde_json::json!({}),
+            dir.into(),
+        )];
+        let saved = FuelMoment {
+            now: 80,
+            decisions: 0,
+            clocks: vec![SavedClock {
+                trial_id: "trial_0000".into(),
+                start: 0,
+                fuel_at_start: Some(0),
+                floor: 80,
+                iteration: 8,
+                pending: None,
+                deferred: false,
+            }],
+        };
+        let mut order = FuelOrder::default();
+        order.carry(&saved, |_| Some(0));
+        assert!(order.start(0, "trial_0000"));
+        order.launched(0, 20);
+        assert_eq!(order.redo_left(0, 2), 6);
+        // It fails at step 5 and is relaunched: still to redo up to 8, and
+        // a moment taken while it launches says so.
+        assert!(!order.start(0, "trial_0000"));
+        let moment = order.moment(&trials, 0, &HashMap::new()).unwrap();
+        assert_eq!(moment.clocks[0].iteration, 8);
+        order.launched(0, 20);
+        assert_eq!(order.redo_left(0, 2), 6);
+        // Once redone, the bound is spent: a later relaunch decides again.
+        assert_eq!(order.redo_left(0, 8), 0);
+        assert!(!order.start(0, "trial_0000"));
+        order.launched(0, 20);
+        assert_eq!(order.redo_left(0, 2), 0);
     }
 
     #[test]

@@ -149,8 +149,9 @@ pub struct Runner<B: TrialBackend> {
     metric_seen: bool,
     /// Some trial's session has launched (its `setup` took its config).
     launched_once: bool,
-    /// The first trial to launch failed and is being retried: the other
-    /// slots fill instead of waiting on its retries (`Runner::probing`).
+    /// The first trial to launch failed and is retried without end
+    /// (`max_failures = -1`): the other slots fill instead of waiting on its
+    /// retries (`Runner::probing`).
     probe_retried: bool,
     /// Finished trials continued under new stopping criteria
     /// ([`Runner::extending`]): their checkpoint's result says `done`, which
@@ -432,8 +433,8 @@ impl<B: TrialBackend> Runner<B> {
     /// trainable's config type (or a component every setup refuses) then
     /// fails one trial, not a whole slot's worth, before the run halts
     /// (`launch_failed`). It costs one setup's wait at the start. A first
-    /// trial that failed and is retried ends the probe: under
-    /// `max_failures = -1` its retries might never end.
+    /// trial retried under `max_failures = -1` ends the probe: its retries
+    /// might never end.
     fn probing(&self, live: usize) -> bool {
         !self.launched_once && !self.probe_retried && live > 0
     }
@@ -1011,7 +1012,7 @@ impl<B: TrialBackend> Runner<B> {
             if let Some(order) = &mut self.order {
                 order.defer(index);
             }
-            self.probe_retried = true;
+            self.probe_retried |= self.spec.failure.max_failures.is_none();
             return None;
         }
         let record = DecisionRecord::new(&trials[index], self.fuel_time(), "ERROR");
@@ -1170,10 +1171,11 @@ impl<B: TrialBackend> Runner<B> {
     /// Records a result of a step redone after a resume (see
     /// [`Runner::continue_at`]): the files get it again (they were cut back
     /// to the checkpoint the trial restarted from), the decision makers do
-    /// not: they decided on it before the run stopped.
-    /// Returns why the stopping criteria end the trial at this result,
-    /// if they do: criteria tightened on resume (`wtune resume --stop`)
-    /// may end it at a step the run it continues went past.
+    /// not: they decided on it before the run stopped. Unless the stopping
+    /// criteria end the trial at it: criteria tightened on resume (`wtune
+    /// resume --stop`) may end it at a step the run it continues went past.
+    /// Then nothing is recorded, and the reason is returned: the step is
+    /// decided on in its turn ([`Self::stop_redone`]).
     fn record_redone(
         &mut self,
         trials: &mut [Trial],
@@ -1183,23 +1185,34 @@ impl<B: TrialBackend> Runner<B> {
     ) -> Result<Option<String>, String> {
         let reuse = self.spare_record.take();
         let record = result::record(&trials[index], step, elapsed, false, reuse)?;
-        let stop = self.spec.stop.reached(&record)?;
+        if let Some(reason) = self.spec.stop.reached(&record)? {
+            self.spare_record = Some(record);
+            return Ok(Some(reason));
+        }
         self.spare_record = trials[index].last_result.replace(record);
         self.tell_result(trials, index)?;
-        Ok(stop)
+        Ok(None)
     }
 
-    /// Ends trial `index` at the step it just redid, which the stopping
-    /// criteria end (`reason`, see [`Self::record_redone`]), as a fresh
-    /// result that met them would have.
-    fn stop_redone(&mut self, trials: &mut [Trial], index: usize, reason: String) -> Decision {
+    /// Ends trial `index` at the redone step the stopping criteria end
+    /// (`reason`, from [`Self::record_redone`]), as a fresh result that met
+    /// them would have: recorded as done, the scheduler told, STOP decided.
+    fn stop_redone(
+        &mut self,
+        trials: &mut [Trial],
+        index: usize,
+        (step, elapsed): (&Step, Duration),
+        reason: String,
+    ) -> Result<Decision, String> {
+        let reuse = self.spare_record.take();
+        let record = result::record(&trials[index], step, elapsed, true, reuse)?;
         let trial = &mut trials[index];
+        self.scheduler.on_trial_complete(trial, &record);
         trial.stop_reason = Some(reason);
-        if let Some(record) = &trial.last_result {
-            self.scheduler.on_trial_complete(trial, record);
-        }
+        self.spare_record = trial.last_result.replace(record);
+        self.tell_result(trials, index)?;
         self.decided_on(trials, index, &Decision::Stop);
-        Decision::Stop
+        Ok(Decision::Stop)
     }
 
     /// Tells every callback of trial `index`'s `last_result`.

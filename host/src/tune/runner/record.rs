@@ -63,12 +63,32 @@ impl DecisionRecord {
             for dir in canonical.as_deref().into_iter().chain([experiment_dir]) {
                 let prefix = format!("{}{}", dir.display(), std::path::MAIN_SEPARATOR);
                 if prefix.len() > 1 && why.contains(&prefix) {
-                    *why = why.replace(&prefix, "");
+                    *why = strip_path_prefix(why, &prefix);
                 }
             }
         }
         self
     }
+}
+
+/// `text` with `prefix` removed where a path starts with it: at the start,
+/// or after a space, a quote, a bracket, `=` or `,`; not inside another
+/// path (`/mnt/a/exp/x` keeps its `/a/exp/`).
+fn strip_path_prefix(text: &str, prefix: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut copied = 0;
+    for (at, _) in text.match_indices(prefix) {
+        let starts_path = text[..at]
+            .chars()
+            .next_back()
+            .is_none_or(|c| c.is_whitespace() || "\"'([{=,".contains(c));
+        if starts_path && at >= copied {
+            out.push_str(&text[copied..at]);
+            copied = at + prefix.len();
+        }
+    }
+    out.push_str(&text[copied..]);
+    out
 }
 
 /// The name a record gives `decision`.
@@ -108,6 +128,10 @@ mod tests {
             Some(
                 "restoring trial_0001/checkpoint_000003/trial.wtsnap: damaged; elsewhere /etc/passwd"
             )
+        );
+        assert_eq!(
+            strip_path_prefix("/a/exp/t: \"/a/exp/u\" /mnt/a/exp/v (/a/exp/w)", "/a/exp/"),
+            "t: \"u\" /mnt/a/exp/v (w)"
         );
         let none = DecisionRecord::new(&trial, None, "START").relative_to(dir.path());
         assert_eq!(none.why, None);

@@ -107,14 +107,7 @@ impl<B: TrialBackend> Runner<B> {
             .first()
             .map(|t| t.trial_id.trim_start_matches("trial_").len());
         self.id_width = trial_id_width(self.searcher.total(), saved_width);
-        if self.order.is_some() {
-            // All max_concurrent trials run at once whatever the cores, as
-            // the plan says (`config::plan` notes it), for a runner built
-            // without one too.
-            let per_trial = self.spec.resources_per_trial.cpu;
-            (self.spec.resources).share_cores(per_trial, self.spec.max_concurrent);
-        }
-        self.pool = self.spec.resources.build().map_err(RunError::Spec)?;
+        self.pool = self.spec.pool_spec().build().map_err(RunError::Spec)?;
         self.spec
             .resources_per_trial
             .validate()

@@ -82,22 +82,34 @@ impl<B: TrialBackend> Shared<B> {
     /// Books a step redone after a resume and records its result, without
     /// a decision ([`Runner::continue_at`]). Its fuel is not counted again
     /// toward `max_fuel`: the run it continues counted it, and a resumed run
-    /// stops where an uninterrupted one would. Returns `Stop` when stopping
-    /// criteria tightened on resume end the trial here (it is then ended
-    /// as at any result that meets them).
+    /// stops where an uninterrupted one would. Returns why stopping
+    /// criteria tightened on resume end the trial at this step, if they
+    /// do: it is then booked but not recorded, for [`Shared::stop_redone`]
+    /// in its turn.
     fn redo(
         &mut self,
         index: usize,
         step: &Step,
         elapsed: Duration,
         fuel_total: u64,
-    ) -> Result<Option<Decision>, String> {
+    ) -> Result<Option<String>, String> {
         let Shared { runner, trials, .. } = self;
         let trial = &mut trials[index];
         book_step(trial, elapsed, fuel_total);
         trial.fuel_total = fuel_total;
-        let stop = runner.record_redone(trials, index, step, elapsed)?;
-        Ok(stop.map(|reason| runner.stop_redone(trials, index, reason)))
+        runner.record_redone(trials, index, step, elapsed)
+    }
+
+    /// Ends trial `index` at the redone step that the stopping criteria end
+    /// (see [`Shared::redo`]).
+    fn stop_redone(
+        &mut self,
+        index: usize,
+        step: (&Step, Duration),
+        reason: String,
+    ) -> Result<Decision, String> {
+        let Shared { runner, trials, .. } = self;
+        runner.stop_redone(trials, index, step, reason)
     }
 
     /// Whether a trial just launched starts training on its launching
@@ -252,7 +264,8 @@ impl<B: TrialBackend> Tasks<B> {
 /// is ended and its session stopped here too ([`Shared::ends_here`]), so
 /// the loop only frees its slot; a failure, or any other result whose
 /// decision needs the loop, goes to the loop as an event. In fuel order,
-/// each result and failure first waits for its turn ([`turn`]).
+/// each result and failure first waits for its turn ([`turn`]), but for the
+/// steps redone after a resume, which decide nothing.
 pub(super) fn train<B: TrialBackend>(
     shared: &Mutex<Shared<B>>,
     turns: &Condvar,
@@ -295,16 +308,39 @@ pub(super) fn train<B: TrialBackend>(
             let mut guard = lock(shared);
             if !guard.closed {
                 match guard.redo(index, done, elapsed, fuel_total) {
-                    // Criteria tightened on resume end it here.
-                    Ok(Some(ended)) => {
-                        let decision = Ok(ended);
-                        if guard.ends_here(index, &decision) {
-                            guard.hand_to_loop(index, turns);
-                            drop(guard);
+                    // Criteria tightened on resume end it here: decided
+                    // in its turn, as a fresh result would be.
+                    Ok(Some(reason)) => {
+                        drop(guard);
+                        let mut shared = turn(shared, turns, index, Some(fuel_total));
+                        if shared.closed {
+                            let decision = Err("the run has ended".to_string());
+                            return (index, Event::Settled { session, decision });
+                        }
+                        if shared.halted.is_some() {
+                            // Not released: booked, and decided on by the
+                            // next resume.
+                            shared.hand_to_loop(index, turns);
+                            let step = done.clone();
+                            let booked = true;
+                            return (
+                                index,
+                                Event::HaltedStep {
+                                    session,
+                                    step,
+                                    elapsed,
+                                    booked,
+                                },
+                            );
+                        }
+                        let decision = shared.stop_redone(index, (done, elapsed), reason);
+                        if shared.ends_here(index, &decision) {
+                            shared.hand_to_loop(index, turns);
+                            drop(shared);
                             return (index, stop(session, false));
                         }
-                        guard.mark_saving(index, &decision);
-                        guard.hand_to_loop(index, turns);
+                        shared.mark_saving(index, &decision);
+                        shared.hand_to_loop(index, turns);
                         return (index, Event::Settled { session, decision });
                     }
                     // Halted: the steps left to redo are redone by the
@@ -400,7 +436,9 @@ const TURN_RECHECK: Duration = Duration::from_millis(100);
 /// that failed or needs the loop). In fuel order, first waits until the
 /// event is next ([`FuelOrder`](super::fuel_order::FuelOrder)) and releases
 /// it; a closed run (nobody reads its results) releases at once, and a
-/// halted one releases nothing (the caller sees `halted`).
+/// halted one releases nothing (the caller sees `halted`). A trial whose
+/// clock is deferred ([`FuelOrder::defer`](super::fuel_order::FuelOrder::defer))
+/// first waits for it to start.
 pub(super) fn turn<'a, B: TrialBackend>(
     shared: &'a Mutex<Shared<B>>,
     turns: &Condvar,

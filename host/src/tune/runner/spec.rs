@@ -131,18 +131,31 @@ pub enum ResultOrder {
     /// criterion, `max_time`, control requests). Trials ahead in fuel time
     /// wait for their siblings at their next result. CPUs the resources
     /// leave undeclared hold all `max_concurrent` trials, sharing the cores
-    /// where they are fewer ([`PoolSpec::share_cores`](crate::tune::PoolSpec::share_cores)).
+    /// where they are fewer ([`RunSpec::pool_spec`]).
     Fuel,
 }
 
 impl RunSpec {
+    /// The resources the run's pool holds: `resources`, and in fuel order
+    /// CPUs left undeclared raised to hold all `max_concurrent` trials
+    /// ([`PoolSpec::share_cores`]). Worked out on each run, so a resumed
+    /// run on another machine, or with another `max_concurrent`, fits its
+    /// own cores.
+    pub fn pool_spec(&self) -> PoolSpec {
+        let mut pool = self.resources.clone();
+        if self.result_order == ResultOrder::Fuel {
+            pool.share_cores(self.resources_per_trial.cpu, self.max_concurrent);
+        }
+        pool
+    }
+
     /// Most trials that can run at once: `max_concurrent`, or fewer when
     /// the experiment's resources hold fewer trials of
     /// `resources_per_trial` (a scheduler may change a trial's request
     /// later; this is for the requests the trials start with).
     pub fn concurrency(&self) -> usize {
         let asked = self.max_concurrent.max(1);
-        self.resources
+        self.pool_spec()
             .build()
             .ok()
             .and_then(|pool| pool.capacity(&self.resources_per_trial))
