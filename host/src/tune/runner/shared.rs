@@ -334,14 +334,7 @@ pub(super) fn train<B: TrialBackend>(
                             );
                         }
                         let decision = shared.stop_redone(index, (done, elapsed), reason);
-                        if shared.ends_here(index, &decision) {
-                            shared.hand_to_loop(index, turns);
-                            drop(shared);
-                            return (index, stop(session, false));
-                        }
-                        shared.mark_saving(index, &decision);
-                        shared.hand_to_loop(index, turns);
-                        return (index, Event::Settled { session, decision });
+                        return hand_on(shared, turns, index, session, decision);
                     }
                     // Halted: the steps left to redo are redone by the
                     // next resume; this one ends at the halt like any
@@ -416,15 +409,28 @@ pub(super) fn train<B: TrialBackend>(
             turns.notify_all();
             continue;
         }
-        if shared.ends_here(index, &decision) {
-            shared.hand_to_loop(index, turns);
-            drop(shared);
-            return (index, stop(session, false));
-        }
-        shared.mark_saving(index, &decision);
-        shared.hand_to_loop(index, turns);
-        return (index, Event::Settled { session, decision });
+        return hand_on(shared, turns, index, session, decision);
     }
+}
+
+/// Hands on a result decided on this thread that does not simply continue:
+/// a trial that ends here has its session stopped here
+/// ([`Shared::ends_here`]); anything else goes to the loop.
+fn hand_on<B: TrialBackend>(
+    mut shared: MutexGuard<'_, Shared<B>>,
+    turns: &Condvar,
+    index: usize,
+    session: B::Session,
+    decision: Result<Decision, String>,
+) -> (usize, Event<B::Session>) {
+    if shared.ends_here(index, &decision) {
+        shared.hand_to_loop(index, turns);
+        drop(shared);
+        return (index, stop(session, false));
+    }
+    shared.mark_saving(index, &decision);
+    shared.hand_to_loop(index, turns);
+    (index, Event::Settled { session, decision })
 }
 
 /// Longest a thread waiting for its turn sleeps before looking again, in
