@@ -27,6 +27,7 @@
 //! model.
 
 mod acquisition;
+mod memo;
 mod regressor;
 
 use rand::SeedableRng;

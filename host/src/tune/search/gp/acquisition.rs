@@ -16,6 +16,7 @@ use argmin::core::{CostFunction, Executor, Gradient, State};
 use argmin::solver::linesearch::MoreThuenteLineSearch;
 use argmin::solver::quasinewton::LBFGS;
 
+use super::memo::LastEvaluation;
 use super::regressor::Posterior;
 use crate::tune::search::normal::{LN_SQRT_2PI, Portable, normal_cdf};
 
@@ -86,6 +87,7 @@ struct Climb<'a> {
     best: f64,
     base: &'a [f64],
     free: &'a [usize],
+    last: LastEvaluation,
 }
 
 impl Climb<'_> {
@@ -96,6 +98,20 @@ impl Climb<'_> {
         }
         x
     }
+
+    /// The cost and its gradient by `u`, from one prediction.
+    fn evaluate(&self, u: &[f64]) -> (f64, Vec<f64>) {
+        self.last.at(u, || {
+            let (value, g) = log_ei(self.gp, self.best, &self.point(u), true);
+            let grad = self
+                .free
+                .iter()
+                .zip(u)
+                .map(|(&j, &u)| -g[j] * 0.5 * u.psin())
+                .collect();
+            (-value, grad)
+        })
+    }
 }
 
 impl CostFunction for Climb<'_> {
@@ -103,7 +119,7 @@ impl CostFunction for Climb<'_> {
     type Output = f64;
 
     fn cost(&self, u: &Self::Param) -> Result<f64, argmin::core::Error> {
-        Ok(-log_ei(self.gp, self.best, &self.point(u), false).0)
+        Ok(self.evaluate(u).0)
     }
 }
 
@@ -112,13 +128,7 @@ impl Gradient for Climb<'_> {
     type Gradient = Vec<f64>;
 
     fn gradient(&self, u: &Self::Param) -> Result<Vec<f64>, argmin::core::Error> {
-        let (_, g) = log_ei(self.gp, self.best, &self.point(u), true);
-        Ok(self
-            .free
-            .iter()
-            .zip(u)
-            .map(|(&j, &u)| -g[j] * 0.5 * u.psin())
-            .collect())
+        Ok(self.evaluate(u).1)
     }
 }
 
@@ -152,6 +162,7 @@ pub(super) fn climb(
                 best,
                 base: &x,
                 free: &free,
+                last: LastEvaluation::default(),
             };
             let found = LBFGS::new(MoreThuenteLineSearch::new(), 10)
                 .with_tolerance_grad(1e-6)

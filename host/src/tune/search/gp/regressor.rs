@@ -13,13 +13,12 @@
 //! (`normal::Portable`), so a fit gives the same bits on every machine and
 //! a seeded search the same suggestions.
 
-use std::cell::RefCell;
-
 use argmin::core::{CostFunction, Executor, Gradient, State};
 use argmin::solver::linesearch::MoreThuenteLineSearch;
 use argmin::solver::quasinewton::LBFGS;
 use nalgebra::{Cholesky, DMatrix, DVector, Dyn};
 
+use super::memo::LastEvaluation;
 use crate::tune::search::normal::Portable;
 
 /// The noise variance never goes below this (in units of the standardized
@@ -136,23 +135,19 @@ impl Metric {
     }
 }
 
-/// The kernel matrix of `x` under `hyper` (noise on the diagonal), and the
-/// noise-free part.
-fn kernel_matrix(metric: &Metric, x: &[Vec<f64>], hyper: &Hyper) -> (DMatrix<f64>, DMatrix<f64>) {
+/// The kernel matrix of `x` under `hyper`, noise on the diagonal.
+fn kernel_matrix(metric: &Metric, x: &[Vec<f64>], hyper: &Hyper) -> DMatrix<f64> {
     let n = x.len();
-    let mut plain = DMatrix::zeros(n, n);
+    let mut k = DMatrix::zeros(n, n);
     for i in 0..n {
-        for k in 0..=i {
-            let v = hyper.scale * matern(metric.r2(&x[i], &x[k], &hyper.eta)).0;
-            plain[(i, k)] = v;
-            plain[(k, i)] = v;
+        for c in 0..i {
+            let v = hyper.scale * matern(metric.r2(&x[i], &x[c], &hyper.eta)).0;
+            k[(i, c)] = v;
+            k[(c, i)] = v;
         }
+        k[(i, i)] = hyper.scale + hyper.noise;
     }
-    let mut noisy = plain.clone();
-    for i in 0..n {
-        noisy[(i, i)] += hyper.noise;
-    }
-    (noisy, plain)
+    k
 }
 
 /// The Cholesky factor of `k`, adding jitter to the diagonal if rounding
@@ -172,67 +167,133 @@ fn factor(k: DMatrix<f64>) -> Cholesky<f64, Dyn> {
     }
 }
 
+/// `L^-1` for the Cholesky factor `L` in `chol`, column-major. Column `c`
+/// is zero above the diagonal; below it, it solves the trailing block of
+/// `L` against the unit vector, a sixth of `n^3` steps where a solve
+/// against the whole identity takes half.
+fn inverse_factor(chol: &Cholesky<f64, Dyn>) -> DMatrix<f64> {
+    let l = chol.l_dirty();
+    let n = l.nrows();
+    let mut linv = DMatrix::zeros(n, n);
+    for c in 0..n {
+        let mut unit = DVector::zeros(n - c);
+        unit[0] = 1.0;
+        let solved = l.view_range(c.., c..).solve_lower_triangular_mut(&mut unit);
+        assert!(solved, "a Cholesky factor has a positive diagonal");
+        linv.view_range_mut(c.., c).copy_from(&unit);
+    }
+    linv
+}
+
+/// `K^-1 = L^-T L^-1` given `L^-1` row-major (`linv_t`, its transpose
+/// column-major), summed as rank-one updates by the rows of `L^-1`: each
+/// entry adds its terms in row order whatever the vector width.
+fn inverse_from(linv_t: &DMatrix<f64>) -> DMatrix<f64> {
+    let n = linv_t.nrows();
+    let rows = linv_t.as_slice();
+    let mut kinv = DMatrix::<f64>::zeros(n, n);
+    let out = kinv.as_mut_slice();
+    for m in 0..n {
+        let row = &rows[m * n..m * n + m + 1];
+        for (k, &a) in row.iter().enumerate() {
+            let column = &mut out[k * n + k..k * n + m + 1];
+            for (o, &b) in column.iter_mut().zip(&row[k..]) {
+                *o += a * b;
+            }
+        }
+    }
+    for k in 0..n {
+        for i in k + 1..n {
+            out[i * n + k] = out[k * n + i];
+        }
+    }
+    kinv
+}
+
 /// `sum_k a[k] * b[k]` in index order.
 fn dot(a: &[f64], b: &[f64]) -> f64 {
     a.iter().zip(b).map(|(x, y)| x * y).sum()
 }
 
-/// One evaluation of [`Evidence`]: where, the cost, and its gradient.
-type Evaluation = (Vec<f64>, f64, Vec<f64>);
-
 /// The negative log marginal likelihood plus log prior of the observations,
-/// as L-BFGS minimizes it, with the last evaluation kept: argmin asks for
-/// the cost and the gradient at the same point one after the other.
+/// as L-BFGS minimizes it.
 struct Evidence<'a> {
-    metric: &'a Metric,
     x: &'a [Vec<f64>],
     y: &'a [f64],
-    last: RefCell<Option<Evaluation>>,
+    /// Per pair `(i, k)` with `k < i`, in that order, the per-dimension
+    /// gaps ([`Metric::gap`]): they do not change while fitting.
+    gaps: Vec<f64>,
+    last: LastEvaluation,
 }
 
-impl Evidence<'_> {
-    fn evaluate(&self, theta: &[f64]) -> (f64, Vec<f64>) {
-        if let Some((at, cost, grad)) = &*self.last.borrow()
-            && at == theta
-        {
-            return (*cost, grad.clone());
+impl<'a> Evidence<'a> {
+    fn new(metric: &Metric, x: &'a [Vec<f64>], y: &'a [f64]) -> Self {
+        let d = metric.categorical.len();
+        let mut gaps = Vec::with_capacity(x.len() * x.len().saturating_sub(1) / 2 * d);
+        for i in 0..x.len() {
+            for k in 0..i {
+                gaps.extend((0..d).map(|j| metric.gap(j, x[i][j], x[k][j])));
+            }
         }
-        let out = self.compute(theta);
-        *self.last.borrow_mut() = Some((theta.to_vec(), out.0, out.1.clone()));
-        out
+        Self {
+            x,
+            y,
+            gaps,
+            last: LastEvaluation::default(),
+        }
+    }
+
+    fn evaluate(&self, theta: &[f64]) -> (f64, Vec<f64>) {
+        self.last.at(theta, || self.compute(theta))
     }
 
     fn compute(&self, theta: &[f64]) -> (f64, Vec<f64>) {
         let hyper = Hyper::from_log(theta);
         let n = self.x.len();
         let d = hyper.eta.len();
-        let (noisy, plain) = kernel_matrix(self.metric, self.x, &hyper);
+        // Off the diagonal, per pair as in `gaps`: the kernel and its
+        // derivative by the squared distance.
+        let pairs = n * n.saturating_sub(1) / 2;
+        let (mut k_pair, mut dk_pair) = (Vec::with_capacity(pairs), Vec::with_capacity(pairs));
+        let mut noisy = DMatrix::zeros(n, n);
+        let mut p = 0;
+        for i in 0..n {
+            for k in 0..i {
+                let r2 = dot(&hyper.eta, &self.gaps[p * d..(p + 1) * d]);
+                let (m, dm) = matern(r2);
+                noisy[(i, k)] = hyper.scale * m;
+                noisy[(k, i)] = hyper.scale * m;
+                k_pair.push(hyper.scale * m);
+                dk_pair.push(hyper.scale * dm);
+                p += 1;
+            }
+            noisy[(i, i)] = hyper.scale + hyper.noise;
+        }
         let chol = factor(noisy);
         let alpha = chol.solve(&DVector::from_column_slice(self.y));
-        let kinv = chol.inverse();
+        let kinv = inverse_from(&inverse_factor(&chol).transpose());
         let ln_det: f64 = (0..n).map(|i| chol.l_dirty()[(i, i)].pln()).sum();
         let fit = -0.5 * dot(self.y, alpha.as_slice()) - ln_det;
         let (prior, prior_grad) = hyper.ln_prior();
-        // d(fit)/d(theta) = 1/2 tr(W dK/dtheta) with W = alpha alpha^T - K^-1.
+        // d(fit)/d(theta) = 1/2 tr(W dK/dtheta) with W = alpha alpha^T - K^-1,
+        // symmetric: each pair off the diagonal counts twice. On the
+        // diagonal dK/d(eta) is zero and K is the scale.
         let mut grad = vec![0.0; d + 2];
         let mut trace_w = 0.0;
+        let mut p = 0;
         for i in 0..n {
-            for k in 0..n {
+            for k in 0..i {
                 let w = alpha[i] * alpha[k] - kinv[(i, k)];
-                if i == k {
-                    trace_w += w;
-                }
-                if w == 0.0 {
-                    continue;
-                }
-                grad[d] += 0.5 * w * plain[(i, k)];
-                let r2 = self.metric.r2(&self.x[i], &self.x[k], &hyper.eta);
-                let dk = hyper.scale * matern(r2).1;
+                grad[d] += w * k_pair[p];
+                let gaps = &self.gaps[p * d..(p + 1) * d];
                 for (j, g) in grad[..d].iter_mut().enumerate() {
-                    let gap = self.metric.gap(j, self.x[i][j], self.x[k][j]);
-                    *g += 0.5 * w * dk * hyper.eta[j] * gap;
+                    *g += w * dk_pair[p] * hyper.eta[j] * gaps[j];
                 }
+                p += 1;
             }
+            let w = alpha[i] * alpha[i] - kinv[(i, i)];
+            trace_w += w;
+            grad[d] += 0.5 * w * hyper.scale;
         }
         grad[d + 1] = 0.5 * trace_w * (hyper.noise - MIN_NOISE);
         let value = fit + prior;
@@ -241,9 +302,13 @@ impl Evidence<'_> {
             .zip(&prior_grad)
             .map(|(g, p)| -(g + p))
             .collect();
-        // Outside the bounds the clamped coordinates do not move the cost.
+        // A coordinate on a bound whose descent leads out of it cannot move
+        // the cost (it is clamped there), so its gradient is zero: a search
+        // that kept pulling at it would spend its line searches on a flat
+        // cost and never see the others converge. This happens whenever the
+        // objective is deterministic and the noise sinks to its floor.
         for (g, t) in grad.iter_mut().zip(theta) {
-            if t.abs() > LOG_BOUND {
+            if (*t >= LOG_BOUND && *g < 0.0) || (*t <= -LOG_BOUND && *g > 0.0) {
                 *g = 0.0;
             }
         }
@@ -274,15 +339,10 @@ impl Gradient for Evidence<'_> {
 /// itself when the search fails or finds nothing better. The form is what
 /// is kept between fits, so that a saved fit restores to the same bits.
 pub(super) fn fit(metric: &Metric, x: &[Vec<f64>], y: &[f64], start: &[f64]) -> Vec<f64> {
-    let evidence = Evidence {
-        metric,
-        x,
-        y,
-        last: RefCell::new(None),
-    };
+    let evidence = Evidence::new(metric, x, y);
     let theta0 = start.to_vec();
     let cost0 = evidence.evaluate(&theta0).0;
-    let solver = match LBFGS::new(MoreThuenteLineSearch::new(), 10).with_tolerance_grad(1e-3) {
+    let solver = match LBFGS::new(MoreThuenteLineSearch::new(), 10).with_tolerance_grad(1e-2) {
         Ok(solver) => solver,
         Err(_) => return start.to_vec(),
     };
@@ -314,8 +374,12 @@ pub(super) struct Posterior {
     x: Vec<Vec<f64>>,
     /// `K^-1 y`.
     alpha: Vec<f64>,
-    /// `K^-1`, column-major (it is symmetric, so its columns are its rows).
-    kinv: Vec<f64>,
+    /// `L^-1` for the Cholesky factor `L` of `K`, column-major, and its
+    /// transpose (`L^-1` row-major). Variances go through `L^-1 k*`, half
+    /// the work of `K^-1 k*` (which only gradients need), and a sum of
+    /// squares cannot come out below zero as a difference of products can.
+    linv: Vec<f64>,
+    linv_t: Vec<f64>,
 }
 
 /// A prediction at one point, with its gradients by the point's
@@ -332,15 +396,15 @@ pub(super) struct Prediction {
 impl Posterior {
     /// Conditions the GP with `hyper` on `y` at `x`.
     pub(super) fn new(metric: Metric, hyper: Hyper, x: Vec<Vec<f64>>, y: &[f64]) -> Self {
-        let (noisy, _) = kernel_matrix(&metric, &x, &hyper);
-        let chol = factor(noisy);
+        let chol = factor(kernel_matrix(&metric, &x, &hyper));
         let alpha = chol.solve(&DVector::from_column_slice(y));
-        let kinv = chol.inverse();
+        let linv = inverse_factor(&chol);
         Self {
             metric,
             hyper,
             alpha: alpha.as_slice().to_vec(),
-            kinv: kinv.as_slice().to_vec(),
+            linv_t: linv.transpose().as_slice().to_vec(),
+            linv: linv.as_slice().to_vec(),
             x,
         }
     }
@@ -357,20 +421,27 @@ impl Posterior {
             kstar[i] = self.hyper.scale * k;
             dk[i] = self.hyper.scale * dk_dr2;
         }
-        // beta = K^-1 k*, accumulated column by column (K^-1 is symmetric,
-        // so its rows serve): each beta[r] sums in the same order whatever
-        // the vector width.
-        let mut beta = vec![0.0; n];
+        // v = L^-1 k*, accumulated column by column: each v[r] sums in the
+        // same order whatever the vector width.
+        let mut v = vec![0.0; n];
         for (c, &kc) in kstar.iter().enumerate() {
-            let row = &self.kinv[c * n..(c + 1) * n];
-            for (b, &v) in beta.iter_mut().zip(row) {
-                *b += v * kc;
+            let column = &self.linv[c * n + c..(c + 1) * n];
+            for (vr, &l) in v[c..].iter_mut().zip(column) {
+                *vr += l * kc;
             }
         }
         let mean = dot(&kstar, &self.alpha);
-        let var = (self.hyper.scale - dot(&kstar, &beta)).max(1e-12);
+        let var = (self.hyper.scale - dot(&v, &v)).max(1e-12);
         let (mut d_mean, mut d_var) = (vec![0.0; d], vec![0.0; d]);
         if grad {
+            // beta = K^-1 k* = L^-T v, row of L^-1 by row.
+            let mut beta = vec![0.0; n];
+            for (r, &vr) in v.iter().enumerate() {
+                let row = &self.linv_t[r * n..r * n + r + 1];
+                for (b, &l) in beta.iter_mut().zip(row) {
+                    *b += l * vr;
+                }
+            }
             for (i, xi) in self.x.iter().enumerate() {
                 for j in 0..d {
                     if self.metric.categorical[j] {
@@ -410,12 +481,7 @@ mod tests {
         let m = Metric {
             categorical: vec![false, false],
         };
-        let evidence = Evidence {
-            metric: &m,
-            x: &x,
-            y: &y,
-            last: RefCell::new(None),
-        };
+        let evidence = Evidence::new(&m, &x, &y);
         let theta = vec![0.3, -0.4, 0.2, -3.0];
         let (_, grad) = evidence.compute(&theta);
         for j in 0..theta.len() {
