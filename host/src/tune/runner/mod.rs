@@ -47,6 +47,7 @@ use checkpoints::save;
 pub(crate) use checkpoints::{checkpoint_iteration, checkpoint_path};
 pub use error::{RunError, STOPPED_BY_REQUEST};
 pub use record::DecisionRecord;
+use record::ExperimentDir;
 pub use spec::{CheckpointPolicy, FailFast, FailurePolicy, ResultOrder, RunSpec};
 pub use summary::ExperimentSummary;
 pub(crate) use summary::best_trial;
@@ -162,6 +163,8 @@ pub struct Runner<B: TrialBackend> {
     halt_for: Option<String>,
     /// Decisions recorded so far, in this run and the runs it resumes.
     decisions_made: u64,
+    /// `spec.output_dir`, as decision records strip it from paths.
+    experiment_dir: ExperimentDir,
     /// The saved moment a resumed run in fuel order continues from
     /// ([`Runner::continue_at`]), until the run starts.
     resume_moment: Option<FuelMoment>,
@@ -192,6 +195,7 @@ impl<B: TrialBackend> Runner<B> {
     /// A runner for `spec` on `backend`, deciding with `scheduler`.
     pub fn new(backend: B, spec: RunSpec, scheduler: Box<dyn Scheduler>) -> Self {
         let order = (spec.result_order == ResultOrder::Fuel).then(FuelOrder::default);
+        let experiment_dir = ExperimentDir::new(&spec.output_dir);
         Self {
             backend: Arc::new(backend),
             spec,
@@ -225,6 +229,7 @@ impl<B: TrialBackend> Runner<B> {
             extending: HashSet::new(),
             halt_for: None,
             decisions_made: 0,
+            experiment_dir,
             resume_moment: None,
             relaunch: VecDeque::new(),
             moments_ok: true,
@@ -374,7 +379,7 @@ impl<B: TrialBackend> Runner<B> {
     /// Tells every callback of `record` (a callback's error is logged: a
     /// record that cannot be kept does not change the run).
     fn decided(&mut self, record: DecisionRecord) {
-        let record = record.relative_to(&self.spec.output_dir);
+        let record = record.relative_to(&mut self.experiment_dir);
         self.decisions_made += 1;
         for cb in &mut self.callbacks {
             if let Err(reason) = cb.on_decision(&record) {

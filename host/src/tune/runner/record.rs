@@ -1,7 +1,7 @@
 //! What the runner decided, one record per decision, so that two runs can
 //! be compared decision by decision (`wtune decisions A B`).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
@@ -52,15 +52,14 @@ impl DecisionRecord {
         self
     }
 
-    /// With the paths in `why` under `experiment_dir` (as given, or
-    /// canonical) made relative to it: the same failure in two experiment
-    /// directories is the same decision (`wtune decisions A B`).
-    pub(super) fn relative_to(mut self, experiment_dir: &Path) -> Self {
+    /// With the paths in `why` under the experiment directory (as given,
+    /// or canonical) made relative to it: the same failure in two
+    /// experiment directories is the same decision (`wtune decisions A B`).
+    pub(super) fn relative_to(mut self, experiment_dir: &mut ExperimentDir) -> Self {
         if let Some(why) = &mut self.why {
-            let canonical = std::fs::canonicalize(experiment_dir).ok();
-            // The canonical form first: a relative `experiment_dir` could
+            // The canonical form first: a relative directory as given could
             // also match inside it.
-            for dir in canonical.as_deref().into_iter().chain([experiment_dir]) {
+            for dir in experiment_dir.forms() {
                 let prefix = format!("{}{}", dir.display(), std::path::MAIN_SEPARATOR);
                 if prefix.len() > 1 && why.contains(&prefix) {
                     *why = strip_path_prefix(why, &prefix);
@@ -68,6 +67,35 @@ impl DecisionRecord {
             }
         }
         self
+    }
+}
+
+/// The experiment directory, as the spec gives it and canonical: the
+/// canonical form is worked out once, when the first record needs it, and
+/// looked for again only while the directory does not exist yet.
+#[derive(Debug)]
+pub(super) struct ExperimentDir {
+    given: PathBuf,
+    canonical: Option<PathBuf>,
+}
+
+impl ExperimentDir {
+    pub(super) fn new(given: &Path) -> Self {
+        Self {
+            given: given.to_path_buf(),
+            canonical: None,
+        }
+    }
+
+    /// The canonical form where there is one, then the given one.
+    fn forms(&mut self) -> impl Iterator<Item = &Path> {
+        if self.canonical.is_none() {
+            self.canonical = std::fs::canonicalize(&self.given).ok();
+        }
+        self.canonical
+            .as_deref()
+            .into_iter()
+            .chain([self.given.as_path()])
     }
 }
 
@@ -122,7 +150,7 @@ mod tests {
         );
         let record = DecisionRecord::new(&trial, Some(5), "RECOVER")
             .why(Some(why))
-            .relative_to(dir.path());
+            .relative_to(&mut ExperimentDir::new(dir.path()));
         assert_eq!(
             record.why.as_deref(),
             Some(
@@ -133,7 +161,8 @@ mod tests {
             strip_path_prefix("/a/exp/t: \"/a/exp/u\" /mnt/a/exp/v (/a/exp/w)", "/a/exp/"),
             "t: \"u\" /mnt/a/exp/v (w)"
         );
-        let none = DecisionRecord::new(&trial, None, "START").relative_to(dir.path());
+        let none = DecisionRecord::new(&trial, None, "START")
+            .relative_to(&mut ExperimentDir::new(dir.path()));
         assert_eq!(none.why, None);
     }
 }
