@@ -9,11 +9,14 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::compute::ComputeOptions;
 use crate::sandbox::{Limits, Program, TrialEnv, TrialFault, TrialInstance};
 use crate::snapshot::{self, Payload, SnapshotFile, SnapshotKey, SnapshotMeta};
 use crate::tune::{
-    CheckpointInfo, CheckpointMeta, Step, TrialBackend, TrialFailure, TrialLaunch, TrialSession,
+    CheckpointInfo, CheckpointMeta, RunSpec, Step, TrialBackend, TrialFailure, TrialLaunch,
+    TrialSession, fit_gpu,
 };
+use crate::units::human_bytes;
 
 /// How trials are checkpointed (`checkpoint = "snapshot" | "guest"`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -75,6 +78,44 @@ impl WasmBackend {
             mode,
             key: None,
         }
+    }
+
+    /// Fits `spec` to this machine and what the program uses: GPU shares
+    /// to the adapters host compute runs on ([`fit_gpu`]), and, when the
+    /// program imports host compute, the trials at once to the number of
+    /// `compute` quotas its total holds, so that each is sure of its own.
+    /// Then checks that one trial's resources fit the pool. What it changed
+    /// goes to `note`, as it is changed (a later error does not hide it);
+    /// an error names what does not fit.
+    pub fn fit_spec(
+        &self,
+        spec: &mut RunSpec,
+        compute: &ComputeOptions,
+        mut note: impl FnMut(&str),
+    ) -> Result<(), String> {
+        if let Some(said) = fit_gpu(
+            &mut spec.resources,
+            &mut spec.resources_per_trial,
+            self.program.compute_gpus(),
+        )? {
+            note(&said);
+        }
+        if self.program.uses_compute() {
+            let shares = compute.shares().max(1);
+            if spec.max_concurrent as u64 > shares {
+                note(&format!(
+                    "running at most {shares} trials at once (not {}), so that each is sure \
+                     of its limits.compute_memory ({}) within limits.compute_memory_total ({})",
+                    spec.max_concurrent,
+                    human_bytes(compute.trial_quota),
+                    human_bytes(compute.total_quota)
+                ));
+                spec.max_concurrent = shares as usize;
+            }
+        }
+        let pool = spec.pool_spec().build()?;
+        pool.check(&spec.resources_per_trial)
+            .map_err(|e| format!("resources_per_trial: {e}"))
     }
 
     /// The program every trial instantiates.

@@ -5,12 +5,11 @@ use crate::report::{
     DecisionLog, ExperimentFile, MlflowLogger, Progress, StateFile, TrialFiles, summary_text,
     tensorboard_line,
 };
-use crate::sandbox::human_bytes;
 use crate::serve;
 use crate::tune::resume;
 use crate::tune::{
     DecisionState, ExperimentSummary, ResultOrder, RunError, RunSpec, Runner, STOPPED_BY_REQUEST,
-    Scheduler, SchedulerSpec, Searcher, Trial, TrialStatus, control, fit_gpu,
+    Scheduler, SchedulerSpec, Searcher, Trial, TrialStatus, control,
 };
 use crate::wasm_backend::WasmBackend;
 use tokio::sync::mpsc::UnboundedSender;
@@ -43,7 +42,9 @@ pub(super) fn execute(
 ) -> Result<(), Failure> {
     let _lock = lock;
     let mut spec = spec;
-    fit_to_machine(&mut spec, &backend, setup)?;
+    backend
+        .fit_spec(&mut spec, &setup.compute, |note| eprintln!("note: {note}"))
+        .map_err(Failure::user)?;
     let runner = assemble(backend, spec, scheduler, searcher, resumed, setup);
     let runtime = tokio::runtime::Runtime::new()
         .map_err(|e| Failure::runtime(format!("cannot start the runtime: {e}")))?;
@@ -67,37 +68,6 @@ pub(super) fn execute(
         runtime.shutdown_background();
     }
     report(outcome, &dir)
-}
-
-/// Fits the spec to what this machine and the component use: GPU shares to
-/// the adapters host compute runs on, and the concurrency to the compute
-/// memory every running trial is sure of; then checks the resources.
-fn fit_to_machine(spec: &mut RunSpec, backend: &WasmBackend, setup: &Setup) -> Result<(), Failure> {
-    if let Some(note) = fit_gpu(
-        &mut spec.resources,
-        &mut spec.resources_per_trial,
-        backend.program().compute_gpus(),
-    )
-    .map_err(Failure::user)?
-    {
-        eprintln!("note: {note}");
-    }
-    if backend.program().uses_compute() {
-        let shares = setup.compute.shares().max(1);
-        if spec.max_concurrent as u64 > shares {
-            eprintln!(
-                "note: running at most {shares} trials at once (not {}), so that each is sure \
-                 of its limits.compute_memory ({}) within limits.compute_memory_total ({})",
-                spec.max_concurrent,
-                human_bytes(setup.compute.trial_quota),
-                human_bytes(setup.compute.total_quota)
-            );
-            spec.max_concurrent = shares as usize;
-        }
-    }
-    let pool = spec.pool_spec().build().map_err(Failure::user)?;
-    pool.check(&spec.resources_per_trial)
-        .map_err(|e| Failure::user(format!("resources_per_trial: {e}")))
 }
 
 /// The runner with its callbacks (the decision log before the state file,
