@@ -190,7 +190,12 @@ impl Gp {
         let theta = fit(&metric, &x, &y, &start);
         let hyper = Hyper::from_log(&theta);
         let best = y.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        let gp = self.lying_about_pending(metric, hyper, x.clone(), y.clone());
+        let best_seen = y
+            .iter()
+            .enumerate()
+            .fold(0, |b, (i, &v)| if v > y[b] { i } else { b });
+        let observed = x[best_seen].clone();
+        let gp = self.lying_about_pending(metric, hyper, x, y);
 
         // The best random points and the best observation seed local
         // searches; ties keep the earlier point.
@@ -206,11 +211,6 @@ impl Gp {
                 (log_ei(&gp, best, &point, false).0, point)
             })
             .collect();
-        let best_seen = y
-            .iter()
-            .enumerate()
-            .fold(0, |b, (i, &v)| if v > y[b] { i } else { b });
-        let observed = x[best_seen].clone();
         let ordered = {
             let mut order: Vec<usize> = (0..seeds.len()).collect();
             order.sort_by(|&a, &b| seeds[b].0.total_cmp(&seeds[a].0).then(a.cmp(&b)));
