@@ -24,6 +24,7 @@ use super::schedulers::{Decision, Scheduler};
 use super::search::{Listed, Searcher, Suggestion};
 use super::trial::{Checkpoint, Trial, TrialStatus};
 
+mod admission;
 mod callback;
 mod checkpoints;
 mod error;

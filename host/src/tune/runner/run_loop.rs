@@ -9,6 +9,7 @@ use std::time::Instant;
 use parking_lot::Mutex;
 use tokio::task::{JoinError, JoinSet};
 
+use super::admission::Admission;
 use super::event::Event;
 use super::shared::{Shared, Tasks, lock};
 use super::summary::best_trial;
@@ -19,7 +20,6 @@ use super::{
 use crate::tune::backend::TrialBackend;
 use crate::tune::control::ControlRequest;
 use crate::tune::experiment_stop::ExperimentStopper;
-use crate::tune::resources::Acquire;
 use crate::tune::search::Listed;
 use crate::tune::trial::{Trial, TrialStatus};
 
@@ -227,105 +227,18 @@ impl<B: TrialBackend> Shared<B> {
             // guards the first starts of a run, does not hold them back.
             && (!runner.relaunch.is_empty() || !runner.probing(*live))
         {
-            // Trials that held slots at a resumed moment take them back
-            // before the scheduler picks anything.
-            let (chosen, relaunched) = match runner.waiting.front() {
-                Some(&index) => (Some(index), false),
-                None => match runner.relaunch.pop_front() {
-                    Some(index) => (Some(index), true),
-                    None => match runner.choose_next(trials) {
-                        Some(index) => (Some(index), false),
-                        None => (runner.create_trial(trials), false),
-                    },
-                },
-            };
-            let Some(index) = chosen else {
+            let Some((index, relaunched)) = runner.pick_next(trials) else {
                 break;
             };
-            if relaunched
-                && (runner.held.contains(&index)
-                    || !matches!(
-                        trials[index].status,
-                        TrialStatus::Pending | TrialStatus::Paused
-                    ))
-            {
-                // Not for this run to start again: its carried clock must
-                // not hold back the events of the trials that do.
-                if let Some(order) = &mut runner.order {
-                    order.forget_carried(index);
-                }
-                continue;
+            match runner.admit(trials, index, relaunched)? {
+                Admission::Start => {}
+                Admission::Skip => continue,
+                Admission::Wait => break,
             }
-            if runner.held.contains(&index) {
-                tracing::warn!(
-                    trial = %trials[index].trial_id,
-                    "the {} scheduler chose a trial a control request holds; starting nothing now",
-                    runner.scheduler.name()
-                );
-                break;
+            if let Some(setups) = runner.begin(trials, index) {
+                *live += 1;
+                runner.spawn_launch(tasks, &trials[index], index, None, setups);
             }
-            if !matches!(
-                trials[index].status,
-                TrialStatus::Pending | TrialStatus::Paused
-            ) {
-                // Trial threads still hold the state (and the
-                // callbacks' buffers) until their next result: save
-                // now, as the other internal errors do.
-                runner.persist_now(trials, "internal error");
-                return Err(RunError::Internal(format!(
-                    "the {} scheduler chose {}, which is {}",
-                    runner.scheduler.name(),
-                    trials[index].trial_id,
-                    trials[index].status
-                )));
-            }
-            if runner.waiting.front() != Some(&index)
-                && let Some(resources) = runner.scheduler.resources(&trials[index])
-            {
-                trials[index].resources = Some(resources);
-            }
-            let request = runner.request(&trials[index]).clone();
-            match runner.pool.acquire(&trials[index].trial_id, &request) {
-                Ok(Acquire::Granted) => {
-                    if runner.waiting.front() == Some(&index) {
-                        runner.waiting.pop_front();
-                    }
-                }
-                Ok(Acquire::Wait) => {
-                    if runner.waiting.front() != Some(&index) {
-                        runner.waiting.push_back(index);
-                    }
-                    // A trial that held its slot at the resumed moment must
-                    // start before anything is decided; this machine's pool
-                    // has no room for it now, so the run goes on without
-                    // that promise rather than wait for a slot forever.
-                    runner.give_up_carried(Some(
-                        "the resources cannot hold every trial that ran at the moment this run \
-                         resumes from (resources_per_trial against this machine's resources)",
-                    ));
-                    break;
-                }
-                Err(reason) => {
-                    if runner.waiting.front() == Some(&index) {
-                        runner.waiting.pop_front();
-                    }
-                    runner.fail(trials, index, reason);
-                    continue;
-                }
-            }
-            trials[index].status = TrialStatus::Running;
-            if let Err(reason) = runner.each(|cb, t| cb.on_trial_start(t, index), trials) {
-                runner.pool.release(&trials[index].trial_id);
-                runner.fail(trials, index, reason);
-                continue;
-            }
-            let setups = runner
-                .callbacks
-                .iter_mut()
-                .filter_map(|cb| cb.trial_setup(trials, index))
-                .collect();
-            *live += 1;
-            runner.spawn_launch(tasks, &trials[index], index, None, setups);
         }
         if halted.is_none() {
             // Stops the scheduler decided while no slot was free.
