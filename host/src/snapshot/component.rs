@@ -381,6 +381,139 @@ struct Export {
     write_memory: Option<usize>,
 }
 
+/// What [`Accessor::import_state`] imported: the memories (with the core
+/// instance and export each comes from), the handle functions by kind, the
+/// owner's `cabi_realloc` where imported, and the globals' types.
+struct Imported {
+    memories: Vec<(MemoryInfo, u32, String)>,
+    handle_funcs: BTreeMap<HandleImport, u32>,
+    realloc: Option<u32>,
+    global_types: Vec<ValType>,
+}
+
+/// The core instances that carry state (memories, mutable globals, a
+/// handle ledger) and the one whose module has the ledger; refuses a
+/// ledger instantiated twice (handle indices would be ambiguous) and more
+/// state than the accessor can address.
+fn stateful_instances<'a>(
+    modules: &[ModuleLayout],
+    instantiations: &'a [Instantiation],
+) -> Result<(Vec<&'a Instantiation>, Option<&'a Instantiation>), SnapshotRefusal> {
+    let mut stateful: Vec<&Instantiation> = Vec::new();
+    let mut ledger_owner: Option<&Instantiation> = None;
+    for inst in instantiations {
+        let layout = modules
+            .get(inst.module as usize)
+            .ok_or_else(|| SnapshotRefusal::new("instantiates a core module it does not define"))?;
+        if layout.ledger.is_some() {
+            if ledger_owner.is_some() {
+                return Err(SnapshotRefusal::new(
+                    "has more than one core instance that imports WASI handles (host \
+                     snapshots support one)",
+                ));
+            }
+            ledger_owner = Some(inst);
+        }
+        if !layout.memories.is_empty() || !layout.globals.is_empty() || layout.ledger.is_some() {
+            stateful.push(inst);
+        }
+    }
+    let accessed: usize = stateful
+        .iter()
+        .map(|inst| {
+            let layout = &modules[inst.module as usize];
+            layout.memories.len() + layout.globals.len()
+        })
+        .sum();
+    if accessed > MAX_ACCESSED_ITEMS {
+        return Err(SnapshotRefusal::new(format!(
+            "has {accessed} memories and mutable globals across {} core instances; host \
+             snapshots handle at most {MAX_ACCESSED_ITEMS}",
+            stateful.len()
+        )));
+    }
+    Ok((stateful, ledger_owner))
+}
+
+/// Emits the sink the accessor streams memory through: the memories'
+/// aliases, the sink's import, a chunk function lowered per memory and the
+/// core instance that exports them. Returns the first memory's index and
+/// that instance.
+fn emit_sink(
+    out: &mut wasm_encoder::Component,
+    spaces: &mut Spaces,
+    memories: &[(MemoryInfo, u32, String)],
+) -> (u32, u32) {
+    let mut aliases = wasm_encoder::ComponentAliasSection::new();
+    let first_memory = spaces.core_memories;
+    for (_, instance, name) in memories {
+        aliases.alias(Alias::CoreInstanceExport {
+            instance: *instance,
+            kind: ExportKind::Memory,
+            name,
+        });
+        spaces.core_memories += 1;
+    }
+    out.section(&aliases);
+
+    let mut types = wasm_encoder::ComponentTypeSection::new();
+    let mut sink_ty = wasm_encoder::InstanceType::new();
+    sink_ty
+        .ty()
+        .defined_type()
+        .list(ComponentValType::Primitive(PrimitiveValType::U8));
+    sink_ty
+        .ty()
+        .function()
+        .params([("data", ComponentValType::Type(0))])
+        .result(None);
+    sink_ty.export("chunk", ComponentTypeRef::Func(1));
+    types.instance(&sink_ty);
+    let sink_type = spaces.types;
+    spaces.types += 1;
+    out.section(&types);
+
+    let mut imports = wasm_encoder::ComponentImportSection::new();
+    imports.import(SINK_IMPORT, ComponentTypeRef::Instance(sink_type));
+    let sink_instance = spaces.instances;
+    spaces.instances += 1;
+    out.section(&imports);
+
+    let mut aliases = wasm_encoder::ComponentAliasSection::new();
+    aliases.alias(Alias::InstanceExport {
+        instance: sink_instance,
+        kind: ComponentExportKind::Func,
+        name: "chunk",
+    });
+    let chunk_func = spaces.funcs;
+    spaces.funcs += 1;
+    out.section(&aliases);
+
+    let mut canon = wasm_encoder::CanonicalFunctionSection::new();
+    let first_chunk = spaces.core_funcs;
+    for k in 0..memories.len() {
+        canon.lower(
+            chunk_func,
+            [CanonicalOption::Memory(first_memory + k as u32)],
+        );
+        spaces.core_funcs += 1;
+    }
+    out.section(&canon);
+
+    let mut instances = wasm_encoder::InstanceSection::new();
+    instances.export_items((0..memories.len()).map(|k| {
+        (
+            format!("chunk{k}"),
+            ExportKind::Func,
+            first_chunk + k as u32,
+        )
+    }));
+    let sink_core = spaces.core_instances;
+    spaces.core_instances += 1;
+    out.section(&instances);
+    (first_memory, sink_core)
+}
+
 /// Builds the accessor core module and the component-level plumbing around it.
 struct Accessor {
     types: wasm_encoder::TypeSection,
@@ -397,6 +530,10 @@ struct Accessor {
 }
 
 impl Accessor {
+    /// Builds the accessor for the component whose core `modules` are
+    /// instantiated as `instantiations` and emits it into `out`, after the
+    /// component's own sections (`spaces` counts their index spaces).
+    /// Returns the layout snapshots are read and written with.
     fn build(
         out: &mut wasm_encoder::Component,
         mut spaces: Spaces,
@@ -416,48 +553,68 @@ impl Accessor {
             globals: Default::default(),
             n_globals_imported: 0,
         };
+        let (stateful, ledger_owner) = stateful_instances(modules, instantiations)?;
+        let Imported {
+            memories,
+            handle_funcs,
+            realloc,
+            global_types,
+        } = acc.import_state(modules, module_exports, &stateful, ledger_owner)?;
 
-        // Which instances carry state; a module with a ledger must be
-        // instantiated exactly once, or handle indices would be ambiguous.
-        let mut stateful: Vec<&Instantiation> = Vec::new();
-        let mut ledger_owner: Option<&Instantiation> = None;
-        for inst in instantiations {
-            let layout = modules.get(inst.module as usize).ok_or_else(|| {
-                SnapshotRefusal::new("instantiates a core module it does not define")
-            })?;
-            if layout.ledger.is_some() {
-                if ledger_owner.is_some() {
-                    return Err(SnapshotRefusal::new(
-                        "has more than one core instance that imports WASI handles (host \
-                         snapshots support one)",
-                    ));
-                }
-                ledger_owner = Some(inst);
-            }
-            if !layout.memories.is_empty() || !layout.globals.is_empty() || layout.ledger.is_some()
-            {
-                stateful.push(inst);
-            }
+        // Per-memory functions.
+        for k in 0..memories.len() {
+            acc.memory_functions(k as u32);
         }
-        let accessed: usize = stateful
-            .iter()
-            .map(|inst| {
-                let layout = &modules[inst.module as usize];
-                layout.memories.len() + layout.globals.len()
-            })
-            .sum();
-        if accessed > MAX_ACCESSED_ITEMS {
-            return Err(SnapshotRefusal::new(format!(
-                "has {accessed} memories and mutable globals across {} core instances; host \
-                 snapshots handle at most {MAX_ACCESSED_ITEMS}",
-                stateful.len()
-            )));
+        // Per-global functions.
+        for (g, ty) in global_types.iter().enumerate() {
+            acc.global_functions(g as u32, *ty)?;
         }
+        // Restore-time handle functions.
+        let ledger_memory = memories.iter().position(|(m, _, _)| m.ledger);
+        let abi_memory = ledger_owner.and_then(|owner| {
+            memories
+                .iter()
+                .position(|(m, _, _)| m.core_instance == owner.instance && !m.ledger)
+        });
+        acc.handle_functions(&handle_funcs, realloc, abi_memory);
 
-        // Imports, in index order: sink chunks (functions) first, then the
-        // handle functions, then memories and globals.
+        // Emit: memory aliases for the chunk lowerings, the sink import, the
+        // lowered chunks, the accessor module and its instance, the lifts
+        // and the exported instance.
+        let (first_memory, sink_core) = emit_sink(out, &mut spaces, &memories);
+        let accessor_instance = acc.instantiate(
+            out,
+            &mut spaces,
+            sink_core,
+            modules,
+            &stateful,
+            ledger_owner,
+        )?;
+        acc.lift_exports(out, &mut spaces, accessor_instance, first_memory);
+
+        Ok(Layout {
+            memories: memories.into_iter().map(|(m, _, _)| m).collect(),
+            globals: global_types,
+            replay: Replay {
+                available: handle_funcs.keys().copied().collect(),
+                ledger_memory,
+            },
+        })
+    }
+
+    /// Imports what the accessor reads and writes, in index order: a sink
+    /// chunk function per memory, the ledger owner's handle functions (and
+    /// its `cabi_realloc` where directories are read back), then the
+    /// memories and the mutable globals.
+    fn import_state(
+        &mut self,
+        modules: &[ModuleLayout],
+        module_exports: &[Vec<String>],
+        stateful: &[&Instantiation],
+        ledger_owner: Option<&Instantiation>,
+    ) -> Result<Imported, SnapshotRefusal> {
         let mut memories: Vec<(MemoryInfo, u32, String)> = Vec::new();
-        for inst in &stateful {
+        for inst in stateful {
             let layout = &modules[inst.module as usize];
             for (name, _) in &layout.memories {
                 memories.push((
@@ -480,28 +637,28 @@ impl Accessor {
                 ));
             }
         }
-        let chunk_ty = acc.core_type(Sig::U32U32);
+        let chunk_ty = self.core_type(Sig::U32U32);
         for k in 0..memories.len() {
-            acc.imports.import(
+            self.imports.import(
                 "wtune-sink",
                 &format!("chunk{k}"),
                 wasm_encoder::EntityType::Function(chunk_ty),
             );
-            acc.imported_funcs += 1;
+            self.imported_funcs += 1;
         }
         let mut handle_funcs: BTreeMap<HandleImport, u32> = BTreeMap::new();
         let mut realloc = None;
         if let Some(owner) = ledger_owner {
             let ledger = modules[owner.module as usize].ledger.as_ref().unwrap();
             for (kind, name) in &ledger.imports {
-                let ty = acc.core_type(handle_sig(*kind));
-                acc.imports.import(
+                let ty = self.core_type(handle_sig(*kind));
+                self.imports.import(
                     &name.module,
                     &name.name,
                     wasm_encoder::EntityType::Function(ty),
                 );
-                handle_funcs.insert(*kind, acc.imported_funcs);
-                acc.imported_funcs += 1;
+                handle_funcs.insert(*kind, self.imported_funcs);
+                self.imported_funcs += 1;
             }
             if handle_funcs.contains_key(&HandleImport::GetDirectories) {
                 if !module_exports[owner.module as usize]
@@ -512,18 +669,18 @@ impl Accessor {
                         "reads preopened directories from a core module that exports no `cabi_realloc`",
                     ));
                 }
-                let ty = acc.realloc_type();
-                acc.imports.import(
+                let ty = self.realloc_type();
+                self.imports.import(
                     &instance_arg(owner.instance),
                     "cabi_realloc",
                     wasm_encoder::EntityType::Function(ty),
                 );
-                realloc = Some(acc.imported_funcs);
-                acc.imported_funcs += 1;
+                realloc = Some(self.imported_funcs);
+                self.imported_funcs += 1;
             }
         }
         for (_, instance, name) in &memories {
-            acc.imports.import(
+            self.imports.import(
                 &instance_arg(*instance),
                 name,
                 wasm_encoder::EntityType::Memory(wasm_encoder::MemoryType {
@@ -536,14 +693,14 @@ impl Accessor {
             );
         }
         let mut global_types = Vec::new();
-        for inst in &stateful {
+        for inst in stateful {
             for (name, ty) in &modules[inst.module as usize].globals {
                 let val = wasm_encoder::reencode::RoundtripReencoder
                     .val_type(*ty)
                     .map_err(|e| {
                         SnapshotRefusal::new(format!("has a global type wtune cannot encode: {e}"))
                     })?;
-                acc.imports.import(
+                self.imports.import(
                     &instance_arg(inst.instance),
                     name,
                     wasm_encoder::EntityType::Global(wasm_encoder::GlobalType {
@@ -555,97 +712,30 @@ impl Accessor {
                 global_types.push(*ty);
             }
         }
-        acc.n_globals_imported = global_types.len() as u32;
+        self.n_globals_imported = global_types.len() as u32;
 
-        // Per-memory functions.
-        for k in 0..memories.len() {
-            acc.memory_functions(k as u32);
-        }
-        // Per-global functions.
-        for (g, ty) in global_types.iter().enumerate() {
-            acc.global_functions(g as u32, *ty)?;
-        }
-        // Restore-time handle functions.
-        let ledger_memory = memories.iter().position(|(m, _, _)| m.ledger);
-        let abi_memory = ledger_owner.and_then(|owner| {
-            memories
-                .iter()
-                .position(|(m, _, _)| m.core_instance == owner.instance && !m.ledger)
-        });
-        acc.handle_functions(&handle_funcs, realloc, abi_memory);
+        self.n_globals_imported = global_types.len() as u32;
+        Ok(Imported {
+            memories,
+            handle_funcs,
+            realloc,
+            global_types,
+        })
+    }
 
-        // Emit: memory aliases for the chunk lowerings, the sink import, the
-        // lowered chunks, the accessor module and its instance, the lifts
-        // and the exported instance.
-        let mut aliases = wasm_encoder::ComponentAliasSection::new();
-        let first_memory = spaces.core_memories;
-        for (_, instance, name) in &memories {
-            aliases.alias(Alias::CoreInstanceExport {
-                instance: *instance,
-                kind: ExportKind::Memory,
-                name,
-            });
-            spaces.core_memories += 1;
-        }
-        out.section(&aliases);
-
-        let mut types = wasm_encoder::ComponentTypeSection::new();
-        let mut sink_ty = wasm_encoder::InstanceType::new();
-        sink_ty
-            .ty()
-            .defined_type()
-            .list(ComponentValType::Primitive(PrimitiveValType::U8));
-        sink_ty
-            .ty()
-            .function()
-            .params([("data", ComponentValType::Type(0))])
-            .result(None);
-        sink_ty.export("chunk", ComponentTypeRef::Func(1));
-        types.instance(&sink_ty);
-        let sink_type = spaces.types;
-        spaces.types += 1;
-        out.section(&types);
-
-        let mut imports = wasm_encoder::ComponentImportSection::new();
-        imports.import(SINK_IMPORT, ComponentTypeRef::Instance(sink_type));
-        let sink_instance = spaces.instances;
-        spaces.instances += 1;
-        out.section(&imports);
-
-        let mut aliases = wasm_encoder::ComponentAliasSection::new();
-        aliases.alias(Alias::InstanceExport {
-            instance: sink_instance,
-            kind: ComponentExportKind::Func,
-            name: "chunk",
-        });
-        let chunk_func = spaces.funcs;
-        spaces.funcs += 1;
-        out.section(&aliases);
-
-        let mut canon = wasm_encoder::CanonicalFunctionSection::new();
-        let first_chunk = spaces.core_funcs;
-        for k in 0..memories.len() {
-            canon.lower(
-                chunk_func,
-                [CanonicalOption::Memory(first_memory + k as u32)],
-            );
-            spaces.core_funcs += 1;
-        }
-        out.section(&canon);
-
-        let mut instances = wasm_encoder::InstanceSection::new();
-        instances.export_items((0..memories.len()).map(|k| {
-            (
-                format!("chunk{k}"),
-                ExportKind::Func,
-                first_chunk + k as u32,
-            )
-        }));
-        let sink_core = spaces.core_instances;
-        spaces.core_instances += 1;
-        out.section(&instances);
-
-        let module_bytes = acc.module();
+    /// Emits the accessor module and instantiates it with the sink, the
+    /// stateful instances and the ledger owner's handle providers. Returns
+    /// the accessor's core instance.
+    fn instantiate(
+        &self,
+        out: &mut wasm_encoder::Component,
+        spaces: &mut Spaces,
+        sink_core: u32,
+        modules: &[ModuleLayout],
+        stateful: &[&Instantiation],
+        ledger_owner: Option<&Instantiation>,
+    ) -> Result<u32, SnapshotRefusal> {
+        let module_bytes = self.module();
         out.section(&wasm_encoder::RawSection {
             id: wasm_encoder::ComponentSectionId::CoreModule as u8,
             data: &module_bytes,
@@ -654,7 +744,7 @@ impl Accessor {
         spaces.core_modules += 1;
 
         let mut args: Vec<(String, u32)> = vec![("wtune-sink".into(), sink_core)];
-        for inst in &stateful {
+        for inst in stateful {
             args.push((instance_arg(inst.instance), inst.instance));
         }
         if let Some(owner) = ledger_owner {
@@ -680,11 +770,21 @@ impl Accessor {
         let accessor_instance = spaces.core_instances;
         spaces.core_instances += 1;
         out.section(&instances);
+        Ok(accessor_instance)
+    }
 
-        // Lift every accessor export.
+    /// Lifts every accessor export to a component function and exports
+    /// them as one instance, [`ACCESS_EXPORT`].
+    fn lift_exports(
+        &self,
+        out: &mut wasm_encoder::Component,
+        spaces: &mut Spaces,
+        accessor_instance: u32,
+        first_memory: u32,
+    ) {
         let mut aliases = wasm_encoder::ComponentAliasSection::new();
         let mut core_index = HashMap::new();
-        for (export, _) in &acc.exports {
+        for (export, _) in &self.exports {
             aliases.alias(Alias::CoreInstanceExport {
                 instance: accessor_instance,
                 kind: ExportKind::Func,
@@ -694,7 +794,7 @@ impl Accessor {
             spaces.core_funcs += 1;
         }
         let mut realloc_index = HashMap::new();
-        for (name, _) in &acc.plain_exports {
+        for (name, _) in &self.plain_exports {
             aliases.alias(Alias::CoreInstanceExport {
                 instance: accessor_instance,
                 kind: ExportKind::Func,
@@ -712,7 +812,7 @@ impl Accessor {
             .list(ComponentValType::Primitive(PrimitiveValType::U8));
         spaces.types += 1;
         let mut func_types: HashMap<Sig, u32> = HashMap::new();
-        for (export, _) in &acc.exports {
+        for (export, _) in &self.exports {
             if func_types.contains_key(&export.sig) {
                 continue;
             }
@@ -755,7 +855,7 @@ impl Accessor {
 
         let mut canon = wasm_encoder::CanonicalFunctionSection::new();
         let mut lifted = Vec::new();
-        for (export, _) in &acc.exports {
+        for (export, _) in &self.exports {
             let mut options = Vec::new();
             if let Some(k) = export.write_memory {
                 options.push(CanonicalOption::Memory(first_memory + k as u32));
@@ -784,15 +884,6 @@ impl Accessor {
             None,
         );
         out.section(&exports);
-
-        Ok(Layout {
-            memories: memories.into_iter().map(|(m, _, _)| m).collect(),
-            globals: global_types,
-            replay: Replay {
-                available: handle_funcs.keys().copied().collect(),
-                ledger_memory,
-            },
-        })
     }
 
     fn core_type(&mut self, sig: Sig) -> u32 {

@@ -513,90 +513,215 @@ impl Reencode for Redirect {
     }
 }
 
+/// The ledger's own memory: one page, which holds every handle a guest may
+/// keep.
+const LEDGER_MEMORY: wasm_encoder::MemoryType = wasm_encoder::MemoryType {
+    minimum: 1,
+    maximum: Some(1),
+    memory64: false,
+    shared: false,
+    page_size_log2: None,
+};
+
+/// A section's position in the module's canonical section order (0 for
+/// custom sections, which may go anywhere).
+fn canonical_order(id: u8) -> u8 {
+    match id {
+        1 => 1,   // type
+        2 => 2,   // import
+        3 => 3,   // function
+        4 => 4,   // table
+        5 => 5,   // memory
+        13 => 6,  // tag
+        6 => 7,   // global
+        7 => 8,   // export
+        8 => 9,   // start
+        9 => 10,  // element
+        12 => 11, // data count
+        10 => 12, // code
+        11 => 13, // data
+        _ => 0,
+    }
+}
+
+/// A core module being rewritten section by section: the output so far,
+/// and which of the sections the rewrite adds to (functions, memory,
+/// exports, code) it holds. A section the module lacks is added just
+/// before the first section that must follow it.
+struct Rewriter<'a> {
+    out: wasm_encoder::Module,
+    redirect: Redirect,
+    exports: &'a [(String, ExternalKind, u32)],
+    wrappers: &'a [Wrapper],
+    needs_ledger: bool,
+    memory_done: bool,
+    exports_done: bool,
+    functions_done: bool,
+    code_done: bool,
+}
+
+impl<'a> Rewriter<'a> {
+    fn new(exports: &'a [(String, ExternalKind, u32)], wrappers: &'a [Wrapper]) -> Self {
+        let needs_ledger = !wrappers.is_empty();
+        Self {
+            out: wasm_encoder::Module::new(),
+            redirect: Redirect {
+                map: wrappers.iter().map(|w| (w.import, w.index)).collect(),
+            },
+            exports,
+            wrappers,
+            needs_ledger,
+            memory_done: !needs_ledger,
+            exports_done: false,
+            functions_done: wrappers.is_empty(),
+            code_done: wrappers.is_empty(),
+        }
+    }
+
+    /// Adds the sections still missing that must come before a section at
+    /// canonical position `before`.
+    fn add_pending(&mut self, before: u8) -> Result<(), wasm_encoder::reencode::Error> {
+        use wasm_encoder::SectionId;
+        if !self.functions_done && before > canonical_order(SectionId::Function as u8) {
+            let mut s = wasm_encoder::FunctionSection::new();
+            for w in self.wrappers {
+                s.function(w.type_index);
+            }
+            self.out.section(&s);
+            self.functions_done = true;
+        }
+        if !self.memory_done && before > canonical_order(SectionId::Memory as u8) {
+            let mut s = wasm_encoder::MemorySection::new();
+            s.memory(LEDGER_MEMORY);
+            self.out.section(&s);
+            self.memory_done = true;
+        }
+        if !self.exports_done && before > canonical_order(SectionId::Export as u8) {
+            let mut s = wasm_encoder::ExportSection::new();
+            for (name, kind, index) in self.exports {
+                s.export(name, RoundtripReencoder.export_kind(*kind)?, *index);
+            }
+            self.out.section(&s);
+            self.exports_done = true;
+        }
+        if !self.code_done && before > canonical_order(SectionId::Code as u8) {
+            let mut s = wasm_encoder::CodeSection::new();
+            for w in self.wrappers {
+                s.function(&w.body());
+            }
+            self.out.section(&s);
+            self.code_done = true;
+        }
+        Ok(())
+    }
+
+    /// The code section, whole (`body`, read by `reader`): copied as it is
+    /// without wrappers, else re-encoded with calls redirected and the
+    /// wrappers' bodies appended.
+    fn code_section(
+        &mut self,
+        body: &[u8],
+        reader: wasmparser::CodeSectionReader<'_>,
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        use wasm_encoder::SectionId;
+        self.add_pending(canonical_order(SectionId::Code as u8))?;
+        if self.wrappers.is_empty() {
+            self.out.section(&wasm_encoder::RawSection {
+                id: SectionId::Code as u8,
+                data: body,
+            });
+        } else {
+            let mut code = wasm_encoder::CodeSection::new();
+            self.redirect.parse_code_section(&mut code, reader)?;
+            for w in self.wrappers {
+                code.function(&w.body());
+            }
+            self.out.section(&code);
+        }
+        self.code_done = true;
+        Ok(())
+    }
+
+    /// Any other section (`id`, at `range` in `module`): re-encoded where
+    /// it names functions the wrappers move or gains the rewrite's
+    /// entries, else copied as it is.
+    fn section(
+        &mut self,
+        payload: Payload<'_>,
+        id: u8,
+        module: &[u8],
+        range: std::ops::Range<usize>,
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        let wrapped = !self.wrappers.is_empty();
+        self.add_pending(canonical_order(id))?;
+        match payload {
+            Payload::FunctionSection(reader) if wrapped => {
+                let mut s = wasm_encoder::FunctionSection::new();
+                self.redirect.parse_function_section(&mut s, reader)?;
+                for w in self.wrappers {
+                    s.function(w.type_index);
+                }
+                self.out.section(&s);
+                self.functions_done = true;
+            }
+            Payload::MemorySection(reader) if self.needs_ledger => {
+                let mut s = wasm_encoder::MemorySection::new();
+                self.redirect.parse_memory_section(&mut s, reader)?;
+                s.memory(LEDGER_MEMORY);
+                self.out.section(&s);
+                self.memory_done = true;
+            }
+            Payload::ExportSection(reader) => {
+                let mut s = wasm_encoder::ExportSection::new();
+                self.redirect.parse_export_section(&mut s, reader)?;
+                for (name, kind, index) in self.exports {
+                    s.export(name, RoundtripReencoder.export_kind(*kind)?, *index);
+                }
+                self.out.section(&s);
+                self.exports_done = true;
+            }
+            Payload::ElementSection(reader) if wrapped => {
+                let mut s = wasm_encoder::ElementSection::new();
+                self.redirect.parse_element_section(&mut s, reader)?;
+                self.out.section(&s);
+            }
+            Payload::StartSection { func, .. } => {
+                self.out.section(&wasm_encoder::StartSection {
+                    function_index: self.redirect.function_index(func)?,
+                });
+            }
+            Payload::GlobalSection(reader) if wrapped => {
+                // Constant expressions may hold `ref.func`.
+                let mut s = wasm_encoder::GlobalSection::new();
+                self.redirect.parse_global_section(&mut s, reader)?;
+                self.out.section(&s);
+            }
+            _ => {
+                self.out.section(&wasm_encoder::RawSection {
+                    id,
+                    data: module.get(range).ok_or("truncated section")?,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Adds what is still missing and returns the module.
+    fn finish(mut self) -> Result<Vec<u8>, Box<dyn std::error::Error>> {
+        self.add_pending(u8::MAX)?;
+        Ok(self.out.finish())
+    }
+}
+
+/// `module` with the `exports` added and, with `wrappers`, the ledger's
+/// memory added and every use of a wrapped import redirected to its
+/// wrapper, whose body is appended.
 fn rewrite(
     module: &[u8],
     exports: &[(String, ExternalKind, u32)],
     wrappers: &[Wrapper],
 ) -> Result<Vec<u8>, Box<dyn std::error::Error>> {
-    use wasm_encoder::SectionId;
-
-    let mut out = wasm_encoder::Module::new();
-    let mut redirect = Redirect {
-        map: wrappers.iter().map(|w| (w.import, w.index)).collect(),
-    };
-    let needs_ledger = !wrappers.is_empty();
-    let mut memory_done = !needs_ledger;
-    let mut exports_done = false;
-    let mut functions_done = wrappers.is_empty();
-    let mut code_done = wrappers.is_empty();
-
-    // Sections this rewrite may have to add, emitted just before the first
-    // section that must follow them.
-    let ledger_memory = wasm_encoder::MemoryType {
-        minimum: 1,
-        maximum: Some(1),
-        memory64: false,
-        shared: false,
-        page_size_log2: None,
-    };
-    let order = |id: u8| -> u8 {
-        // Position in the module's canonical section order.
-        match id {
-            1 => 1,   // type
-            2 => 2,   // import
-            3 => 3,   // function
-            4 => 4,   // table
-            5 => 5,   // memory
-            13 => 6,  // tag
-            6 => 7,   // global
-            7 => 8,   // export
-            8 => 9,   // start
-            9 => 10,  // element
-            12 => 11, // data count
-            10 => 12, // code
-            11 => 13, // data
-            _ => 0,
-        }
-    };
-    let pending = |out: &mut wasm_encoder::Module,
-                   before: u8,
-                   memory_done: &mut bool,
-                   exports_done: &mut bool,
-                   functions_done: &mut bool,
-                   code_done: &mut bool| {
-        if !*functions_done && before > order(SectionId::Function as u8) {
-            let mut s = wasm_encoder::FunctionSection::new();
-            for w in wrappers {
-                s.function(w.type_index);
-            }
-            out.section(&s);
-            *functions_done = true;
-        }
-        if !*memory_done && before > order(SectionId::Memory as u8) {
-            let mut s = wasm_encoder::MemorySection::new();
-            s.memory(ledger_memory);
-            out.section(&s);
-            *memory_done = true;
-        }
-        if !*exports_done && before > order(SectionId::Export as u8) {
-            let mut s = wasm_encoder::ExportSection::new();
-            for (name, kind, index) in exports {
-                s.export(name, RoundtripReencoder.export_kind(*kind)?, *index);
-            }
-            out.section(&s);
-            *exports_done = true;
-        }
-        if !*code_done && before > order(SectionId::Code as u8) {
-            let mut s = wasm_encoder::CodeSection::new();
-            for w in wrappers {
-                s.function(&w.body());
-            }
-            out.section(&s);
-            *code_done = true;
-        }
-        Ok::<_, wasm_encoder::reencode::Error>(())
-    };
-
+    let mut rewriter = Rewriter::new(exports, wrappers);
     let mut parser = Parser::new(0);
     let mut rest = module;
     loop {
@@ -618,28 +743,7 @@ fn rewrite(
                 body,
                 range.start,
             ))?;
-            pending(
-                &mut out,
-                order(SectionId::Code as u8),
-                &mut memory_done,
-                &mut exports_done,
-                &mut functions_done,
-                &mut code_done,
-            )?;
-            if wrappers.is_empty() {
-                out.section(&wasm_encoder::RawSection {
-                    id: SectionId::Code as u8,
-                    data: body,
-                });
-            } else {
-                let mut code = wasm_encoder::CodeSection::new();
-                redirect.parse_code_section(&mut code, reader)?;
-                for w in wrappers {
-                    code.function(&w.body());
-                }
-                out.section(&code);
-            }
-            code_done = true;
+            rewriter.code_section(body, reader)?;
             parser.skip_section();
             rest = after;
             continue;
@@ -647,71 +751,7 @@ fn rewrite(
         let Some((id, range)) = payload.as_section() else {
             continue;
         };
-        pending(
-            &mut out,
-            order(id),
-            &mut memory_done,
-            &mut exports_done,
-            &mut functions_done,
-            &mut code_done,
-        )?;
-        match payload {
-            Payload::FunctionSection(reader) if !wrappers.is_empty() => {
-                let mut s = wasm_encoder::FunctionSection::new();
-                redirect.parse_function_section(&mut s, reader)?;
-                for w in wrappers {
-                    s.function(w.type_index);
-                }
-                out.section(&s);
-                functions_done = true;
-            }
-            Payload::MemorySection(reader) if needs_ledger => {
-                let mut s = wasm_encoder::MemorySection::new();
-                redirect.parse_memory_section(&mut s, reader)?;
-                s.memory(ledger_memory);
-                out.section(&s);
-                memory_done = true;
-            }
-            Payload::ExportSection(reader) => {
-                let mut s = wasm_encoder::ExportSection::new();
-                redirect.parse_export_section(&mut s, reader)?;
-                for (name, kind, index) in exports {
-                    s.export(name, RoundtripReencoder.export_kind(*kind)?, *index);
-                }
-                out.section(&s);
-                exports_done = true;
-            }
-            Payload::ElementSection(reader) if !wrappers.is_empty() => {
-                let mut s = wasm_encoder::ElementSection::new();
-                redirect.parse_element_section(&mut s, reader)?;
-                out.section(&s);
-            }
-            Payload::StartSection { func, .. } => {
-                out.section(&wasm_encoder::StartSection {
-                    function_index: redirect.function_index(func)?,
-                });
-            }
-            Payload::GlobalSection(reader) if !wrappers.is_empty() => {
-                // Constant expressions may hold `ref.func`.
-                let mut s = wasm_encoder::GlobalSection::new();
-                redirect.parse_global_section(&mut s, reader)?;
-                out.section(&s);
-            }
-            _ => {
-                out.section(&wasm_encoder::RawSection {
-                    id,
-                    data: module.get(range).ok_or("truncated section")?,
-                });
-            }
-        }
+        rewriter.section(payload, id, module, range)?;
     }
-    pending(
-        &mut out,
-        u8::MAX,
-        &mut memory_done,
-        &mut exports_done,
-        &mut functions_done,
-        &mut code_done,
-    )?;
-    Ok(out.finish())
+    rewriter.finish()
 }
