@@ -342,6 +342,8 @@ pub(super) fn fit(metric: &Metric, x: &[Vec<f64>], y: &[f64], start: &[f64]) -> 
     let evidence = Evidence::new(metric, x, y);
     let theta0 = start.to_vec();
     let cost0 = evidence.evaluate(&theta0).0;
+    // Optuna's tolerance (`fit_kernel_params(gtol=1e-2)`): a fit starts
+    // from the last one, which the observation just added moves little.
     let solver = match LBFGS::new(MoreThuenteLineSearch::new(), 10).with_tolerance_grad(1e-2) {
         Ok(solver) => solver,
         Err(_) => return start.to_vec(),
