@@ -9,11 +9,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{Map, Value, json};
-use wtune::report::TrialFiles;
+use wtune::report::{StateFile, TrialFiles};
 use wtune::tune::{
-    Callback, CheckpointPolicy, DecisionRecord, FailFast, FailurePolicy, FnBackend, FuelMoment,
-    Mode, ResultOrder, RunSpec, Runner, SavedClock, SchedulerSpec, Step, StopCriteria, Trial,
-    TrialFailure, TrialStatus,
+    CHECKPOINT_DIR, Callback, CheckpointPolicy, DecisionRecord, FailFast, FailurePolicy, FnBackend,
+    FuelMoment, Mode, ResultOrder, RunSpec, Runner, SavedClock, SchedulerSpec, Step, StopCriteria,
+    Trial, TrialFailure, TrialStatus,
 };
 
 /// How long step `iteration` of the trial with config `x` sleeps.
@@ -967,4 +967,201 @@ math = "wasm"
         data = data.display().to_string()
     );
     assert_stops_and_resumes_decide_as_one_run("digits_mlp", &toml, "val_accuracy", &[1, 2, 3]);
+}
+
+/// Every checkpoint `state` (the bytes of a saved state) lists, as
+/// `wtune resume` would look for it: at its path, or moved aside by the
+/// run that dropped it after the state was taken. Returns the ones missing.
+fn listed_but_gone(out: &Path, state: &[u8]) -> Vec<String> {
+    let state = wtune::report::state::decode(out, state).unwrap();
+    let mut gone = Vec::new();
+    for trial in &state.trials {
+        let dir = out.join(&trial.trial_id);
+        for checkpoint in &trial.checkpoints {
+            let path = dir.join(&checkpoint.path);
+            // Looked for at its path first: the run may move it aside
+            // meanwhile, never back.
+            if path.exists() {
+                continue;
+            }
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            let aside = std::fs::read_dir(path.parent().unwrap().join(".dropped"))
+                .into_iter()
+                .flatten()
+                .any(|e| {
+                    let n = e.unwrap().file_name().to_string_lossy().into_owned();
+                    n.strip_prefix(&name).is_some_and(|s| s.starts_with('.'))
+                });
+            if !aside {
+                gone.push(path.display().to_string());
+            }
+        }
+    }
+    gone
+}
+
+#[test]
+fn a_saved_state_never_lists_a_checkpoint_that_is_gone() {
+    // keep_checkpoints_num = 1 drops a trial's checkpoint at each new one,
+    // and PBT's exploits drop the trajectories they abandon. Before dropped
+    // files waited for the saved states to move past them, a kill between a
+    // drop and the next state write left a state listing a file that was
+    // gone: the trial redid its work from an older checkpoint.
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().to_path_buf();
+    let pbt = json!({"type": "pbt", "time_attr": "fuel_total", "perturbation_interval": 250,
+                     "hyperparam_mutations": {"x": [0.5, 1.0, 1.5, 2.0, 2.5]}});
+    let scheduler: SchedulerSpec = serde_json::from_value(pbt).unwrap();
+    let spec = RunSpec {
+        metric: Some("score".into()),
+        mode: Mode::Max,
+        stop: StopCriteria {
+            training_iteration: Some(80),
+            ..Default::default()
+        },
+        max_concurrent: 3,
+        configs: population(6),
+        checkpoint: CheckpointPolicy {
+            freq: 1,
+            keep_num: Some(1),
+            ..CheckpointPolicy::default()
+        },
+        result_order: ResultOrder::Fuel,
+        ..RunSpec::new("dropped", &out)
+    };
+    let runner = Runner::new(
+        backend(scrambled(5, 3)),
+        spec,
+        scheduler.build(Some("score"), Mode::Max, 7).unwrap(),
+    )
+    .callback(StateFile::new(json!({})));
+    // Watches the saved states while the run goes on: the current one and,
+    // until the run ends, the previous one kept beside it. A check counts
+    // only when neither file changed while their files were looked at.
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watcher = {
+        let (out, done) = (out.clone(), done.clone());
+        std::thread::spawn(move || {
+            let read = |file: &str| std::fs::read(out.join(file)).ok();
+            let (mut checks, mut gone) = (0, Vec::new());
+            while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                let before = (
+                    read("experiment_state.json"),
+                    read("experiment_state.prev.json"),
+                );
+                let (Some(current), previous) = &before else {
+                    continue;
+                };
+                let running = wtune::report::state::decode(&out, current)
+                    .is_ok_and(|s| s.status == "running");
+                let mut missing = listed_but_gone(&out, current);
+                if let (Some(previous), true) = (previous, running) {
+                    missing.extend(listed_but_gone(&out, previous));
+                }
+                if (
+                    read("experiment_state.json"),
+                    read("experiment_state.prev.json"),
+                ) == before
+                {
+                    checks += 1;
+                    gone.extend(missing);
+                }
+            }
+            (checks, gone)
+        })
+    };
+    let summary = tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(runner.run())
+        .unwrap();
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    let (checks, gone) = watcher.join().unwrap();
+    assert!(
+        checks >= 20,
+        "only {checks} states checked: make the run longer"
+    );
+    assert_eq!(
+        gone,
+        Vec::<String>::new(),
+        "listed by a saved state but gone"
+    );
+    assert!(
+        summary
+            .trials
+            .iter()
+            .zip(population(6))
+            .any(|(t, c)| t.config["x"] != c["x"]),
+        "no trial exploited another"
+    );
+    // The end deletes what waited: each trial keeps its one checkpoint.
+    for trial in &summary.trials {
+        let dir = trial.dir.join(CHECKPOINT_DIR);
+        let names: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
+        assert_eq!(names.len(), 1, "{}: {names:?}", dir.display());
+    }
+}
+
+#[test]
+fn a_resume_puts_back_a_listed_checkpoint_the_killed_run_had_moved_aside() {
+    // A run in fuel order, killed at a moment whose state lists the trial's
+    // checkpoints at 2, 4, 6 and 8, after it dropped the one at 8 (moved
+    // aside) and wrote another file under its name.
+    let dir = tempfile::tempdir().unwrap();
+    let config = json!({"x": 1.0, "fuel": 10});
+    let spec = RunSpec {
+        metric: Some("score".into()),
+        mode: Mode::Max,
+        stop: StopCriteria {
+            training_iteration: Some(8),
+            ..Default::default()
+        },
+        configs: vec![config],
+        checkpoint: CheckpointPolicy {
+            freq: 2,
+            ..CheckpointPolicy::default()
+        },
+        result_order: ResultOrder::Fuel,
+        ..RunSpec::new("put-back", dir.path())
+    };
+    let fifo = Box::new(wtune::tune::Fifo::default());
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let first = Runner::new(backend(scrambled(1, 0)), spec, fifo);
+    let mut trials = runtime.block_on(first.run()).unwrap().trials;
+    let trial = &mut trials[0];
+    trial.status = TrialStatus::Running;
+    let listed: Vec<_> = trial.checkpoints.iter().map(|c| c.iteration).collect();
+    assert_eq!(listed, [2, 4, 6, 8]);
+    let at = |i: usize| trial.dir.join(&trial.checkpoints[i].path);
+    let aside_dir = at(3).parent().unwrap().join(".dropped");
+    std::fs::create_dir_all(&aside_dir).unwrap();
+    let name = at(3).file_name().unwrap().to_string_lossy().into_owned();
+    // The same name dropped twice: the first file aside is another one.
+    std::fs::copy(at(0), aside_dir.join(format!("{name}.0"))).unwrap();
+    std::fs::rename(at(3), aside_dir.join(format!("{name}.1"))).unwrap();
+    std::fs::copy(at(2), at(3)).unwrap();
+    let moment = FuelMoment {
+        now: 80,
+        decisions: 0,
+        clocks: vec![SavedClock {
+            trial_id: trial.trial_id.clone(),
+            start: 0,
+            fuel_at_start: Some(0),
+            floor: 80,
+            iteration: 8,
+            pending: None,
+            deferred: false,
+        }],
+    };
+    let plan = wtune::tune::resume::prepare_at(
+        &backend(scrambled(1, 0)),
+        &mut trials,
+        dir.path(),
+        &CheckpointPolicy::default(),
+        wtune::tune::resume::ErroredTrials::Keep,
+        Some(&moment),
+    );
+    assert_eq!(plan.continued, [(trials[0].trial_id.clone(), 8)]);
+    assert_eq!(plan.damaged, []);
+    assert_eq!(trials[0].iterations, 8);
+    assert!(!aside_dir.exists(), "what waited aside is gone");
 }

@@ -34,28 +34,30 @@ pub fn write_atomic_with(
 /// A background thread that keeps one file current without making its
 /// callers wait for the disk: an atomic write ends in fsync, which can stall
 /// for hundreds of milliseconds. Each [`LatestWriter::send`] replaces the
-/// whole file, so when writes queue up only the newest is written.
-pub struct LatestWriter {
-    sender: Option<std::sync::mpsc::Sender<Vec<u8>>>,
+/// whole file, so when writes queue up only the newest is written. `T` is
+/// what a write takes: the file's bytes, or the bytes with what the writer
+/// should note once they are on disk.
+pub struct LatestWriter<T: Send + 'static = Vec<u8>> {
+    sender: Option<std::sync::mpsc::Sender<T>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
-impl LatestWriter {
+impl<T: Send + 'static> LatestWriter<T> {
     /// Starts the thread `name`, which writes with `write`; failures are
     /// logged (the caller's final, synchronous write reports a broken disk).
     pub fn spawn(
         name: &str,
-        write: impl Fn(&[u8]) -> Result<(), String> + Send + 'static,
+        write: impl Fn(&T) -> Result<(), String> + Send + 'static,
     ) -> io::Result<Self> {
-        let (sender, receiver) = std::sync::mpsc::channel::<Vec<u8>>();
+        let (sender, receiver) = std::sync::mpsc::channel::<T>();
         let thread = std::thread::Builder::new()
             .name(name.into())
             .spawn(move || {
-                while let Ok(mut bytes) = receiver.recv() {
+                while let Ok(mut newest) = receiver.recv() {
                     while let Ok(newer) = receiver.try_recv() {
-                        bytes = newer;
+                        newest = newer;
                     }
-                    if let Err(message) = write(&bytes) {
+                    if let Err(message) = write(&newest) {
                         tracing::warn!("{message}");
                     }
                 }
@@ -66,11 +68,11 @@ impl LatestWriter {
         })
     }
 
-    /// Queues `bytes` as the file's next content.
-    pub fn send(&self, bytes: Vec<u8>) {
+    /// Queues `content` as the file's next content.
+    pub fn send(&self, content: T) {
         if let Some(sender) = &self.sender {
             // Fails only if the thread is gone; the final write reports.
-            let _ = sender.send(bytes);
+            let _ = sender.send(content);
         }
     }
 
@@ -84,7 +86,7 @@ impl LatestWriter {
     }
 }
 
-impl Drop for LatestWriter {
+impl<T: Send + 'static> Drop for LatestWriter<T> {
     fn drop(&mut self) {
         self.finish();
     }

@@ -115,10 +115,11 @@ impl Callback for ExperimentFile {
         )?;
         self.last_write = Some(Instant::now());
         let target = self.path.clone();
-        let writer = persist::LatestWriter::spawn("wtune-experiment-json", move |bytes| {
-            write_file(&target, bytes)
-        })
-        .map_err(|e| format!("starting the wtune-experiment-json writer: {e}"))?;
+        let writer =
+            persist::LatestWriter::spawn("wtune-experiment-json", move |bytes: &Vec<u8>| {
+                write_file(&target, bytes)
+            })
+            .map_err(|e| format!("starting the wtune-experiment-json writer: {e}"))?;
         self.background = Some(writer);
         Ok(())
     }

@@ -212,8 +212,29 @@ pub struct StateFile {
     spacing: Duration,
     /// A trial started, ended or was checkpointed since the last write.
     changed: bool,
-    background: Option<persist::LatestWriter>,
+    /// Mid-run states, each with the `on_state` call it was taken at.
+    background: Option<persist::LatestWriter<(Vec<u8>, u64)>>,
     stats: Arc<StateStats>,
+    /// `on_state` calls so far.
+    calls: u64,
+    /// Which calls' states are on disk ([`Callback::saved_through`]).
+    on_disk: Arc<OnDisk>,
+}
+
+/// The `on_state` calls whose states are the two files on disk: the
+/// current one and the previous one kept beside it.
+#[derive(Debug, Default)]
+struct OnDisk {
+    current: AtomicU64,
+    previous: AtomicU64,
+}
+
+impl OnDisk {
+    /// The state taken at call `call` is now the current file.
+    fn written(&self, call: u64) {
+        let before = self.current.swap(call, Ordering::AcqRel);
+        self.previous.store(before, Ordering::Release);
+    }
 }
 
 /// What state persistence has cost so far (for benchmarks and logs).
@@ -241,6 +262,8 @@ impl StateFile {
             changed: false,
             background: None,
             stats: Arc::default(),
+            calls: 0,
+            on_disk: Arc::default(),
         }
     }
 
@@ -268,23 +291,32 @@ impl Callback for StateFile {
     }
 
     fn on_state(&mut self, trials: &[Trial], deciders: &Deciders<'_>) -> Result<(), String> {
+        self.calls += 1;
         if self.background.is_none() {
             // The runner's first call, before any trial starts: written
             // synchronously, so that an unwritable directory stops the run
             // at once.
             let bytes = self.bytes("running", trials, &deciders.state());
             write_file(&self.dir, &bytes)?;
+            self.on_disk.written(self.calls);
             self.last_write = Instant::now();
             let target = self.dir.clone();
             let stats = self.stats.clone();
-            let writer = persist::LatestWriter::spawn("wtune-state", move |bytes| {
-                let started = Instant::now();
-                let written = write_file(&target, bytes);
-                stats
-                    .write_ns
-                    .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
-                written
-            })
+            let on_disk = self.on_disk.clone();
+            let writer = persist::LatestWriter::spawn(
+                "wtune-state",
+                move |(bytes, call): &(Vec<u8>, u64)| {
+                    let started = Instant::now();
+                    let written = write_file(&target, bytes);
+                    if written.is_ok() {
+                        on_disk.written(*call);
+                    }
+                    stats
+                        .write_ns
+                        .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                    written
+                },
+            )
             .map_err(|e| format!("starting the wtune-state writer: {e}"))?;
             self.background = Some(writer);
             return Ok(());
@@ -320,10 +352,14 @@ impl Callback for StateFile {
         self.spacing = cost.div_f64(MAX_LOOP_SHARE);
         self.changed = false;
         if let Some(writer) = &self.background {
-            writer.send(bytes);
+            writer.send((bytes, self.calls));
         }
         self.last_write = Instant::now();
         Ok(())
+    }
+
+    fn saved_through(&self) -> Option<u64> {
+        Some(self.on_disk.previous.load(Ordering::Acquire))
     }
 
     fn on_trial_start(&mut self, _trials: &[Trial], _index: usize) -> Result<(), String> {
@@ -346,6 +382,14 @@ impl Callback for StateFile {
     fn on_experiment_end(&mut self, summary: &ExperimentSummary) -> Result<(), String> {
         if let Some(mut writer) = self.background.take() {
             writer.finish();
+        }
+        if summary.ended_mid_event {
+            tracing::info!(
+                "the run left while it carried out an event, which no moment describes: {} \
+                 keeps the last moment saved, which `wtune resume` continues from as after a kill",
+                STATE_FILE
+            );
+            return Ok(());
         }
         let status = summary.status();
         let bytes = self.bytes(status, &summary.trials, &summary.decisions);
@@ -487,6 +531,8 @@ mod tests {
         };
         file.on_state(&trials, &deciders).unwrap();
         let stats = file.stats();
+        // The first state, taken at call 1, is the only one on disk.
+        assert_eq!(file.saved_through(), Some(0));
         // Mid-event: a change is due, but nothing is written...
         order.0.set(false);
         file.on_trial_end(&trials, 0).unwrap();
@@ -497,9 +543,37 @@ mod tests {
         order.0.set(true);
         file.on_state(&trials, &deciders).unwrap();
         assert_eq!(stats.writes.load(Ordering::Relaxed), 1);
-        file.background.take().unwrap().finish();
+        file.background.as_mut().unwrap().finish();
         let saved = load(dir.path(), false).unwrap().decisions.moment.unwrap();
         assert_eq!((saved.now, saved.decisions), (42, 3));
+        // The states of calls 3 and 1 are on disk: the older was taken
+        // after one call.
+        assert_eq!(file.saved_through(), Some(1));
+
+        // A run that leaves mid-event keeps the last moment saved...
+        let mut summary = ExperimentSummary {
+            name: "state".into(),
+            output_dir: dir.path().to_path_buf(),
+            metric: None,
+            mode: crate::tune::Mode::Max,
+            trials: Vec::new(),
+            best: None,
+            wall_time: Duration::ZERO,
+            halted: Some("interrupted twice".into()),
+            stopped: None,
+            decisions: deciders.state_at(None),
+            ended_mid_event: true,
+        };
+        file.on_experiment_end(&summary).unwrap();
+        let kept = load(dir.path(), false).unwrap();
+        assert_eq!(kept.status, "running");
+        assert_eq!(kept.decisions.moment.unwrap().now, 42);
+        // ... where any other end is saved as it is.
+        summary.ended_mid_event = false;
+        file.on_experiment_end(&summary).unwrap();
+        let ended = load(dir.path(), false).unwrap();
+        assert_eq!(ended.status, "halted");
+        assert_eq!(ended.decisions.moment, None);
     }
 
     #[test]

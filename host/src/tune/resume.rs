@@ -10,9 +10,12 @@
 
 use std::path::{Path, PathBuf};
 
+use super::backend::CheckpointMeta;
 use super::backend::TrialBackend;
 use super::decisions::FuelMoment;
-use super::runner::{CHECKPOINT_DIR, CheckpointPolicy, checkpoint_iteration, checkpoint_path};
+use super::runner::{
+    CHECKPOINT_DIR, CheckpointPolicy, DROPPED_DIR, checkpoint_iteration, checkpoint_path,
+};
 use super::schedulers::Scheduler;
 use super::search::Searcher;
 use super::trial::{Checkpoint, Trial, TrialStatus};
@@ -72,7 +75,9 @@ pub fn prepare<B: TrialBackend>(
 /// again, and checkpoints past it are deleted (the resumed run makes them
 /// again, the same). The trials that held slots at the moment continue
 /// whatever their saved status (a state written as a resumed run starts
-/// has them PAUSED, or PENDING to start over).
+/// has them PAUSED, or PENDING to start over). A listed checkpoint the
+/// killed run had dropped after the state listed it is put back first
+/// ([`put_back_dropped`]).
 pub fn prepare_at<B: TrialBackend>(
     backend: &B,
     trials: &mut [Trial],
@@ -85,6 +90,10 @@ pub fn prepare_at<B: TrialBackend>(
     for trial in trials.iter_mut() {
         // The directory may have moved since the state was written.
         trial.dir = output_dir.join(&trial.trial_id);
+        if moment.is_some() {
+            put_back_dropped(backend, trial);
+        }
+        clear_dropped(trial);
         if trial.held {
             trial.held = false;
             plan.released.push(trial.trial_id.clone());
@@ -201,6 +210,7 @@ pub fn adopt<B: TrialBackend>(
         }
         Err(_) => None,
     };
+    clear_dropped(trial);
     if params.as_ref() != Some(&trial.config) {
         let stamp = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -295,6 +305,68 @@ fn remove_checkpoints_after<B: TrialBackend>(trial: &mut Trial, iteration: u64) 
     trial.checkpoints.retain(|c| c.iteration <= iteration);
 }
 
+/// Whether a checkpoint file described by `meta` holds the `listed` one.
+fn holds(meta: &CheckpointMeta, listed: &Checkpoint) -> bool {
+    meta.iteration == listed.iteration
+        && meta.fuel_total == listed.fuel_total
+        // Within a rounding: the listing went through JSON.
+        && (listed.time_total_s - meta.time_total_s).abs() <= 1e-9 * meta.time_total_s.abs()
+}
+
+/// Puts back the checkpoints `trial` lists that its run dropped after the
+/// saved state listed them, and that a kill left in [`DROPPED_DIR`] (see
+/// `tune/runner/retired.rs`): where the listed path is missing, or holds
+/// another checkpoint (a PBT clone that took its name), the dropped file
+/// that holds the listed checkpoint takes its place.
+fn put_back_dropped<B: TrialBackend>(backend: &B, trial: &Trial) {
+    let aside_dir = trial.dir.join(CHECKPOINT_DIR).join(DROPPED_DIR);
+    let mut aside: Vec<PathBuf> = match std::fs::read_dir(&aside_dir) {
+        Ok(entries) => entries.flatten().map(|e| e.path()).collect(),
+        Err(_) => return,
+    };
+    aside.sort();
+    for listed in &trial.checkpoints {
+        let path = trial.dir.join(&listed.path);
+        let describes = |file: &Path| {
+            (backend.describe_checkpoint(file)).is_ok_and(|meta| holds(&meta, listed))
+        };
+        if describes(&path) {
+            continue;
+        }
+        let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+            continue;
+        };
+        let found = aside.iter().position(|file| {
+            let dropped_as = file.file_name().and_then(|n| n.to_str());
+            dropped_as.is_some_and(|n| n.strip_prefix(name).is_some_and(|s| s.starts_with('.')))
+                && describes(file)
+        });
+        let Some(found) = found else {
+            continue;
+        };
+        let file = aside.remove(found);
+        match std::fs::rename(&file, &path) {
+            Ok(()) => tracing::info!(
+                trial = %trial.trial_id,
+                "put back {}: the run dropped it after the saved state listed it",
+                path.display()
+            ),
+            Err(err) => tracing::warn!("putting back {}: {err}", path.display()),
+        }
+    }
+}
+
+/// Deletes what a run left in `trial`'s [`DROPPED_DIR`]: no saved state
+/// lists it (or [`put_back_dropped`] took it).
+fn clear_dropped(trial: &Trial) {
+    let aside_dir = trial.dir.join(CHECKPOINT_DIR).join(DROPPED_DIR);
+    if let Err(err) = std::fs::remove_dir_all(&aside_dir)
+        && err.kind() != std::io::ErrorKind::NotFound
+    {
+        tracing::warn!("removing {}: {err}", aside_dir.display());
+    }
+}
+
 /// Makes `trial` PAUSED at its newest intact checkpoint; returns its
 /// iteration, or `None` when there is none.
 fn newest_intact<B: TrialBackend>(
@@ -343,12 +415,10 @@ fn newest_intact_of<B: TrialBackend>(
                 continue;
             }
         };
-        let listing = trial.checkpoints.iter().find(|c| {
-            c.iteration == iteration
-                && c.fuel_total == meta.fuel_total
-                // Within a rounding: the listing went through JSON.
-                && (c.time_total_s - meta.time_total_s).abs() <= 1e-9 * meta.time_total_s.abs()
-        });
+        let listing = trial
+            .checkpoints
+            .iter()
+            .find(|c| c.iteration == iteration && holds(&meta, c));
         let (listed, halt) = (listing.is_some(), listing.is_some_and(|c| c.halt));
         // The listing's score, where it has one: a halt checkpoint adopted
         // as its step's periodic one was scored again with the step's

@@ -79,6 +79,16 @@ pub trait Callback: Send {
     fn on_state(&mut self, trials: &[Trial], deciders: &Deciders<'_>) -> Result<(), String> {
         Ok(())
     }
+    /// For a callback that saves the experiment's state: how many
+    /// [`Callback::on_state`] calls had been made when the oldest state it
+    /// keeps on disk was taken (`Some(0)` while it keeps none of this run's).
+    /// The runner keeps a checkpoint file it stops listing until every such
+    /// callback's states on disk were taken after that, so that a kill
+    /// never leaves a saved state listing a file that is gone (see
+    /// `tune/runner/retired.rs`). `None`, the default: it saves no state.
+    fn saved_through(&self) -> Option<u64> {
+        None
+    }
     /// The runner decided something about a trial (see [`DecisionRecord`]):
     /// started it, decided on a result, or on a failure. In fuel order,
     /// records come in fuel-time order.

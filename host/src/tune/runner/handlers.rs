@@ -252,7 +252,7 @@ impl<B: TrialBackend> Shared<B> {
             }
             Ok(mut checkpoint) => {
                 checkpoint.halt = runner.halt_saves.remove(&index);
-                runner.keep(&mut trials[index], checkpoint);
+                runner.keep(trials, index, checkpoint);
                 runner.notify(trials, index, |cb, t| cb.on_checkpoint(t, index));
                 match then {
                     _ if halted.is_some() && then != Then::Stop => {

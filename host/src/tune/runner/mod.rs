@@ -33,6 +33,7 @@ mod fuel_order;
 mod handlers;
 mod record;
 mod requests;
+mod retired;
 mod run_loop;
 mod shared;
 mod spec;
@@ -49,6 +50,8 @@ pub(crate) use checkpoints::{checkpoint_iteration, checkpoint_path};
 pub use error::{RunError, STOPPED_BY_REQUEST};
 pub use record::DecisionRecord;
 use record::ExperimentDir;
+pub(crate) use retired::DROPPED_DIR;
+use retired::Retired;
 pub use spec::{CheckpointPolicy, FailFast, FailurePolicy, ResultOrder, RunSpec};
 pub use summary::ExperimentSummary;
 pub(crate) use summary::best_trial;
@@ -190,6 +193,9 @@ pub struct Runner<B: TrialBackend> {
     /// its turn, before its trial trains on (`iteration`: the trial's
     /// decided iteration before it).
     replays: HashMap<usize, (u64, PendingStep)>,
+    /// Checkpoint files no longer listed, kept until no saved state lists
+    /// them.
+    retired: Retired,
 }
 
 impl<B: TrialBackend> Runner<B> {
@@ -238,6 +244,7 @@ impl<B: TrialBackend> Runner<B> {
             halt_kept: HashSet::new(),
             halt_saves: HashSet::new(),
             replays: HashMap::new(),
+            retired: Retired::default(),
         }
     }
 
@@ -567,7 +574,8 @@ impl<B: TrialBackend> Runner<B> {
     /// decision calls for a checkpoint there, the one taken for the halt
     /// (of the same state) becomes that checkpoint, as an uninterrupted
     /// run would have written it.
-    fn adopt_halt_checkpoint(&self, trial: &mut Trial, decision: &Decision) {
+    fn adopt_halt_checkpoint(&mut self, trials: &mut [Trial], index: usize, decision: &Decision) {
+        let trial = &mut trials[index];
         let at_halt = trial
             .latest_checkpoint()
             .is_some_and(|c| c.halt && c.iteration == trial.iterations);
@@ -579,7 +587,7 @@ impl<B: TrialBackend> Runner<B> {
             // Taken before the step's result was recorded, it was scored
             // with the result before; the step's own scores it now.
             checkpoint.score = self.spec.checkpoint.score(trial.last_result.as_ref());
-            self.keep(trial, checkpoint);
+            self.keep(trials, index, checkpoint);
         }
     }
 
@@ -873,20 +881,18 @@ impl<B: TrialBackend> Runner<B> {
             tasks.stop(index, session, false);
             return;
         }
+        let wait = self.listing_trusted();
         let trial = &mut trials[index];
         // The trial's own checkpoints from this iteration on belong to the
         // trajectory it leaves: recovery and `wtune resume` continue from
         // the newest checkpoint on disk, which must be the clone.
-        trial.checkpoints.retain(|own| {
-            let stale = own.iteration >= checkpoint.iteration;
-            if stale {
-                let file = trial.dir.join(&own.path);
-                if let Err(err) = std::fs::remove_file(&file) {
-                    tracing::warn!("removing {}: {err}", file.display());
-                }
-            }
-            !stale
-        });
+        let (stale, own): (Vec<_>, Vec<_>) = std::mem::take(&mut trial.checkpoints)
+            .into_iter()
+            .partition(|own| own.iteration >= checkpoint.iteration);
+        trial.checkpoints = own;
+        for c in stale {
+            self.retired.drop_file(&trial.dir.join(&c.path), wait);
+        }
         let path = checkpoint_path::<B>(checkpoint.iteration);
         let (from, to) = (source_dir.join(&checkpoint.path), trial.dir.join(&path));
         let copied = to
@@ -905,7 +911,7 @@ impl<B: TrialBackend> Runner<B> {
         }
         tracing::debug!(trial = %trial.trial_id, from = %source_id, iteration = checkpoint.iteration, "exploit");
         trial.config = config;
-        self.keep(trial, Checkpoint { path, ..checkpoint });
+        self.keep(trials, index, Checkpoint { path, ..checkpoint });
         self.notify(trials, index, |cb, t| cb.on_checkpoint(t, index));
         self.spawn_launch(tasks, &trials[index], index, Some(session), Vec::new());
     }
@@ -1028,8 +1034,17 @@ impl<B: TrialBackend> Runner<B> {
         Some(reason)
     }
 
-    /// Records a checkpoint and deletes those `keep_num` no longer keeps.
-    fn keep(&self, trial: &mut Trial, checkpoint: Checkpoint) {
+    /// Whether dropped checkpoint files wait for the saved states to move
+    /// past them ([`Retired`]): only where a resume trusts the listing.
+    fn listing_trusted(&self) -> bool {
+        self.order.is_some() && self.moments_ok
+    }
+
+    /// Records trial `index`'s checkpoint and drops those `keep_num` no
+    /// longer keeps.
+    fn keep(&mut self, trials: &mut [Trial], index: usize, checkpoint: Checkpoint) {
+        let wait = self.listing_trusted();
+        let trial = &mut trials[index];
         // A trial that recovered may checkpoint the same iteration again.
         trial.checkpoints.retain(|c| c.path != checkpoint.path);
         if checkpoint.halt {
@@ -1038,15 +1053,13 @@ impl<B: TrialBackend> Runner<B> {
             return;
         }
         // The trial is past the halt it carried the trial over.
-        trial.checkpoints.retain(|c| {
-            if c.halt {
-                let file = trial.dir.join(&c.path);
-                if let Err(err) = std::fs::remove_file(&file) {
-                    tracing::warn!("removing {}: {err}", file.display());
-                }
-            }
-            !c.halt
-        });
+        let (halts, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut trial.checkpoints)
+            .into_iter()
+            .partition(|c| c.halt);
+        trial.checkpoints = kept;
+        for c in halts {
+            self.retired.drop_file(&trial.dir.join(&c.path), wait);
+        }
         trial.checkpoints.push(checkpoint);
         let policy = &self.spec.checkpoint;
         let Some(keep) = policy.keep_num else {
@@ -1071,18 +1084,14 @@ impl<B: TrialBackend> Runner<B> {
             ranked.reverse();
         }
         let kept: Vec<usize> = ranked.into_iter().take(keep).collect();
-        let mut index = 0;
-        trial.checkpoints.retain(|c| {
-            let keep = kept.contains(&index) || index == newest;
-            index += 1;
-            if !keep {
-                let file = trial.dir.join(&c.path);
-                if let Err(err) = std::fs::remove_file(&file) {
-                    tracing::warn!("removing old checkpoint {}: {err}", file.display());
-                }
+        let listed = std::mem::take(&mut trial.checkpoints);
+        for (at, c) in listed.into_iter().enumerate() {
+            if kept.contains(&at) || at == newest {
+                trial.checkpoints.push(c);
+            } else {
+                self.retired.drop_file(&trial.dir.join(&c.path), wait);
             }
-            keep
-        });
+        }
     }
 
     /// Turns a step into a result record, applies stopping criteria and the
@@ -1391,6 +1400,7 @@ impl<B: TrialBackend> Runner<B> {
             decisions_made,
             replays,
             moments_ok,
+            retired,
             ..
         } = self;
         let view = order
@@ -1410,10 +1420,13 @@ impl<B: TrialBackend> Runner<B> {
             fuel_burned: *fuel_burned,
             fuel_order: view.as_ref().map(|v| v as &dyn AtMoment),
         };
-        callbacks
+        retired.offered();
+        let errors = callbacks
             .iter_mut()
             .filter_map(|cb| cb.on_state(trials, &deciders).err())
-            .collect()
+            .collect();
+        retired.sweep(callbacks.iter().filter_map(|cb| cb.saved_through()).min());
+        errors
     }
 
     fn persist(&mut self, trials: &[Trial], at_moment: bool) {
@@ -1427,6 +1440,7 @@ impl<B: TrialBackend> Runner<B> {
     /// order the state marks the moment the run is at, if it is between
     /// two events, as a kill there would find it.
     fn persist_now(&mut self, trials: &[Trial], why: &str) {
+        let decisions = self.final_decisions(trials, true);
         let summary = ExperimentSummary {
             name: self.spec.name.clone(),
             output_dir: self.spec.output_dir.clone(),
@@ -1437,12 +1451,32 @@ impl<B: TrialBackend> Runner<B> {
             wall_time: Duration::ZERO,
             halted: Some(why.to_string()),
             stopped: None,
-            decisions: self.final_decisions(trials, true),
+            ended_mid_event: self.ends_mid_event(&decisions, true),
+            decisions,
         };
+        let mut saved = true;
         for cb in &mut self.callbacks {
             if let Err(reason) = cb.on_experiment_end(&summary) {
                 tracing::warn!("{reason}");
+                saved = false;
             }
+        }
+        self.ended(&summary, saved);
+    }
+
+    /// Whether a run that ends with `decisions`, `halted` or not, leaves
+    /// while it carries out an event ([`ExperimentSummary::ended_mid_event`]).
+    fn ends_mid_event(&self, decisions: &DecisionState, halted: bool) -> bool {
+        // A run that finished marks no moment: it is not to be continued.
+        halted && self.listing_trusted() && decisions.moment.is_none()
+    }
+
+    /// After the callbacks heard the end (`saved`: without an error): the
+    /// dropped checkpoint files go, but where the state on disk may still
+    /// list them (a run that left mid-event keeps its last moment's).
+    fn ended(&mut self, summary: &ExperimentSummary, saved: bool) {
+        if saved && !summary.ended_mid_event {
+            self.retired.delete_all();
         }
     }
 

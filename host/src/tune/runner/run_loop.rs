@@ -447,6 +447,7 @@ impl<B: TrialBackend> Shared<B> {
             ..
         } = self;
         let decisions = runner.final_decisions(trials, halted.is_some());
+        let ended_mid_event = runner.ends_mid_event(&decisions, halted.is_some());
         let trials = std::mem::take(trials);
         let best = runner
             .spec
@@ -463,6 +464,7 @@ impl<B: TrialBackend> Shared<B> {
             wall_time: started.elapsed(),
             halted: halted.take(),
             stopped: stopped.take(),
+            ended_mid_event,
             decisions,
         };
         // Every callback gets the end, so one that cannot write (say,
@@ -474,6 +476,7 @@ impl<B: TrialBackend> Shared<B> {
                 first_error.get_or_insert(reason);
             }
         }
+        runner.ended(&summary, first_error.is_none());
         match first_error {
             Some(reason) => Err(RunError::Callback(reason)),
             None => Ok(summary),

@@ -74,7 +74,7 @@ impl<B: TrialBackend> Shared<B> {
         let decision = runner.after_result(trials, index, decision, *started, stopped);
         runner.decided_on(trials, index, &decision);
         if booked {
-            runner.adopt_halt_checkpoint(&mut trials[index], &decision);
+            runner.adopt_halt_checkpoint(trials, index, &decision);
         }
         Ok(decision)
     }

@@ -32,6 +32,12 @@ pub struct ExperimentSummary {
     pub stopped: Option<String>,
     /// The final state of the scheduler and searcher, for saving.
     pub decisions: DecisionState,
+    /// In fuel order, the run left while it carried out an event (a second
+    /// interrupt, an internal error, `fail_fast = "raise"`), where no
+    /// moment describes it: a state saver keeps the last state it saved at
+    /// a moment, from which `wtune resume` continues the same run as after
+    /// a kill, rather than save one that marks none.
+    pub ended_mid_event: bool,
 }
 
 impl ExperimentSummary {
