@@ -56,7 +56,12 @@ impl DecisionRecord {
     /// or canonical) made relative to it: the same failure in two
     /// experiment directories is the same decision (`wtune decisions A B`).
     pub(super) fn relative_to(mut self, experiment_dir: &mut ExperimentDir) -> Self {
-        if let Some(why) = &mut self.why {
+        // Most reasons name no path ("training_iteration >= 10"): they need
+        // no canonical directory, whose lookup, until the directory exists,
+        // is a system call per record.
+        if let Some(why) = &mut self.why
+            && why.contains(std::path::MAIN_SEPARATOR)
+        {
             // The canonical form first: a relative directory as given could
             // also match inside it.
             for dir in experiment_dir.forms() {
