@@ -386,6 +386,25 @@ impl Callback for Decided {
     }
 }
 
+/// The moment of a run of one trial, `trial_id`, started at fuel time 0
+/// and burning `fuel` per step, after it decided on step `iteration` (none
+/// of its decisions counted).
+fn one_trial_moment(trial_id: &str, iteration: u64, fuel: u64) -> FuelMoment {
+    FuelMoment {
+        now: iteration * fuel,
+        decisions: 0,
+        clocks: vec![SavedClock {
+            trial_id: trial_id.into(),
+            start: 0,
+            fuel_at_start: Some(0),
+            floor: iteration * fuel,
+            iteration,
+            pending: None,
+            deferred: false,
+        }],
+    }
+}
+
 /// One trial with `config` ran to iteration 8 in fuel order; the run was
 /// killed at a moment that had decided up to 8, with the trial's
 /// checkpoint at 2 listed. Resumed with `training_iteration = stop`, it
@@ -426,20 +445,7 @@ fn resumed_from_a_moment_at_8(config: Value, stop: u64) -> (Trial, Vec<String>) 
     assert_eq!(trial.iterations, 8);
     trial.status = TrialStatus::Running;
     trial.checkpoints.retain(|c| c.iteration == 2);
-    let fuel = config["fuel"].as_u64().unwrap();
-    let moment = FuelMoment {
-        now: 8 * fuel,
-        decisions: 0,
-        clocks: vec![SavedClock {
-            trial_id: trial.trial_id.clone(),
-            start: 0,
-            fuel_at_start: Some(0),
-            floor: 8 * fuel,
-            iteration: 8,
-            pending: None,
-            deferred: false,
-        }],
-    };
+    let moment = one_trial_moment(&trial.trial_id, 8, config["fuel"].as_u64().unwrap());
     let policy = CheckpointPolicy::default();
     let errored = wtune::tune::resume::ErroredTrials::Keep;
     let backend = backend(scrambled(1, 0));
@@ -1139,19 +1145,7 @@ fn a_resume_puts_back_a_listed_checkpoint_the_killed_run_had_moved_aside() {
     std::fs::copy(at(0), aside_dir.join(format!("{name}.0"))).unwrap();
     std::fs::rename(at(3), aside_dir.join(format!("{name}.1"))).unwrap();
     std::fs::copy(at(2), at(3)).unwrap();
-    let moment = FuelMoment {
-        now: 80,
-        decisions: 0,
-        clocks: vec![SavedClock {
-            trial_id: trial.trial_id.clone(),
-            start: 0,
-            fuel_at_start: Some(0),
-            floor: 80,
-            iteration: 8,
-            pending: None,
-            deferred: false,
-        }],
-    };
+    let moment = one_trial_moment(&trial.trial_id, 8, 10);
     let plan = wtune::tune::resume::prepare_at(
         &backend(scrambled(1, 0)),
         &mut trials,
