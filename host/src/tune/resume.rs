@@ -10,8 +10,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::backend::CheckpointMeta;
-use super::backend::TrialBackend;
+use super::backend::{CheckpointMeta, TrialBackend};
 use super::decisions::FuelMoment;
 use super::runner::{
     CHECKPOINT_DIR, CheckpointPolicy, DROPPED_DIR, checkpoint_iteration, checkpoint_path,

@@ -886,13 +886,8 @@ impl<B: TrialBackend> Runner<B> {
         // The trial's own checkpoints from this iteration on belong to the
         // trajectory it leaves: recovery and `wtune resume` continue from
         // the newest checkpoint on disk, which must be the clone.
-        let (stale, own): (Vec<_>, Vec<_>) = std::mem::take(&mut trial.checkpoints)
-            .into_iter()
-            .partition(|own| own.iteration >= checkpoint.iteration);
-        trial.checkpoints = own;
-        for c in stale {
-            self.retired.drop_file(&trial.dir.join(&c.path), wait);
-        }
+        self.retired
+            .unlist(trial, wait, |_, own| own.iteration >= checkpoint.iteration);
         let path = checkpoint_path::<B>(checkpoint.iteration);
         let (from, to) = (source_dir.join(&checkpoint.path), trial.dir.join(&path));
         let copied = to
@@ -1053,13 +1048,7 @@ impl<B: TrialBackend> Runner<B> {
             return;
         }
         // The trial is past the halt it carried the trial over.
-        let (halts, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut trial.checkpoints)
-            .into_iter()
-            .partition(|c| c.halt);
-        trial.checkpoints = kept;
-        for c in halts {
-            self.retired.drop_file(&trial.dir.join(&c.path), wait);
-        }
+        self.retired.unlist(trial, wait, |_, c| c.halt);
         trial.checkpoints.push(checkpoint);
         let policy = &self.spec.checkpoint;
         let Some(keep) = policy.keep_num else {
@@ -1084,14 +1073,8 @@ impl<B: TrialBackend> Runner<B> {
             ranked.reverse();
         }
         let kept: Vec<usize> = ranked.into_iter().take(keep).collect();
-        let listed = std::mem::take(&mut trial.checkpoints);
-        for (at, c) in listed.into_iter().enumerate() {
-            if kept.contains(&at) || at == newest {
-                trial.checkpoints.push(c);
-            } else {
-                self.retired.drop_file(&trial.dir.join(&c.path), wait);
-            }
-        }
+        self.retired
+            .unlist(trial, wait, |at, _| !kept.contains(&at) && at != newest);
     }
 
     /// Turns a step into a result record, applies stopping criteria and the

@@ -25,6 +25,8 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::tune::trial::{Checkpoint, Trial};
+
 /// Where, in a trial's checkpoint directory, dropped checkpoints wait.
 pub(crate) const DROPPED_DIR: &str = ".dropped";
 
@@ -78,6 +80,25 @@ impl Retired {
             Err(err) => {
                 tracing::warn!("moving {} aside: {err}; deleting it", file.display());
                 delete(file);
+            }
+        }
+    }
+
+    /// Stops listing `trial`'s checkpoints for which `dropped` (given each
+    /// one's place in the list) says so, and drops their files
+    /// ([`Retired::drop_file`]).
+    pub(super) fn unlist(
+        &mut self,
+        trial: &mut Trial,
+        wait: bool,
+        mut dropped: impl FnMut(usize, &Checkpoint) -> bool,
+    ) {
+        let listed = std::mem::take(&mut trial.checkpoints);
+        for (at, c) in listed.into_iter().enumerate() {
+            if dropped(at, &c) {
+                self.drop_file(&trial.dir.join(&c.path), wait);
+            } else {
+                trial.checkpoints.push(c);
             }
         }
     }
