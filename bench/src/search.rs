@@ -27,7 +27,7 @@ use serde_json::{Value, json};
 use wtune::tune::{Mode, SearchSpace, SearchSpec, Searcher, Suggestion};
 
 const TRIALS: usize = 100;
-const SEEDS: u64 = 10;
+const SEEDS: u64 = 20;
 /// The trial counts regret is reported at.
 const AT: [usize; 3] = [25, 50, 100];
 /// Optuna's version, pinned so that runs compare.
@@ -224,6 +224,10 @@ fn searchers() -> Vec<(&'static str, Value)> {
     vec![
         ("wtune random", json!({"type": "random"})),
         ("wtune tpe (joint, default)", json!({"type": "tpe"})),
+        (
+            "wtune tpe, rank_weights = false",
+            json!({"type": "tpe", "rank_weights": false}),
+        ),
         (
             "wtune tpe, multivariate = false",
             json!({"type": "tpe", "multivariate": false}),

@@ -266,7 +266,7 @@ mod tests {
         for value in [
             json!({"type": "random"}),
             json!({"type": "grid", "points": 3, "max_concurrent": 2}),
-            json!({"type": "tpe", "n_initial_points": 5, "gamma": 0.3, "n_candidates": 10, "prior_weight": 2.0, "multivariate": false, "constant_liar": false, "multi_fidelity": true}),
+            json!({"type": "tpe", "n_initial_points": 5, "gamma": 0.3, "n_candidates": 10, "prior_weight": 2.0, "multivariate": false, "constant_liar": false, "rank_weights": false, "multi_fidelity": true}),
             json!({"type": "gp", "n_initial_points": 4, "n_candidates": 100, "n_local_search": 2}),
         ] {
             let s: SearchSpec = serde_json::from_value(value.clone()).unwrap();
@@ -317,7 +317,7 @@ mod tests {
                 json!({"type": "tpe", "gama": 0.3}),
                 "search: unknown key `gama` for the tpe searcher, which takes `n_initial_points`, \
                  `gamma`, `n_candidates`, `prior_weight`, `multivariate`, `constant_liar`, \
-                 `multi_fidelity`, `max_concurrent`",
+                 `rank_weights`, `multi_fidelity`, `max_concurrent`",
             ),
             (
                 json!({"type": "random", "points": 3}),
