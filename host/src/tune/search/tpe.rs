@@ -408,8 +408,9 @@ impl Parzen {
 }
 
 /// `ln(sum_k exp(term(k)))` for `k < n`, stable for large terms: one pass
-/// for the largest term, one for the sum (recomputing a term is cheaper
-/// than storing it).
+/// for the largest term, one for the sum. `term(k)` is called twice, so a
+/// caller whose terms cost more than a store and a load (the joint
+/// estimator's, one per parameter) passes terms computed once.
 fn log_sum_exp(n: usize, term: impl Fn(usize) -> f64) -> f64 {
     let max = (0..n).map(&term).fold(f64::NEG_INFINITY, f64::max);
     if max == f64::NEG_INFINITY {

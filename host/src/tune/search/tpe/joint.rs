@@ -26,6 +26,9 @@ enum Factor {
         q: Option<f64>,
         mus: Vec<f64>,
         sigmas: Vec<f64>,
+        /// `ln` of each width, kept so that scoring a candidate takes no
+        /// logarithm per component.
+        ln_sigmas: Vec<f64>,
         /// `ln` of each component's mass inside the bounds.
         ln_mass: Vec<f64>,
     },
@@ -72,12 +75,14 @@ impl<'a> JointParzen<'a> {
                         Param::Quantized { q, .. } => Some(q),
                         _ => None,
                     };
+                    let ln_sigmas = sigmas.iter().map(|s| s.pln()).collect();
                     Factor::Numeric {
                         lo,
                         hi,
                         q,
                         mus,
                         sigmas,
+                        ln_sigmas,
                         ln_mass,
                     }
                 }
@@ -149,39 +154,48 @@ impl<'a> JointParzen<'a> {
     /// `ln` of the density (of the mass, for quantized parameters) at the
     /// model values `x`.
     pub(super) fn ln_density(&self, x: &[f64]) -> f64 {
-        log_sum_exp(self.weights.len(), |k| {
-            let factors: f64 = self
-                .factors
-                .iter()
-                .zip(x)
-                .map(|(factor, &x)| match factor {
-                    Factor::Numeric {
-                        q: None,
-                        mus,
-                        sigmas,
-                        ln_mass,
-                        ..
-                    } => {
-                        let z = (x - mus[k]) / sigmas[k];
-                        -0.5 * z * z - sigmas[k].pln() - LN_SQRT_2PI - ln_mass[k]
-                    }
-                    Factor::Numeric {
-                        lo,
-                        hi,
-                        q: Some(q),
-                        mus,
-                        sigmas,
-                        ln_mass,
-                    } => {
-                        let (a, b) = ((x - q / 2.0).max(*lo), (x + q / 2.0).min(*hi));
-                        let (mu, s) = (mus[k], sigmas[k]);
-                        normal_mass((a - mu) / s, (b - mu) / s).pln() - ln_mass[k]
-                    }
-                    Factor::Choice(probs) => probs[k][x as usize],
-                })
-                .sum();
-            self.ln_weights[k] + factors
-        })
+        // Each component's term once: the log-sum-exp reads it twice.
+        let terms: Vec<f64> = (0..self.weights.len())
+            .map(|k| self.ln_component(k, x))
+            .collect();
+        log_sum_exp(terms.len(), |k| terms[k])
+    }
+
+    /// `ln` of component `k`'s weight times its density at `x`.
+    fn ln_component(&self, k: usize, x: &[f64]) -> f64 {
+        let factors: f64 = self
+            .factors
+            .iter()
+            .zip(x)
+            .map(|(factor, &x)| match factor {
+                Factor::Numeric {
+                    q: None,
+                    mus,
+                    sigmas,
+                    ln_sigmas,
+                    ln_mass,
+                    ..
+                } => {
+                    let z = (x - mus[k]) / sigmas[k];
+                    -0.5 * z * z - ln_sigmas[k] - LN_SQRT_2PI - ln_mass[k]
+                }
+                Factor::Numeric {
+                    lo,
+                    hi,
+                    q: Some(q),
+                    mus,
+                    sigmas,
+                    ln_mass,
+                    ..
+                } => {
+                    let (a, b) = ((x - q / 2.0).max(*lo), (x + q / 2.0).min(*hi));
+                    let (mu, s) = (mus[k], sigmas[k]);
+                    normal_mass((a - mu) / s, (b - mu) / s).pln() - ln_mass[k]
+                }
+                Factor::Choice(probs) => probs[k][x as usize],
+            })
+            .sum();
+        self.ln_weights[k] + factors
     }
 }
 
