@@ -444,3 +444,175 @@ fn an_exploit_waiting_when_the_experiment_stops_ends_without_relaunching() {
     );
     assert_eq!(counted.launches, 2, "no relaunch from the clone");
 }
+
+/// Sets `flag`, for a [`Racer`] that waits on it.
+fn raise(flag: &AtomicU64) {
+    flag.store(1, Ordering::SeqCst);
+}
+
+/// Waits for `flag` without sleeping, for a second at most: a racer
+/// waiting this way reaches the runner's lock within microseconds of the
+/// flag, before the loop's task has been woken.
+fn spin_for(flag: &AtomicU64) {
+    let since = std::time::Instant::now();
+    while flag.load(Ordering::SeqCst) == 0 && since.elapsed() < Duration::from_secs(1) {
+        std::hint::spin_loop();
+    }
+}
+
+/// Flags two [`Racer`]s and their scheduler share.
+#[derive(Default)]
+struct RaceFlags {
+    /// The source is in its last step.
+    source_ending: AtomicU64,
+    /// The scheduler has decided the exploit.
+    decided: AtomicU64,
+}
+
+/// Counts its steps, as [`Counter`]. The source's last step (its 4th)
+/// waits until the recipient's exploit is decided, so that it settles
+/// right after the decision, before the loop carries the exploit out; the
+/// recipient's 2nd step waits until the source is in its last one.
+struct Racer {
+    count: u64,
+    source: bool,
+    flags: Arc<RaceFlags>,
+}
+
+impl StatefulStep for Racer {
+    fn step(&mut self, _iteration: u64) -> Result<Step, TrialFailure> {
+        self.count += 1;
+        match (self.source, self.count) {
+            (true, 4) => {
+                raise(&self.flags.source_ending);
+                spin_for(&self.flags.decided);
+            }
+            (false, 2) => spin_for(&self.flags.source_ending),
+            _ => {}
+        }
+        Ok(Step {
+            metrics: vec![("count".into(), self.count as f64)],
+            done: false,
+            fuel: 1,
+        })
+    }
+
+    fn state(&self) -> Value {
+        json!({"count": self.count})
+    }
+}
+
+/// `trial_0001` clones `trial_0000` at its own iteration 2, once; the
+/// decision raises `decided`.
+struct ExploitOnce {
+    flags: Arc<RaceFlags>,
+    exploited: bool,
+}
+
+impl Scheduler for ExploitOnce {
+    fn on_result(
+        &mut self,
+        trial: &wtune::tune::Trial,
+        _: &serde_json::Map<String, Value>,
+    ) -> wtune::tune::Decision {
+        use wtune::tune::Decision;
+        if trial.trial_id == "trial_0001"
+            && trial.iterations == 2
+            && !std::mem::replace(&mut self.exploited, true)
+        {
+            raise(&self.flags.decided);
+            return Decision::Exploit {
+                source: 0,
+                config: json!({"source": false, "cloned": true}),
+            };
+        }
+        Decision::Continue
+    }
+
+    fn choose_next(&mut self, trials: &[wtune::tune::Trial]) -> Option<usize> {
+        Fifo::default().choose_next(trials)
+    }
+
+    fn name(&self) -> &'static str {
+        "exploit-once"
+    }
+}
+
+/// Runs a source and a recipient [`Racer`] to 4 iterations each, with a
+/// checkpoint every 2, under [`ExploitOnce`]: the recipient's clone,
+/// found in `runs` runs.
+fn race(runs: usize, max_concurrent: usize) -> Vec<ExperimentSummary> {
+    (0..runs)
+        .map(|_| {
+            let flags = Arc::new(RaceFlags::default());
+            let shared = flags.clone();
+            let backend = FnBackend::stateful(move |config: &Value, state: Option<&Value>| {
+                Ok(Racer {
+                    count: state.and_then(|s| s["count"].as_u64()).unwrap_or(0),
+                    source: config["source"].as_bool().unwrap_or(false),
+                    flags: shared.clone(),
+                })
+            });
+            let out = tempfile::tempdir().unwrap();
+            let spec = RunSpec {
+                metric: Some("count".into()),
+                mode: Mode::Max,
+                stop: StopCriteria {
+                    training_iteration: Some(4),
+                    ..Default::default()
+                },
+                checkpoint: wtune::tune::CheckpointPolicy {
+                    freq: 2,
+                    ..Default::default()
+                },
+                max_concurrent,
+                configs: vec![json!({"source": true}), json!({"source": false})],
+                ..RunSpec::new("race", out.path().to_path_buf())
+            };
+            let scheduler = ExploitOnce {
+                flags,
+                exploited: false,
+            };
+            let runner = Runner::new(backend, spec, Box::new(scheduler));
+            tokio::runtime::Runtime::new()
+                .unwrap()
+                .block_on(runner.run())
+                .unwrap()
+        })
+        .collect()
+}
+
+/// An exploit clones the checkpoint its source had when the scheduler
+/// ranked it, not one the source took while the exploit waited for the
+/// loop. Here the source ends (at iteration 4, checkpointed) between the
+/// decision and the clone: cloning that checkpoint took the recipient to
+/// iteration 5, past `stop.training_iteration = 4`.
+#[test]
+fn an_exploit_clones_the_checkpoint_its_source_was_ranked_at() {
+    for (run, summary) in race(5, 2).iter().enumerate() {
+        let recipient = &summary.trials[1];
+        assert_eq!(recipient.config["cloned"], true, "run {run}");
+        assert_eq!(recipient.status, TrialStatus::Terminated, "run {run}");
+        assert_eq!(recipient.iterations, 4, "run {run}: {recipient:?}");
+        // From the source's checkpoint at 2 (count 2), two more steps.
+        assert_eq!(recipient.metric("count"), Some(4.0), "run {run}");
+        let cloned: Vec<u64> = recipient.checkpoints.iter().map(|c| c.iteration).collect();
+        assert_eq!(cloned[0], 2, "run {run}: {cloned:?}");
+    }
+}
+
+/// A scheduler may ask to clone a trial that has ended; the checkpoint it
+/// ended at is not cloned (training on from it would go past the stopping
+/// criteria that ended it), and the recipient goes on with its own.
+#[test]
+fn no_exploit_clones_the_checkpoint_its_source_ended_at() {
+    // One at a time: the source has ended (checkpointed at 4) before the
+    // recipient starts.
+    let summary = race(1, 1).pop().unwrap();
+    let (source, recipient) = (&summary.trials[0], &summary.trials[1]);
+    assert_eq!(source.iterations, 4);
+    assert_eq!(recipient.status, TrialStatus::Terminated);
+    assert_eq!(recipient.config, json!({"source": false}), "not cloned");
+    assert_eq!(recipient.iterations, 4, "{recipient:?}");
+    assert_eq!(recipient.metric("count"), Some(4.0));
+}

@@ -153,7 +153,20 @@ impl Trial {
     /// The newest checkpoint an uninterrupted run would also have (not one
     /// taken only for a halt, see [`Checkpoint::halt`]): what PBT clones.
     pub fn cloneable_checkpoint(&self) -> Option<&Checkpoint> {
-        self.checkpoints.iter().rev().find(|c| !c.halt)
+        self.clone_at(u64::MAX)
+    }
+
+    /// The newest cloneable checkpoint taken by iteration `iteration`: what
+    /// an exploit decided when this trial had completed `iteration`
+    /// iterations clones, whatever it has taken since.
+    pub fn clone_at(&self, iteration: u64) -> Option<&Checkpoint> {
+        (self.checkpoints.iter().rev()).find(|c| !c.halt && c.iteration <= iteration)
+    }
+
+    /// Whether `checkpoint` holds the state this trial ended in: training
+    /// on from it would go past what ended the trial.
+    pub fn ended_at(&self, checkpoint: &Checkpoint) -> bool {
+        self.stop_reason.is_some() && checkpoint.iteration >= self.iterations
     }
 
     /// Where the trial continues from when launched: its newest checkpoint,

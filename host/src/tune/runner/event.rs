@@ -21,6 +21,8 @@ pub(super) struct ParkedExploit<S> {
     pub(super) index: usize,
     pub(super) session: S,
     pub(super) source: usize,
+    /// The source's iterations when the exploit was decided.
+    pub(super) ranked_at: u64,
     pub(super) config: Value,
 }
 

@@ -113,7 +113,11 @@ impl<B: TrialBackend> Shared<B> {
                     None
                 }
                 Ok(Decision::Exploit { source, config }) => {
-                    runner.exploit(tasks, trials, index, session, source, config);
+                    // Noted where it was decided (`Shared::settle`); none
+                    // only for a source that is no trial, which `exploit`
+                    // refuses.
+                    let ranked_at = runner.ranked_at.remove(&index).unwrap_or_default();
+                    runner.exploit(tasks, trials, index, session, (source, ranked_at), config);
                     None
                 }
                 Ok(decision) => {

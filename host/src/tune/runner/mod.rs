@@ -116,6 +116,14 @@ pub struct Runner<B: TrialBackend> {
     /// that made the scheduler pick the source. Each holds the exploiting
     /// trial's session until the source's save ends.
     parked: Vec<ParkedExploit<B::Session>>,
+    /// Exploits decided on a trial thread that the loop has yet to carry
+    /// out, by the exploiting trial's index: the iterations their source
+    /// had completed then. The clone is the checkpoint the scheduler saw,
+    /// not one the source took since: that may be where the source ended,
+    /// and the clone would train past its stopping criteria. (A note left
+    /// by an exploit the halt turned into a pause is replaced by the
+    /// trial's next exploit's.)
+    ranked_at: HashMap<usize, u64>,
     /// The experiment-level stopping criteria, if any.
     stopper: Option<ExperimentStopper>,
     /// A saved stopper state to continue from.
@@ -217,6 +225,7 @@ impl<B: TrialBackend> Runner<B> {
             resizing: HashSet::new(),
             saving: HashSet::new(),
             parked: Vec::new(),
+            ranked_at: HashMap::new(),
             stopper: None,
             stopper_state: None,
             fuel_burned: 0,
@@ -839,16 +848,19 @@ impl<B: TrialBackend> Runner<B> {
     }
 
     /// PBT's exploit: `index` takes a copy of `source`'s newest checkpoint
-    /// as its own and relaunches from it with `config`. The copy is a hard
-    /// link where the file system allows (checkpoint files are never
-    /// changed once written, and deleting one name keeps the other).
+    /// by iteration `ranked_at` (where the source was when the exploit was
+    /// decided) as its own and relaunches from it with `config`; never one
+    /// the source ended at, from which the trial would train past that end.
+    /// The copy is a hard link where the file system allows (checkpoint
+    /// files are never changed once written, and deleting one name keeps
+    /// the other).
     fn exploit(
         &mut self,
         tasks: &mut Tasks<B>,
         trials: &mut [Trial],
         index: usize,
         session: B::Session,
-        source: usize,
+        (source, ranked_at): (usize, u64),
         config: Value,
     ) {
         if self.saving.contains(&source) {
@@ -857,6 +869,7 @@ impl<B: TrialBackend> Runner<B> {
                 index,
                 session,
                 source,
+                ranked_at,
                 config,
             });
             return;
@@ -864,18 +877,26 @@ impl<B: TrialBackend> Runner<B> {
         let cloned = trials
             .get(source)
             .filter(|_| source != index)
-            .and_then(|t| {
-                Some((
-                    t.trial_id.clone(),
-                    t.dir.clone(),
-                    t.cloneable_checkpoint()?.clone(),
-                ))
-            });
-        let Some((source_id, source_dir, checkpoint)) = cloned else {
+            .and_then(|t| Some((t, t.clone_at(ranked_at)?.clone())));
+        let Some((source_trial, checkpoint)) = cloned else {
             tracing::warn!(trial = %trials[index].trial_id, "the {} scheduler asked to clone trial index {source}, which has no checkpoint; continuing", self.scheduler.name());
             tasks.train(index, session);
             return;
         };
+        if source_trial.ended_at(&checkpoint) {
+            tracing::warn!(
+                trial = %trials[index].trial_id,
+                "the {} scheduler asked to clone {}'s checkpoint at iteration {}, where it ended ({}); \
+                 training on from there would go past that, so the trial continues on its own",
+                self.scheduler.name(),
+                source_trial.trial_id,
+                checkpoint.iteration,
+                source_trial.stop_reason.as_deref().unwrap_or_default()
+            );
+            tasks.train(index, session);
+            return;
+        }
+        let (source_id, source_dir) = (source_trial.trial_id.clone(), source_trial.dir.clone());
         if let Err(reason) = self.each(|cb, t| cb.before_checkpoint(t, index), trials) {
             self.fail(trials, index, reason);
             tasks.stop(index, session, false);
@@ -912,10 +933,10 @@ impl<B: TrialBackend> Runner<B> {
     }
 
     /// Carries out the exploits that waited for `source`'s checkpoint, now
-    /// written (or failed: they clone the newest one it has). When the run
-    /// is halting, the waiting trials are checkpointed and paused instead,
-    /// on their own trajectory; when the experiment stopper fired, they end
-    /// TERMINATED there.
+    /// written (or failed: they clone the newest one it had when they were
+    /// decided, as `exploit` does). When the run is halting, the waiting
+    /// trials are checkpointed and paused instead, on their own trajectory;
+    /// when the experiment stopper fired, they end TERMINATED there.
     fn release_parked(
         &mut self,
         tasks: &mut Tasks<B>,
@@ -948,7 +969,7 @@ impl<B: TrialBackend> Runner<B> {
                     trials,
                     parked.index,
                     parked.session,
-                    parked.source,
+                    (parked.source, parked.ranked_at),
                     parked.config,
                 );
             }

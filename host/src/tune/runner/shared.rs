@@ -73,6 +73,11 @@ impl<B: TrialBackend> Shared<B> {
         let decision = runner.record(trials, index, step, elapsed)?;
         let decision = runner.after_result(trials, index, decision, *started, stopped);
         runner.decided_on(trials, index, &decision);
+        if let Decision::Exploit { source, .. } = decision
+            && let Some(source) = trials.get(source)
+        {
+            runner.ranked_at.insert(index, source.iterations);
+        }
         if booked {
             runner.adopt_halt_checkpoint(trials, index, &decision);
         }
