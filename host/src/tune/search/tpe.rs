@@ -252,18 +252,14 @@ fn recency_weights(n: usize) -> Vec<f64> {
 /// best) of the group's `n`. `ranks[i]`: the rank of the group's `i`th
 /// observation.
 fn good_weights(ranks: &[usize], by_rank: bool) -> Vec<f64> {
-    let n = ranks.len() as f64;
-    recency_weights(ranks.len())
-        .into_iter()
-        .zip(ranks)
-        .map(|(w, &r)| {
-            if by_rank {
-                w * (1.0 - r as f64 / n).powi(2)
-            } else {
-                w
-            }
-        })
-        .collect()
+    let mut weights = recency_weights(ranks.len());
+    if by_rank {
+        let n = ranks.len() as f64;
+        for (w, &r) in weights.iter_mut().zip(ranks) {
+            *w *= (1.0 - r as f64 / n).powi(2);
+        }
+    }
+    weights
 }
 
 /// Probabilities of each of `n` choices given the observed indices.
