@@ -24,7 +24,7 @@ pub(super) fn scheduler_spec(
 
 /// `scheduler = "asha"` or `[scheduler]` with `type = "asha"` and parameters.
 fn scheduler(value: Option<&toml::Value>) -> Result<SchedulerSpec, ConfigError> {
-    let table = match value {
+    let mut table = match value {
         None => return Ok(SchedulerSpec::Fifo),
         Some(toml::Value::String(name)) => {
             let mut table = toml::Table::new();
@@ -38,18 +38,14 @@ fn scheduler(value: Option<&toml::Value>) -> Result<SchedulerSpec, ConfigError> 
             )));
         }
     };
-    let name = match table.get("type") {
-        Some(toml::Value::String(name)) => name.clone(),
+    let name = match table.remove("type") {
+        Some(toml::Value::String(name)) => name,
         _ => return Err(bad("[scheduler] needs `type`, e.g. type = \"asha\"")),
     };
-    if !SchedulerSpec::NAMES.contains(&name.as_str()) {
-        return Err(bad(format!(
-            "scheduler {name:?} is not known; available: {}",
-            SchedulerSpec::NAMES.map(|n| format!("{n:?}")).join(", ")
-        )));
-    }
-    serde_json::from_value(to_json(&table))
-        .map_err(|e| bad(format!("scheduler: {}", one_line(&e.to_string()))))
+    let Value::Object(parameters) = to_json(&table) else {
+        unreachable!("a TOML table is a JSON object")
+    };
+    SchedulerSpec::from_table(&name, parameters).map_err(|e| bad(one_line(&e)))
 }
 
 /// The search over the parameter space, checked by building it once.

@@ -336,6 +336,18 @@ fn every_bad_value_gets_a_message_naming_its_key() {
             "metric = \"a\"\n[scheduler]\ntype = \"asha\"\nmax_tt = 1",
             "unknown field `max_tt`",
         ),
+        (
+            "metric = \"a\"\n[scheduler]\ntype = \"asha\"\ngrace_period = \"x\"",
+            "scheduler.grace_period: invalid type: string \"x\", expected f64",
+        ),
+        (
+            "[scheduler]\ntype = \"fifo\"\ngrace_period = 1",
+            "scheduler: unknown key `grace_period`: the fifo scheduler takes no parameters",
+        ),
+        (
+            "metric = \"a\"\n[search]\ntype = \"tpe\"\nrank_weights = 1",
+            "search.rank_weights: invalid type: integer `1`, expected a boolean",
+        ),
         ("scheduler = \"asha\"", "set `metric`"),
         ("[scheduler]\nmax_t = 3", "[scheduler] needs `type`"),
         (

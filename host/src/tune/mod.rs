@@ -16,6 +16,7 @@ mod saved;
 mod schedulers;
 pub mod search;
 pub mod space;
+mod table;
 mod trial;
 mod trial_stop;
 

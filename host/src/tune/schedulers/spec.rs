@@ -1,6 +1,7 @@
 //! Schedulers by name: the one place that names every algorithm.
 
 use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
 
 use super::asha::{Asha, AshaConfig};
 use super::fifo::Fifo;
@@ -9,6 +10,7 @@ use super::median::{MedianStopping, MedianStoppingConfig};
 use super::pbt::{PbtConfig, PopulationBasedTraining};
 use super::scheduler::Scheduler;
 use crate::tune::result::Mode;
+use crate::tune::table::{from_table, no_parameters};
 
 /// A scheduler by name and parameters, as an experiment file gives it:
 /// `scheduler = "asha"`, or a `[scheduler]` table with `type = "asha"` and
@@ -34,6 +36,29 @@ pub enum SchedulerSpec {
 impl SchedulerSpec {
     /// The names known, for error messages.
     pub const NAMES: [&'static str; 5] = ["fifo", "asha", "median_stopping", "hyperband", "pbt"];
+
+    /// The scheduler named by `name` with the parameters in `table` (an
+    /// experiment file's `[scheduler]` without `type`). Errors name the
+    /// key at fault, unlike the tagged deserialization, which loses it.
+    pub fn from_table(name: &str, table: Map<String, Value>) -> Result<Self, String> {
+        const SECTION: &str = "scheduler";
+        Ok(match name {
+            "fifo" => {
+                no_parameters(&table, SECTION, name)?;
+                SchedulerSpec::Fifo
+            }
+            "asha" => SchedulerSpec::Asha(from_table(table, SECTION)?),
+            "median_stopping" => SchedulerSpec::MedianStopping(from_table(table, SECTION)?),
+            "hyperband" => SchedulerSpec::HyperBand(from_table(table, SECTION)?),
+            "pbt" => SchedulerSpec::Pbt(from_table(table, SECTION)?),
+            other => {
+                return Err(format!(
+                    "scheduler {other:?} is not known; available: {}",
+                    Self::NAMES.map(|n| format!("{n:?}")).join(", ")
+                ));
+            }
+        })
+    }
 
     /// The result field the scheduler measures progress in; `None` for
     /// FIFO, which measures none.

@@ -11,6 +11,7 @@ use super::searcher::Searcher;
 use super::tpe::{Tpe, TpeConfig};
 use crate::tune::result::Mode;
 use crate::tune::space::SearchSpace;
+use crate::tune::table::from_table;
 
 /// A searcher by name and parameters, as an experiment file gives it:
 /// `search = "tpe"`, or a `[search]` table with `type` (default `random`),
@@ -20,7 +21,9 @@ use crate::tune::space::SearchSpace;
 /// `max_concurrent` sits beside the searcher's own keys, and serde's
 /// `deny_unknown_fields` neither works on a struct with a flattened field
 /// nor sees extra keys next to a unit variant (`type = "random"`). Every
-/// unknown key is refused with the keys that searcher takes.
+/// unknown key is refused with the keys that searcher takes, and a wrong
+/// value's message names its key (the searcher's own config is read, not
+/// the tagged enum, which loses the key).
 #[derive(Debug, Clone, PartialEq, Default, Serialize)]
 pub struct SearchSpec {
     /// Which searcher, with its parameters.
@@ -143,9 +146,14 @@ impl SearchSpec {
                 }
             },
         };
-        table.insert("type".into(), Value::from(name));
-        let algorithm =
-            serde_json::from_value(Value::Object(table)).map_err(|e| format!("search: {e}"))?;
+        table.remove("type");
+        let algorithm = match name.as_str() {
+            "grid" => SearchAlgorithm::Grid(from_table(table, "search")?),
+            "tpe" => SearchAlgorithm::Tpe(from_table(table, "search")?),
+            "gp" => SearchAlgorithm::Gp(from_table(table, "search")?),
+            // "random": the checks above leave no other name, and no key.
+            _ => SearchAlgorithm::Random,
+        };
         Ok(Self {
             algorithm,
             max_concurrent,
@@ -333,7 +341,7 @@ mod tests {
             ),
             (
                 json!({"type": "tpe", "gamma": "high"}),
-                "search: invalid type: string \"high\", expected f64",
+                "search.gamma: invalid type: string \"high\", expected f64",
             ),
         ];
         for (value, expected) in cases {
