@@ -25,3 +25,6 @@ PATH="$PWD/target/python-env/bin:$PATH" target/python-env/bin/pip install -q \
 target/python-env/bin/python -m pytest -q -p no:cacheprovider python/tests
 # The burn CNN example's own workspace: its model and reset() natively.
 cargo test --release --locked --manifest-path examples/digits-cnn/Cargo.toml --target-dir target
+# The burn client that sends a guest's tensor operations to the host, its
+# own workspace too: burn's model code run through it and in process agree.
+cargo test --release --locked --manifest-path guest-sdk/burn-remote/Cargo.toml --target-dir target
