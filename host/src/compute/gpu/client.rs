@@ -630,9 +630,7 @@ mod tests {
         };
         let began = Instant::now();
         let deadline = began + Duration::from_millis(200);
-        let err = Worker::start(&mute, 0, Some(deadline))
-            .err()
-            .unwrap();
+        let err = Worker::start(&mute, 0, Some(deadline)).err().unwrap();
         assert_eq!(
             err,
             "the GPU worker did not open a device before the guest call's deadline"
