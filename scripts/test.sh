@@ -23,8 +23,7 @@ cargo test --release --locked --workspace
 PATH="$PWD/target/python-env/bin:$PATH" target/python-env/bin/pip install -q \
   --disable-pip-version-check --no-build-isolation --force-reinstall --no-deps ./python
 target/python-env/bin/python -m pytest -q -p no:cacheprovider python/tests
-# The burn CNN example's own workspace: its model and reset() natively.
-cargo test --release --locked --manifest-path examples/digits-cnn/Cargo.toml --target-dir target
-# The burn client that sends a guest's tensor operations to the host, its
-# own workspace too: burn's model code run through it and in process agree.
-cargo test --release --locked --manifest-path guest-sdk/burn-remote/Cargo.toml --target-dir target
+# The workspace of everything built with burn: the burn client that sends a
+# guest's tensor operations to the host (what burn computes through it and in
+# process agree), and the burn CNN example (its model and reset(), natively).
+cargo test --release --locked --workspace --manifest-path guest-sdk/burn-remote/Cargo.toml --target-dir target
