@@ -4,9 +4,12 @@
 //! `Device`. With burn's `remote` feature and this crate patched in for
 //! `burn-remote` (see its Cargo.toml), [`RemoteDevice`] is a device whose
 //! operations are not run in the guest: each one is described as a burn-ir
-//! [`OperationIr`](burn_ir::OperationIr), queued, and sent to the host in
-//! batches, where the host validates it, charges fuel for it and runs it on
-//! its CPU or GPU backend. The guest sends operations and data, never code.
+//! [`OperationIr`](burn_ir::OperationIr), queued, and sent in batches to
+//! a [`Transport`]. The guest sends operations and data, never code.
+//!
+//! Status: this is the guest's side. The wtune host's side (validating each
+//! operation, charging fuel for it and running it on the host's CPU or GPU)
+//! is not built yet; the tests run burn-router's interpreter in process.
 //!
 //! ```no_run
 //! let device = burn::tensor::Device::new(burn_remote::RemoteDevice).autodiff();
