@@ -29,6 +29,9 @@ static QUEUE: Mutex<Frame> = Mutex::new(Frame::new());
 /// so a snapshot restores them with the host's tensors they name.
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
+/// Why burn-router's graph calls never come: they are its `fusion` feature's.
+const FUSION_ONLY: &str = "burn-router records graphs only with its `fusion` feature, which is off";
+
 const NO_TRANSPORT: &str = "burn's remote device sends tensor operations to the wtune host, \
      and none is connected: run this guest under wtune, or install a burn_remote::Transport";
 
@@ -124,15 +127,15 @@ impl RouterClient for WtuneClient {
     }
 
     fn register_and_execute_graph(&self, _: GraphId, _: Vec<OperationIr>, _: GraphBindings) {
-        unreachable!("burn-router records graphs only with its `fusion` feature, which is off")
+        unreachable!("{FUSION_ONLY}")
     }
 
     fn execute_graph(&self, _: GraphId, _: GraphBindings) {
-        unreachable!("burn-router records graphs only with its `fusion` feature, which is off")
+        unreachable!("{FUSION_ONLY}")
     }
 
     fn register_alias(&self, _: TensorId, _: TensorId) {
-        unreachable!("burn-router records graphs only with its `fusion` feature, which is off")
+        unreachable!("{FUSION_ONLY}")
     }
 }
 

@@ -2,7 +2,7 @@
 //! CPU backend, fed the frames the client sends, as the wtune host is.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use burn_flex::{Flex, FlexDevice};
 use burn_ir::TensorIr;
@@ -35,7 +35,7 @@ struct State {
 /// [`Transport`] into a [`TensorInterpreter`] in this process.
 pub struct InProcessHost(Mutex<State>);
 
-static HOST: Mutex<Option<&'static InProcessHost>> = Mutex::new(None);
+static HOST: OnceLock<&'static InProcessHost> = OnceLock::new();
 
 /// Serialises the tests of one file: they share the client's queue and
 /// burn's process-global CPU random generator.
@@ -44,8 +44,7 @@ static SERIAL: Mutex<()> = Mutex::new(());
 /// Installs the host once per test process and holds the test lock.
 pub fn host() -> (&'static InProcessHost, MutexGuard<'static, ()>) {
     let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let mut slot = HOST.lock().unwrap();
-    let host = *slot.get_or_insert_with(|| {
+    let host = *HOST.get_or_init(|| {
         let host: &'static InProcessHost = Box::leak(Box::new(InProcessHost(Mutex::new(State {
             interpreter: TensorInterpreter::new(FlexDevice),
             error: None,
@@ -74,10 +73,9 @@ impl InProcessHost {
 
     fn run(&self, frame: &[u8]) -> MutexGuard<'_, State> {
         let mut state = self.0.lock().unwrap();
-        let count = wire::commands(frame).count();
-        state.traffic.largest_frame = state.traffic.largest_frame.max(count);
+        let mut count = 0;
         for command in wire::commands(frame) {
-            state.traffic.commands += 1;
+            count += 1;
             if state.error.is_some() {
                 continue;
             }
@@ -94,6 +92,8 @@ impl InProcessHost {
                 state.error = Some(ExecutionError::generic(reason));
             }
         }
+        state.traffic.commands += count;
+        state.traffic.largest_frame = state.traffic.largest_frame.max(count);
         state
     }
 }
