@@ -7,9 +7,10 @@
 //! [`OperationIr`](burn_ir::OperationIr), queued, and sent in batches to
 //! a [`Transport`]. The guest sends operations and data, never code.
 //!
-//! Status: this is the guest's side. The wtune host's side (validating each
-//! operation, charging fuel for it and running it on the host's CPU or GPU)
-//! is not built yet; the tests run burn-router's interpreter in process.
+//! Status: this is the guest's side. The executor that checks, charges and
+//! runs each operation on the host's CPU is `wtune-burn-worker`
+//! (host/burn-worker), which the tests run in process; wtune does not yet
+//! start it for a trial, nor offer the guest a transport to it.
 //!
 //! ```no_run
 //! let device = burn::tensor::Device::new(burn_remote::RemoteDevice).autodiff();

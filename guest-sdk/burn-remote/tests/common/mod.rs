@@ -1,16 +1,14 @@
-//! An in-process host for the tests: burn-router's interpreter over burn's
-//! CPU backend, fed the frames the client sends, as the wtune host is.
+//! An in-process host for the tests: wtune's burn executor (the session a
+//! `wtune-burn-worker` serves), fed the frames the client sends. Every
+//! operation the tests make is checked by it as the wtune host checks it.
 
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
-use burn_flex::{Flex, FlexDevice};
 use burn_ir::TensorIr;
-use burn_remote::wire::{self, Command};
+use burn_remote::wire;
 use burn_remote::{RemoteDevice, Transport};
-use burn_router::TensorInterpreter;
-use burn_std::reader::try_read_sync;
 use burn_std::{ExecutionError, TensorData};
+use wtune_burn_worker::Session;
 
 /// What the host saw, for the tests to check.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -26,9 +24,7 @@ pub struct Traffic {
 }
 
 struct State {
-    interpreter: TensorInterpreter<Flex>,
-    /// The first error, answered to every read and sync after it.
-    error: Option<ExecutionError>,
+    session: Session,
     traffic: Traffic,
 }
 
@@ -46,8 +42,8 @@ pub fn host() -> (&'static InProcessHost, MutexGuard<'static, ()>) {
     let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let host = *HOST.get_or_init(|| {
         let host: &'static InProcessHost = Box::leak(Box::new(InProcessHost(Mutex::new(State {
-            interpreter: TensorInterpreter::new(FlexDevice),
-            error: None,
+            // Room and fuel the tests never run out of.
+            session: Session::new(1 << 30, u64::MAX),
             traffic: Traffic::default(),
         }))));
         assert!(burn_remote::install(Forward(host)));
@@ -71,27 +67,10 @@ impl InProcessHost {
         self.0.lock().unwrap().traffic
     }
 
-    fn run(&self, frame: &[u8]) -> MutexGuard<'_, State> {
+    /// Counts `frame`'s commands and hands the state on for them to run.
+    fn received(&self, frame: &[u8]) -> MutexGuard<'_, State> {
         let mut state = self.0.lock().unwrap();
-        let mut count = 0;
-        for command in wire::commands(frame) {
-            count += 1;
-            if state.error.is_some() {
-                continue;
-            }
-            let interpreter = &mut state.interpreter;
-            let outcome = command.and_then(|command| {
-                catch_unwind(AssertUnwindSafe(|| match command {
-                    Command::Operation(op) => interpreter.register_op(op),
-                    Command::Data { id, data } => interpreter.register_tensor_data_id(id, data),
-                    Command::Seed(seed) => interpreter.seed(seed),
-                }))
-                .map_err(|_| "the operation panicked".to_owned())
-            });
-            if let Err(reason) = outcome {
-                state.error = Some(ExecutionError::generic(reason));
-            }
-        }
+        let count = wire::commands(frame).count();
         state.traffic.commands += count;
         state.traffic.largest_frame = state.traffic.largest_frame.max(count);
         state
@@ -103,25 +82,23 @@ struct Forward(&'static InProcessHost);
 
 impl Transport for Forward {
     fn submit(&self, frame: &[u8]) {
-        self.0.run(frame).traffic.submits += 1;
+        let mut state = self.0.received(frame);
+        state.traffic.submits += 1;
+        state.session.run(frame);
     }
 
     fn read(&self, frame: &[u8], tensor: TensorIr) -> Result<TensorData, ExecutionError> {
-        let mut state = self.0.run(frame);
+        let mut state = self.0.received(frame);
         state.traffic.waits += 1;
-        if let Some(error) = &state.error {
-            return Err(error.clone());
-        }
-        let read = state.interpreter.read_tensor_async(tensor);
-        try_read_sync(read).expect("the CPU backend reads synchronously")
+        state
+            .session
+            .read(frame, tensor)
+            .map_err(ExecutionError::generic)
     }
 
     fn sync(&self, frame: &[u8]) -> Result<(), ExecutionError> {
-        let mut state = self.0.run(frame);
+        let mut state = self.0.received(frame);
         state.traffic.waits += 1;
-        match &state.error {
-            Some(error) => Err(error.clone()),
-            None => state.interpreter.sync(),
-        }
+        state.session.sync(frame).map_err(ExecutionError::generic)
     }
 }

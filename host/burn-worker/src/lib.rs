@@ -1,0 +1,25 @@
+//! wtune's burn executor: one trial's burn tensors, run on the host.
+//!
+//! A guest built with burn and wtune's `burn-remote` client sends its
+//! tensor operations as frames of burn-ir commands (`burn_remote::wire`).
+//! This crate runs them on burn's CPU backend (`flex`) for one trial,
+//! after checking each one: that it names only tensors the trial holds, as
+//! they are; that its outputs have the shapes its inputs make
+//! ([`shapes`]); that they fit the trial's memory quota ([`ledger`]); and
+//! that the trial can pay its fuel ([`cost`]). See [`Session`].
+//!
+//! The `wtune-burn-worker` executable serves one [`Session`] over its
+//! stdin and stdout ([`protocol`]): wtune starts one per trial, so a burn
+//! kernel that misbehaves on hostile input takes down that trial's worker,
+//! never wtune or another trial.
+//!
+//! Not covered yet: the GPU (burn's wgpu backend), snapshots of the
+//! trial's tensors, and the operations [`shapes`] does not list.
+
+pub mod cost;
+pub mod ledger;
+pub mod protocol;
+mod session;
+pub mod shapes;
+
+pub use session::{Session, Usage};

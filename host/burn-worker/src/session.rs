@@ -1,0 +1,270 @@
+//! One trial's burn tensors on the host: the frames its guest sends,
+//! checked and run in order.
+//!
+//! Every command is checked before it runs: its tensors against the
+//! [`Ledger`], its output shapes against [`shapes::expected`], its size
+//! against the trial's memory quota and its [`cost`] against the fuel the
+//! trial has left. The first command that fails a check, or whose kernel
+//! panics, stops the session: it is kept as the session's error, every
+//! later command is skipped, and every read and sync answers with it (the
+//! guest's tensors after it may be half-computed). After each operation the
+//! outputs burn made are compared with what was declared, so the ledger
+//! stays the truth about what the backend holds.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use burn_backend::TensorMetadata;
+use burn_flex::{Flex, FlexDevice};
+use burn_ir::{HandleKind, OperationIr, TensorId, TensorIr, TensorStatus};
+use burn_remote::wire::{self, Command};
+use burn_router::TensorInterpreter;
+use burn_std::TensorData;
+use burn_std::reader::try_read_sync;
+
+use crate::cost;
+use crate::ledger::{Entry, Id, Ledger, bytes_of, shown};
+use crate::shapes;
+
+/// What a session holds, for the host's accounts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Usage {
+    /// Bytes the trial's tensors take.
+    pub bytes: u64,
+    /// How many tensors it holds.
+    pub tensors: u64,
+}
+
+/// One trial's tensors and the burn backend that computes them.
+pub struct Session {
+    interpreter: TensorInterpreter<Flex>,
+    ledger: Ledger,
+    /// Fuel the trial may still spend, as the host last granted it.
+    fuel_left: u64,
+    /// Fuel spent since the host last took the count.
+    fuel_spent: u64,
+    /// Commands received, for errors to point at.
+    commands: u64,
+    /// The first failure; nothing runs after it.
+    error: Option<String>,
+}
+
+impl Session {
+    /// A session whose tensors may take `memory_bytes` together and which
+    /// may spend `fuel` until [`Session::grant`] says otherwise.
+    pub fn new(memory_bytes: u64, fuel: u64) -> Self {
+        Self {
+            interpreter: TensorInterpreter::new(FlexDevice),
+            ledger: Ledger::new(memory_bytes),
+            fuel_left: fuel,
+            fuel_spent: 0,
+            commands: 0,
+            error: None,
+        }
+    }
+
+    /// Sets the fuel the trial has left, as the host counted it when it
+    /// last took the count ([`Session::take_fuel_spent`]): what was spent
+    /// since is still owed.
+    pub fn grant(&mut self, fuel: u64) {
+        self.fuel_left = fuel.saturating_sub(self.fuel_spent);
+    }
+
+    /// Fuel spent since the last call, for the host to take off the
+    /// trial's budget.
+    pub fn take_fuel_spent(&mut self) -> u64 {
+        std::mem::take(&mut self.fuel_spent)
+    }
+
+    /// What the trial holds.
+    pub fn usage(&self) -> Usage {
+        Usage {
+            bytes: self.ledger.bytes(),
+            tensors: self.ledger.len() as u64,
+        }
+    }
+
+    /// The session's first failure, if any.
+    pub fn error(&self) -> Option<&str> {
+        self.error.as_deref()
+    }
+
+    /// Runs a frame's commands in order, up to the first failure.
+    pub fn run(&mut self, frame: &[u8]) {
+        for command in wire::commands(frame) {
+            if self.error.is_some() {
+                return;
+            }
+            self.commands += 1;
+            let outcome = command.and_then(|command| self.command(command));
+            if let Err(why) = outcome {
+                self.error = Some(format!("burn command {}: {why}", self.commands));
+            }
+        }
+    }
+
+    /// Runs `frame`, then reads `tensor` back.
+    pub fn read(&mut self, frame: &[u8], tensor: TensorIr) -> Result<TensorData, String> {
+        self.run(frame);
+        self.spoiled()?;
+        let entry = self.ledger.check_input(&tensor)?.clone();
+        self.pay(cost::data_fuel(entry.bytes))?;
+        let id = tensor.id;
+        let frees = matches!(tensor.status, TensorStatus::ReadWrite);
+        let interpreter = &mut self.interpreter;
+        let read = guarded(|| try_read_sync(interpreter.read_tensor_async(tensor)))
+            .and_then(|read| {
+                read.ok_or_else(|| "the CPU backend did not read synchronously".into())
+            })
+            .and_then(|read| read.map_err(|e| format!("reading {}: {e}", Id(id))));
+        if frees {
+            self.ledger.free(id);
+        }
+        read.inspect_err(|why| self.error = Some(why.clone()))
+    }
+
+    /// Runs `frame` and waits for everything sent so far.
+    pub fn sync(&mut self, frame: &[u8]) -> Result<(), String> {
+        self.run(frame);
+        self.spoiled()?;
+        self.interpreter.sync().map_err(|e| {
+            let why = format!("the backend failed: {e}");
+            self.error = Some(why.clone());
+            why
+        })
+    }
+
+    fn spoiled(&self) -> Result<(), String> {
+        match &self.error {
+            Some(why) => Err(why.clone()),
+            None => Ok(()),
+        }
+    }
+
+    /// Takes `fuel` from what is left, or refuses.
+    fn pay(&mut self, fuel: u64) -> Result<(), String> {
+        if fuel > self.fuel_left {
+            return Err(format!(
+                "out of fuel: it costs {fuel} and the trial has {} left",
+                self.fuel_left
+            ));
+        }
+        self.fuel_left -= fuel;
+        self.fuel_spent += fuel;
+        Ok(())
+    }
+
+    fn command(&mut self, command: Command) -> Result<(), String> {
+        match command {
+            Command::Operation(op) => self
+                .operation(op.clone())
+                .map_err(|why| format!("{} was refused: {why}", shapes::name(&op))),
+            Command::Data { id, data } => self
+                .data(id, data)
+                .map_err(|why| format!("tensor data for {} was refused: {why}", Id(id))),
+            Command::Seed(seed) => {
+                self.pay(cost::PER_OPERATION)?;
+                self.interpreter.seed(seed);
+                Ok(())
+            }
+        }
+    }
+
+    fn data(&mut self, id: TensorId, data: TensorData) -> Result<(), String> {
+        self.ledger.check_fresh(id)?;
+        let bytes = bytes_of(data.shape(), data.dtype())?;
+        self.ledger.check_room(bytes)?;
+        self.pay(cost::data_fuel(bytes))?;
+        let entry = Entry {
+            shape: data.shape().clone(),
+            dtype: data.dtype(),
+            bytes,
+        };
+        let interpreter = &mut self.interpreter;
+        guarded(|| interpreter.register_tensor_data_id(id, data))?;
+        self.ledger.insert(id, entry);
+        Ok(())
+    }
+
+    fn operation(&mut self, op: OperationIr) -> Result<(), String> {
+        if let OperationIr::Init(init) = &op {
+            // Marks tensor data the guest sent as its tensor: the tensor
+            // must be there, as described, and nothing runs.
+            let held = TensorIr {
+                status: TensorStatus::ReadOnly,
+                ..init.out.clone()
+            };
+            self.ledger.check_input(&held)?;
+            return self.pay(cost::PER_OPERATION);
+        }
+        let mut plan = self.ledger.plan(op.inputs(), op.outputs())?;
+        if let OperationIr::Drop(tensor) = &op {
+            // burn-router forgets a dropped tensor whatever its status says.
+            plan.frees = vec![tensor.id];
+        }
+        let expected = guarded(|| shapes::expected(&op))??;
+        let declared: Vec<TensorIr> = op.outputs().cloned().collect();
+        if expected.len() != declared.len() {
+            return Err(format!(
+                "it makes {} tensors, and {} were declared",
+                expected.len(),
+                declared.len()
+            ));
+        }
+        for (tensor, shape) in declared.iter().zip(&expected) {
+            if tensor.shape != *shape {
+                return Err(format!(
+                    "{} must be {}, and was declared {}",
+                    Id(tensor.id),
+                    shown(shape),
+                    shown(&tensor.shape)
+                ));
+            }
+        }
+        self.pay(cost::fuel(&op))?;
+        let interpreter = &mut self.interpreter;
+        guarded(|| interpreter.register_op(op))?;
+        for tensor in &declared {
+            self.made_as_declared(tensor)?;
+        }
+        self.ledger.commit(plan);
+        Ok(())
+    }
+
+    /// Checks that the backend made `tensor` with the declared shape and type.
+    fn made_as_declared(&mut self, tensor: &TensorIr) -> Result<(), String> {
+        let look = TensorIr {
+            status: TensorStatus::ReadOnly,
+            ..tensor.clone()
+        };
+        let interpreter = &mut self.interpreter;
+        let made = guarded(|| match interpreter.get_tensor(&look) {
+            HandleKind::Float(t) | HandleKind::Int(t) | HandleKind::Bool(t) => {
+                (t.shape(), t.dtype())
+            }
+            HandleKind::Quantized(t) => (t.shape(), t.dtype()),
+        })?;
+        if made != (tensor.shape.clone(), tensor.dtype) {
+            return Err(format!(
+                "{} came out {} {:?}, and was declared {} {:?}",
+                Id(tensor.id),
+                shown(&made.0),
+                made.1,
+                shown(&tensor.shape),
+                tensor.dtype
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Runs `f`, turning a panic in burn into an error that says what it was.
+fn guarded<T>(f: impl FnOnce() -> T) -> Result<T, String> {
+    catch_unwind(AssertUnwindSafe(f)).map_err(|panic| {
+        let what = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a panic with no message".into());
+        format!("the backend stopped: {what}")
+    })
+}

@@ -1,0 +1,146 @@
+//! The `wtune-burn-worker` executable, driven over its pipes as wtune
+//! drives it.
+
+use std::io::{BufReader, Write};
+use std::process::{Command as Process, Stdio};
+
+use burn_ir::{NumericOperationIr, OperationIr, TensorId, TensorIr, TensorStatus, UnaryOpIr};
+use burn_remote::wire::{Command, Frame};
+use burn_std::{DType, Shape, TensorData};
+use wtune_burn_worker::Usage;
+use wtune_burn_worker::protocol::{Kind, Reply, Request};
+
+const WORKER: &str = env!("CARGO_BIN_EXE_wtune-burn-worker");
+
+fn tensor(id: u64, status: TensorStatus) -> TensorIr {
+    TensorIr {
+        id: TensorId::new(id),
+        shape: Shape::from(vec![2, 2]),
+        status,
+        dtype: DType::F32,
+    }
+}
+
+fn request(kind: Kind, commands: &[Command], tensor: Option<TensorIr>) -> Request {
+    let mut frame = Frame::new();
+    for command in commands {
+        frame.push(command);
+    }
+    Request {
+        kind,
+        fuel: 1_000_000,
+        frame: frame.bytes().to_vec(),
+        tensor: tensor
+            .map(|t| postcard::to_allocvec(&t).unwrap())
+            .unwrap_or_default(),
+    }
+}
+
+#[test]
+fn the_worker_runs_frames_and_answers_reads_and_syncs_in_order() {
+    let mut worker = Process::new(WORKER)
+        .args(["--memory-bytes", "1048576"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the worker starts");
+    let mut input = worker.stdin.take().unwrap();
+    let mut output = BufReader::new(worker.stdout.take().unwrap());
+
+    let data = Command::Data {
+        id: TensorId::new(1),
+        data: TensorData::new(vec![1.0f32, 2.0, 3.0, 4.0], [2, 2]),
+    };
+    let neg = Command::Operation(OperationIr::NumericFloat(
+        DType::F32,
+        NumericOperationIr::Neg(UnaryOpIr {
+            input: tensor(1, TensorStatus::ReadWrite),
+            out: tensor(2, TensorStatus::NotInit),
+        }),
+    ));
+    // A submit gets no reply; the read after it carries the rest.
+    request(Kind::Submit, &[data], None)
+        .write(&mut input)
+        .unwrap();
+    let read = request(Kind::Read, &[neg], Some(tensor(2, TensorStatus::ReadOnly)));
+    read.write(&mut input).unwrap();
+    input.flush().unwrap();
+    let reply = Reply::read(&mut output).expect("the read's reply");
+    let values: TensorData = postcard::from_bytes(&reply.outcome.expect("the data")).unwrap();
+    assert_eq!(
+        values.try_to_vec::<f32>().unwrap(),
+        vec![-1.0, -2.0, -3.0, -4.0]
+    );
+    // The data (16 bytes: 101 fuel), the negation (100 + 2 + 4) and the
+    // read (101); tensor 1 was freed at its last use.
+    assert_eq!(reply.fuel_spent, 101 + 106 + 101);
+    assert_eq!(
+        reply.usage,
+        Usage {
+            bytes: 16,
+            tensors: 1
+        }
+    );
+
+    // A sync that fails says why, and so does every request after it.
+    let bad = request(Kind::Sync, &[], None);
+    let mut bad_frame = bad.clone();
+    bad_frame.frame = vec![0xff, 0xff];
+    bad_frame.write(&mut input).unwrap();
+    input.flush().unwrap();
+    let reply = Reply::read(&mut output).unwrap();
+    let error = reply.outcome.expect_err("a damaged frame");
+    assert!(
+        error.starts_with("burn command 3: command 0 of the frame"),
+        "{error}"
+    );
+    bad.write(&mut input).unwrap();
+    input.flush().unwrap();
+    assert_eq!(Reply::read(&mut output).unwrap().outcome, Err(error));
+
+    drop(input);
+    let status = worker.wait().unwrap();
+    assert!(
+        status.success(),
+        "the worker ends when wtune closes its input: {status}"
+    );
+}
+
+#[test]
+fn the_worker_refuses_to_start_without_its_quota() {
+    let out = Process::new(WORKER).output().expect("the worker runs");
+    assert_eq!(out.status.code(), Some(2));
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains("usage: wtune-burn-worker --memory-bytes N"),
+        "{said}"
+    );
+    let out = Process::new(WORKER)
+        .args(["--memory-bytes", "lots"])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains("--memory-bytes takes a number of bytes, not \"lots\""),
+        "{said}"
+    );
+}
+
+#[test]
+fn a_request_of_no_known_kind_ends_the_worker_with_the_reason() {
+    let mut worker = Process::new(WORKER)
+        .args(["--memory-bytes", "1048576"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut input = worker.stdin.take().unwrap();
+    input.write_all(&[9; 25]).unwrap();
+    drop(input);
+    let out = worker.wait_with_output().unwrap();
+    assert!(!out.status.success());
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("wtune-burn-worker: request kind 9"), "{said}");
+}
