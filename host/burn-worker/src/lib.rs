@@ -11,11 +11,13 @@
 //! The `wtune-burn-worker` executable serves one [`Session`] over its
 //! stdin and stdout ([`protocol`]): wtune starts one per trial, so a burn
 //! kernel that misbehaves on hostile input takes down that trial's worker,
-//! never wtune or another trial.
+//! never wtune or another trial, and the worker runs under a system call
+//! filter that leaves it its pipes and its memory ([`confine`]).
 //!
 //! Not covered yet: the GPU (burn's wgpu backend), snapshots of the
 //! trial's tensors, and the operations [`shapes`] does not list.
 
+pub mod confine;
 pub mod cost;
 pub mod ledger;
 pub mod protocol;

@@ -28,7 +28,7 @@ fn request(kind: Kind, commands: &[Command], tensor: Option<TensorIr>) -> Reques
     }
     Request {
         kind,
-        fuel: 1_000_000,
+        fuel: 1 << 40,
         frame: frame.bytes().to_vec(),
         tensor: tensor
             .map(|t| postcard::to_allocvec(&t).unwrap())
@@ -143,4 +143,89 @@ fn a_request_of_no_known_kind_ends_the_worker_with_the_reason() {
     assert!(!out.status.success());
     let said = String::from_utf8_lossy(&out.stderr);
     assert!(said.contains("wtune-burn-worker: request kind 9"), "{said}");
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn the_worker_is_killed_by_its_filter_when_it_opens_a_file() {
+    use std::os::unix::process::ExitStatusExt;
+    let out = Process::new(WORKER)
+        .arg("--check-confinement")
+        .output()
+        .expect("the worker runs");
+    assert_eq!(
+        out.status.signal(),
+        Some(libc::SIGSYS),
+        "{}; it said: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn the_confined_worker_runs_the_kernels_a_cnn_needs() {
+    use burn_ir::{Conv2dOpIr, Conv2dOptionsIr, FloatOperationIr, MatmulOpIr, ModuleOperationIr};
+    let mut worker = Process::new(WORKER)
+        .args(["--memory-bytes", "16777216"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut input = worker.stdin.take().unwrap();
+    let mut output = BufReader::new(worker.stdout.take().unwrap());
+    let of = |id: u64, shape: &[usize], status| TensorIr {
+        id: TensorId::new(id),
+        shape: Shape::from(shape.to_vec()),
+        status,
+        dtype: DType::F32,
+    };
+    let ones = |id: u64, shape: &[usize]| Command::Data {
+        id: TensorId::new(id),
+        data: TensorData::new(vec![1.0f32; shape.iter().product()], shape.to_vec()),
+    };
+    let (read_only, fresh) = (TensorStatus::ReadOnly, TensorStatus::NotInit);
+    // Large enough for the blocked matmul kernels, which may ask the
+    // system about the machine's threads.
+    let matmul = Command::Operation(OperationIr::Float(
+        DType::F32,
+        FloatOperationIr::Matmul(MatmulOpIr {
+            lhs: of(1, &[256, 256], read_only),
+            rhs: of(1, &[256, 256], read_only),
+            out: of(2, &[256, 256], fresh),
+        }),
+    ));
+    let conv = Command::Operation(OperationIr::Module(ModuleOperationIr::Conv2d(Conv2dOpIr {
+        x: of(3, &[4, 2, 8, 8], read_only),
+        weight: of(4, &[3, 2, 3, 3], read_only),
+        bias: None,
+        options: Conv2dOptionsIr {
+            stride: [1, 1],
+            padding: [(0, 0), (0, 0)],
+            dilation: [1, 1],
+            groups: 1,
+        },
+        out: of(5, &[4, 3, 6, 6], fresh),
+    })));
+    let commands = [
+        ones(1, &[256, 256]),
+        matmul,
+        ones(3, &[4, 2, 8, 8]),
+        ones(4, &[3, 2, 3, 3]),
+        conv,
+    ];
+    let mut read = |id: u64, shape: &[usize], commands: &[Command]| {
+        request(Kind::Read, commands, Some(of(id, shape, read_only)))
+            .write(&mut input)
+            .unwrap();
+        input.flush().unwrap();
+        let reply = Reply::read(&mut output).expect("a reply: the worker was not killed");
+        let data: TensorData = postcard::from_bytes(&reply.outcome.expect("the data")).unwrap();
+        data.try_to_vec::<f32>().unwrap()
+    };
+    assert!(read(2, &[256, 256], &commands).iter().all(|&v| v == 256.0));
+    // Each output sums a 3x3 window over 2 channels of ones.
+    assert!(read(5, &[4, 3, 6, 6], &[]).iter().all(|&v| v == 18.0));
+    drop(input);
+    assert!(worker.wait().unwrap().success());
 }

@@ -2,6 +2,12 @@
 //! `wtune-burn-worker` serves), fed the frames the client sends. Every
 //! operation the tests make is checked by it as the wtune host checks it.
 
+// Each test file uses some of these helpers.
+#![allow(dead_code)]
+
+pub mod cnn;
+pub mod worker;
+
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use burn_ir::TensorIr;
