@@ -15,6 +15,13 @@ if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends \
     chromium chromium-driver fonts-liberation >/dev/null
 fi
+# The workspace of everything built with burn, first: its tests build
+# wtune-burn-worker, which wtune's own tests start. It holds the burn client
+# that sends a guest's tensor operations to the host (what burn computes
+# through it, in process and in a confined worker, agrees), the worker that
+# checks and runs them (hostile frames), and the burn CNN example (its model
+# and reset(), natively).
+cargo test --release --locked --workspace --manifest-path guest-sdk/burn-remote/Cargo.toml --target-dir target
 cargo test --release --locked --workspace
 # The Python package, built and installed into the test venv as the README's
 # `pip install ./python` does (maturin from the venv, cargo's target dir
@@ -23,7 +30,3 @@ cargo test --release --locked --workspace
 PATH="$PWD/target/python-env/bin:$PATH" target/python-env/bin/pip install -q \
   --disable-pip-version-check --no-build-isolation --force-reinstall --no-deps ./python
 target/python-env/bin/python -m pytest -q -p no:cacheprovider python/tests
-# The workspace of everything built with burn: the burn client that sends a
-# guest's tensor operations to the host (what burn computes through it and in
-# process agree), and the burn CNN example (its model and reset(), natively).
-cargo test --release --locked --workspace --manifest-path guest-sdk/burn-remote/Cargo.toml --target-dir target

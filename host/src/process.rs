@@ -1,12 +1,18 @@
-//! Helper processes that wtune starts from its own executable: the GPU
-//! workers and the compiler of untrusted components.
+//! Helper processes that wtune starts: the GPU workers and the compiler of
+//! untrusted components (from wtune's own executable), the burn workers
+//! (their own executable), and `Supervised`, how wtune talks to one and
+//! stops it.
 //!
-//! Both run the `wtune` binary with a hidden subcommand, so a deployment
-//! ships one executable. Programs that embed the library (tests, benches, a
+//! The first two run the `wtune` binary with a hidden subcommand, so a
+//! deployment ships one executable for them. Programs that embed the library (tests, benches, a
 //! marketplace backend) point `WTUNE_WORKER` at a `wtune` binary when theirs
 //! is not beside it; an embedder that carries the workers itself (the
 //! Python package, whose executable is Python) names its own command with
 //! [`serve_workers_with`].
+
+mod supervised;
+
+pub(crate) use supervised::{Failure, Supervised};
 
 use std::collections::VecDeque;
 use std::ffi::OsString;
@@ -76,20 +82,46 @@ pub fn worker_program() -> Result<WorkerProgram, String> {
     if me.file_stem().is_some_and(|s| s == "wtune") {
         return Ok(binary(me));
     }
-    let name = format!("wtune{}", std::env::consts::EXE_SUFFIX);
+    beside(&me, "wtune").map(binary).ok_or_else(|| {
+        format!(
+            "wtune's worker processes run the wtune executable, and none was found beside {}; \
+             set WTUNE_WORKER to one",
+            me.display()
+        )
+    })
+}
+
+/// The executable that runs a trial's burn operations: `$WTUNE_BURN_WORKER`,
+/// else a `wtune-burn-worker` in this executable's directory or its parent.
+/// It is built with burn, apart from wtune (see host/burn-worker), and
+/// ships beside it.
+pub fn burn_worker_program() -> Result<WorkerProgram, String> {
+    if let Some(path) = std::env::var_os("WTUNE_BURN_WORKER") {
+        return Ok(WorkerProgram::binary(PathBuf::from(path)));
+    }
+    let me = std::env::current_exe().map_err(|e| format!("finding this executable: {e}"))?;
+    beside(&me, "wtune-burn-worker")
+        .map(WorkerProgram::binary)
+        .ok_or_else(|| {
+            format!(
+                "burn operations run by the host need the wtune-burn-worker executable, and none \
+                 was found beside {}: build it with `cargo build --release --manifest-path \
+                 guest-sdk/burn-remote/Cargo.toml -p wtune-burn-worker --target-dir target`, \
+                 or set WTUNE_BURN_WORKER to one",
+                me.display()
+            )
+        })
+}
+
+/// An executable called `name` in `me`'s directory or its parent (where
+/// cargo puts binaries beside test and bench executables).
+fn beside(me: &std::path::Path, name: &str) -> Option<PathBuf> {
+    let name = format!("{name}{}", std::env::consts::EXE_SUFFIX);
     me.ancestors()
         .skip(1)
         .take(2)
         .map(|dir| dir.join(&name))
         .find(|candidate| candidate.is_file())
-        .map(binary)
-        .ok_or_else(|| {
-            format!(
-                "wtune's worker processes run the wtune executable, and none was found beside {}; \
-                 set WTUNE_WORKER to one",
-                me.display()
-            )
-        })
 }
 
 /// The last bytes a child process wrote to a pipe, collected by a thread of

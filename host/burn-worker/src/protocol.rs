@@ -155,12 +155,17 @@ pub fn serve(
                 session.run(&request.frame);
                 continue;
             }
-            Kind::Read => match postcard::from_bytes(&request.tensor) {
-                Ok(tensor) => session.read(&request.frame, tensor).map(|data| {
-                    postcard::to_allocvec(&data).expect("encoding into a Vec cannot fail")
-                }),
-                Err(e) => Err(format!("the tensor to read does not decode: {e}")),
-            },
+            Kind::Read => {
+                session.run(&request.frame);
+                match postcard::from_bytes(&request.tensor) {
+                    Ok(tensor) => session.read(&[], tensor).map(|data| {
+                        postcard::to_allocvec(&data).expect("encoding into a Vec cannot fail")
+                    }),
+                    Err(e) => {
+                        Err(session.refuse(format!("the tensor to read does not decode: {e}")))
+                    }
+                }
+            }
             Kind::Sync => session.sync(&request.frame).map(|()| Vec::new()),
         };
         let reply = Reply {

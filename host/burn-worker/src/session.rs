@@ -88,6 +88,12 @@ impl Session {
         self.error.as_deref()
     }
 
+    /// Fails the session for `why` (a request the host could not make
+    /// sense of), unless it failed before; returns its error.
+    pub fn refuse(&mut self, why: String) -> String {
+        self.error.get_or_insert(why).clone()
+    }
+
     /// Runs a frame's commands in order, up to the first failure.
     pub fn run(&mut self, frame: &[u8]) {
         for command in wire::commands(frame) {

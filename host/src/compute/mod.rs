@@ -14,6 +14,7 @@
 //! Nothing here knows about wasm: the sandbox converts the WIT types into
 //! [`ops`] and settles the fuel with the store.
 
+pub mod burn;
 pub mod cost;
 pub mod cpu;
 pub mod device;

@@ -8,17 +8,13 @@
 //! trial on. Idle workers wait in a [`WorkerPool`] for the next trial on
 //! their GPU, which saves opening the device again.
 
-use std::io::{BufReader, BufWriter, Write};
-use std::process::{Child, ChildStdin, Stdio};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
-use std::thread;
 use std::time::{Duration, Instant};
 
 use super::protocol::{self, Adapter, Hello, Reply, Request};
 use crate::compute::ComputeError;
 use crate::compute::device::{Device, Fill, Kernel, PipelineInfo};
-use crate::process::{OutputTail, WorkerProgram};
+use crate::process::{Failure, Supervised, WorkerProgram};
 
 /// How long a new worker may take to open its device.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
@@ -30,9 +26,6 @@ pub const JOB_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Idle workers kept for later trials, per adapter.
 const MAX_IDLE: usize = 8;
-
-/// Bytes of a worker's stderr kept for messages.
-const STDERR_TAIL: usize = 4096;
 
 /// Streamed jobs the host gathers before it hands them to the writer
 /// thread (a request that gets a reply sends the batch at once): each
@@ -59,31 +52,20 @@ fn earlier(call: Option<Instant>, limit: Duration) -> (Instant, bool) {
     }
 }
 
-/// Why a job got no reply.
-#[derive(Debug)]
-enum Failure {
-    /// The deadline passed; the worker was killed.
-    Deadline,
-    /// The worker died or broke the protocol.
-    Died(String),
+/// What a GPU worker writes: its greeting, then replies.
+enum Incoming {
+    Hello(Hello),
+    Reply(Reply, Vec<u8>),
 }
 
 /// One running worker process.
 pub struct Worker {
     /// The adapter it opened: GPU `adapter` of the pool.
     adapter: usize,
-    /// `None` once killed.
-    child: Option<Child>,
-    /// Frames for the thread that writes the worker's stdin, so that a
-    /// worker that stops reading holds up that thread, never the trial.
-    frames: mpsc::Sender<Vec<u8>>,
+    process: Supervised<Incoming>,
     /// Frames not yet handed to the writer, and how many.
     batch: Vec<u8>,
     batched: usize,
-    replies: Receiver<Result<(Reply, Vec<u8>), String>>,
-    stderr: OutputTail,
-    /// How the process ended, once known.
-    status: Option<std::process::ExitStatus>,
 }
 
 impl Worker {
@@ -101,63 +83,37 @@ impl Worker {
         } else {
             format!("within {}", humantime::format_duration(START_TIMEOUT))
         };
-        let mut child = executable
-            .command()
+        let mut command = executable.command();
+        command
             .arg("gpu-worker")
             .arg("--adapter")
             .arg(adapter.to_string())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .env("RUST_LOG", "error")
-            .spawn()
-            .map_err(|e| format!("starting the GPU worker {executable}: {e}"))?;
-        let frames = writer(child.stdin.take().expect("piped"));
-        let mut stdout = BufReader::with_capacity(1 << 20, child.stdout.take().expect("piped"));
-        let stderr = OutputTail::collect(child.stderr.take().expect("piped"), STDERR_TAIL);
-
-        let (hello_tx, hello_rx) = mpsc::channel();
-        let (tx, replies) = mpsc::channel();
-        thread::spawn(move || {
-            let hello = protocol::read_frame::<Hello>(&mut stdout);
-            let ok = matches!(hello, Ok(Some(_)));
-            let _ = hello_tx.send(hello);
-            if !ok {
-                return;
-            }
-            loop {
-                let frame = match protocol::read_frame::<Reply>(&mut stdout) {
-                    Ok(Some(frame)) => Ok(frame),
-                    Ok(None) => Err("it exited".to_string()),
-                    Err(e) => Err(format!("its reply was unreadable: {e}")),
+            .env("RUST_LOG", "error");
+        let mut greeted = false;
+        let process = Supervised::spawn("the GPU worker", command, move |stdout| {
+            if !std::mem::replace(&mut greeted, true) {
+                return match protocol::read_frame::<Hello>(stdout) {
+                    Ok(Some((hello, _))) => Ok(Some(Incoming::Hello(hello))),
+                    Ok(None) => Err("it exited before greeting".into()),
+                    Err(e) => Err(format!("its greeting was unreadable: {e}")),
                 };
-                let end = frame.is_err();
-                if tx.send(frame).is_err() || end {
-                    return;
-                }
             }
-        });
-
+            protocol::read_frame::<Reply>(stdout)
+                .map(|frame| frame.map(|(reply, payload)| Incoming::Reply(reply, payload)))
+                .map_err(|e| format!("its reply was unreadable: {e}"))
+        })?;
         let mut worker = Worker {
             adapter,
-            child: Some(child),
-            frames,
+            process,
             batch: Vec::new(),
             batched: 0,
-            replies,
-            stderr,
-            status: None,
         };
-        let wait = deadline.saturating_duration_since(Instant::now());
-        let hello = match hello_rx.recv_timeout(wait) {
-            Ok(Ok(Some((hello, _)))) => hello,
-            Ok(Ok(None)) => return Err(worker.died("it exited before greeting")),
-            Ok(Err(e)) => return Err(worker.died(&format!("its greeting was unreadable: {e}"))),
-            Err(_) => {
-                return Err(format!("the GPU worker did not open a device {why}"));
-            }
-        };
-        Ok((worker, hello))
+        match worker.process.wait(deadline) {
+            Ok(Incoming::Hello(hello)) => Ok((worker, hello)),
+            Ok(Incoming::Reply(..)) => Err(worker.process.died("it replied before greeting")),
+            Err(Failure::Deadline) => Err(format!("the GPU worker did not open a device {why}")),
+            Err(Failure::Died(why)) => Err(why),
+        }
     }
 
     /// Adds one request to the batch, and sends the batch once it is full.
@@ -174,13 +130,7 @@ impl Worker {
     /// Hands the batch to the writer thread.
     fn push(&mut self) -> Result<(), Failure> {
         self.batched = 0;
-        if self.batch.is_empty() {
-            return Ok(());
-        }
-        let batch = std::mem::take(&mut self.batch);
-        self.frames
-            .send(batch)
-            .map_err(|_| Failure::Died(self.died("it stopped reading")))
+        self.process.send(std::mem::take(&mut self.batch))
     }
 
     /// Sends one request that gets a reply ([`Request::replies`]) and waits
@@ -194,94 +144,16 @@ impl Worker {
         debug_assert!(request.replies());
         self.send(request, payload)?;
         self.push()?;
-        let wait = deadline.saturating_duration_since(Instant::now());
-        match self.replies.recv_timeout(wait) {
-            Ok(Ok(reply)) => Ok(reply),
-            Ok(Err(why)) => Err(Failure::Died(self.died(&why))),
-            Err(RecvTimeoutError::Timeout) => {
-                self.kill();
-                Err(Failure::Deadline)
-            }
-            Err(RecvTimeoutError::Disconnected) => Err(Failure::Died(self.died("it exited"))),
-        }
-    }
-
-    /// Ends the process (if it still runs) and describes its death.
-    fn died(&mut self, why: &str) -> String {
-        // A worker that crashed is exiting: give it a moment to report how,
-        // and the stderr thread to drain its last lines.
-        for _ in 0..20 {
-            if let Some(Ok(Some(status))) = self.child.as_mut().map(Child::try_wait) {
-                self.status = Some(status);
-                self.child = None;
-                break;
-            }
-            thread::sleep(Duration::from_millis(5));
-        }
-        self.kill();
-        thread::sleep(Duration::from_millis(10));
-        let status = self
-            .status
-            .take()
-            .map_or(String::new(), |s| format!(" ({s})"));
-        let tail = self.stderr.text();
-        if tail.is_empty() {
-            format!("the GPU worker failed: {why}{status}")
-        } else {
-            format!("the GPU worker failed: {why}{status}; it said: {tail}")
-        }
-    }
-
-    /// Kills the process. A process stuck in a driver call may take long
-    /// to go, so unless it has already exited, a thread of its own reaps it
-    /// and nobody waits.
-    fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            match child.try_wait() {
-                Ok(Some(status)) => self.status = Some(status),
-                _ => {
-                    thread::spawn(move || child.wait());
-                }
-            }
+        match self.process.wait(deadline)? {
+            Incoming::Reply(reply, payload) => Ok((reply, payload)),
+            Incoming::Hello(_) => Err(Failure::Died(self.process.died("it greeted again"))),
         }
     }
 
     /// Whether the process is still there to take jobs.
     fn alive(&mut self) -> bool {
-        self.child
-            .as_mut()
-            .is_some_and(|child| matches!(child.try_wait(), Ok(None)))
+        self.process.alive()
     }
-}
-
-impl Drop for Worker {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-/// A thread that writes frames to `stdin` as they come, flushing whenever
-/// none is waiting; it ends when the worker stops reading or the sender is
-/// dropped.
-fn writer(stdin: ChildStdin) -> mpsc::Sender<Vec<u8>> {
-    let (frames, queue) = mpsc::channel::<Vec<u8>>();
-    thread::spawn(move || {
-        let mut stdin = BufWriter::with_capacity(1 << 20, stdin);
-        while let Ok(frame) = queue.recv() {
-            let mut next = Some(frame);
-            while let Some(frame) = next {
-                if stdin.write_all(&frame).is_err() {
-                    return;
-                }
-                next = queue.try_recv().ok();
-            }
-            if stdin.flush().is_err() {
-                return;
-            }
-        }
-    });
-    frames
 }
 
 /// Workers waiting for a trial, and how to start more.

@@ -1,0 +1,198 @@
+//! A worker process that wtune talks to over its pipes and can always stop:
+//! requests go through a writer thread and replies come from a reader
+//! thread, so a worker that stops reading or answering holds up a thread,
+//! never the trial, and a wait for a reply ends at its deadline with the
+//! worker killed.
+
+use std::io::{BufReader, BufWriter, Write};
+use std::process::{Child, ChildStdout, Command, ExitStatus, Stdio};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use super::OutputTail;
+
+/// Bytes of a worker's stderr kept for messages.
+const STDERR_TAIL: usize = 4096;
+
+/// Why a wait got no reply.
+#[derive(Debug)]
+pub(crate) enum Failure {
+    /// The deadline passed; the worker was killed.
+    Deadline,
+    /// The worker died or broke its protocol; the reason, with what it said.
+    Died(String),
+}
+
+/// One running worker, whose replies are `R`.
+pub(crate) struct Supervised<R> {
+    /// What errors call it: "the GPU worker".
+    name: &'static str,
+    /// `None` once killed or reaped.
+    child: Option<Child>,
+    /// Bytes for the thread that writes the worker's stdin.
+    requests: mpsc::Sender<Vec<u8>>,
+    replies: Receiver<Result<R, String>>,
+    stderr: OutputTail,
+    /// How the process ended, once known.
+    status: Option<ExitStatus>,
+}
+
+impl<R: Send + 'static> Supervised<R> {
+    /// Starts `command` with piped stdio. `read` runs on a thread of its
+    /// own, reading replies off the worker's stdout until it returns
+    /// `Ok(None)` (the worker closed it: "it exited") or why the worker's
+    /// output is not a reply.
+    pub(crate) fn spawn(
+        name: &'static str,
+        mut command: Command,
+        mut read: impl FnMut(&mut BufReader<ChildStdout>) -> Result<Option<R>, String> + Send + 'static,
+    ) -> Result<Self, String> {
+        let mut child = command
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("starting {name} {}: {e}", command.get_program().display()))?;
+        let requests = writer(child.stdin.take().expect("piped"));
+        let mut stdout = BufReader::with_capacity(1 << 20, child.stdout.take().expect("piped"));
+        let stderr = OutputTail::collect(child.stderr.take().expect("piped"), STDERR_TAIL);
+        let (tx, replies) = mpsc::channel();
+        thread::spawn(move || {
+            loop {
+                let reply = read(&mut stdout).and_then(|r| r.ok_or_else(|| "it exited".into()));
+                let end = reply.is_err();
+                if tx.send(reply).is_err() || end {
+                    return;
+                }
+            }
+        });
+        Ok(Self {
+            name,
+            child: Some(child),
+            requests,
+            replies,
+            stderr,
+            status: None,
+        })
+    }
+}
+
+impl<R> Supervised<R> {
+    /// Hands `bytes` to the writer thread, without waiting for the worker.
+    pub(crate) fn send(&mut self, bytes: Vec<u8>) -> Result<(), Failure> {
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        self.requests
+            .send(bytes)
+            .map_err(|_| Failure::Died(self.died("it stopped reading")))
+    }
+
+    /// Waits for the next reply until `deadline`; past it the worker is
+    /// killed.
+    pub(crate) fn wait(&mut self, deadline: Instant) -> Result<R, Failure> {
+        let wait = deadline.saturating_duration_since(Instant::now());
+        match self.replies.recv_timeout(wait) {
+            Ok(Ok(reply)) => Ok(reply),
+            Ok(Err(why)) => Err(Failure::Died(self.died(&why))),
+            Err(RecvTimeoutError::Timeout) => {
+                self.kill();
+                Err(Failure::Deadline)
+            }
+            Err(RecvTimeoutError::Disconnected) => Err(Failure::Died(self.died("it exited"))),
+        }
+    }
+
+    /// Ends the process (if it still runs) and describes its death: `why`,
+    /// how it exited and the last of what it wrote to stderr.
+    pub(crate) fn died(&mut self, why: &str) -> String {
+        // A worker that crashed is exiting: give it a moment to report how,
+        // and the stderr thread to drain its last lines.
+        for _ in 0..20 {
+            if let Some(Ok(Some(status))) = self.child.as_mut().map(Child::try_wait) {
+                self.status = Some(status);
+                self.child = None;
+                break;
+            }
+            thread::sleep(Duration::from_millis(5));
+        }
+        self.kill();
+        thread::sleep(Duration::from_millis(10));
+        let status = self
+            .status
+            .take()
+            .map_or(String::new(), |s| format!(" ({})", exit(s)));
+        let tail = self.stderr.text();
+        let name = self.name;
+        if tail.is_empty() {
+            format!("{name} failed: {why}{status}")
+        } else {
+            format!("{name} failed: {why}{status}; it said: {tail}")
+        }
+    }
+
+    /// Kills the process. A process stuck in a driver call may take long
+    /// to go, so unless it has already exited, a thread of its own reaps it
+    /// and nobody waits.
+    pub(crate) fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            match child.try_wait() {
+                Ok(Some(status)) => self.status = Some(status),
+                _ => {
+                    thread::spawn(move || child.wait());
+                }
+            }
+        }
+    }
+
+    /// Whether the process is still there to take requests.
+    pub(crate) fn alive(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|child| matches!(child.try_wait(), Ok(None)))
+    }
+}
+
+impl<R> Drop for Supervised<R> {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// An exit status in words; a worker killed by its system call filter
+/// (`SIGSYS`) is named as such.
+fn exit(status: ExitStatus) -> String {
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::ExitStatusExt;
+        if status.signal() == Some(libc::SIGSYS) {
+            return format!("{status}: a system call its sandbox forbids");
+        }
+    }
+    status.to_string()
+}
+
+/// A thread that writes requests to `stdin` as they come, flushing whenever
+/// none is waiting; it ends when the worker stops reading or the sender is
+/// dropped.
+fn writer(stdin: std::process::ChildStdin) -> mpsc::Sender<Vec<u8>> {
+    let (requests, queue) = mpsc::channel::<Vec<u8>>();
+    thread::spawn(move || {
+        let mut stdin = BufWriter::with_capacity(1 << 20, stdin);
+        while let Ok(bytes) = queue.recv() {
+            let mut next = Some(bytes);
+            while let Some(bytes) = next {
+                if stdin.write_all(&bytes).is_err() {
+                    return;
+                }
+                next = queue.try_recv().ok();
+            }
+            if stdin.flush().is_err() {
+                return;
+            }
+        }
+    });
+    requests
+}
