@@ -6,7 +6,9 @@
 //! written for, but those kernels are large and partly unchecked code fed
 //! by a hostile guest. Should one still be made to misbehave, the process
 //! it runs in can read its requests (fd 0), write its replies and errors
-//! (fds 1 and 2), allocate memory that is never executable, and exit;
+//! (fds 1 and 2), allocate and release memory that is never executable,
+//! wait on its locks, read the clock and random bytes, signal itself (an
+//! abort) and exit;
 //! anything else (opening a file, a socket, starting a process, mapping
 //! executable memory) kills it with `SIGSYS`, and wtune reports the
 //! trial's worker as died. Linux only (x86-64 and aarch64); elsewhere the
@@ -71,6 +73,9 @@ pub fn confine() -> Result<(), String> {
         libc::SYS_write,
         vec![when(0, SeccompCmpOp::Eq, 1)?, when(0, SeccompCmpOp::Eq, 2)?],
     );
+    // abort() (an allocation that fails) raises SIGABRT at itself.
+    let me = u64::from(std::process::id());
+    rules.insert(libc::SYS_tgkill, vec![when(0, SeccompCmpOp::Eq, me)?]);
     rules.insert(libc::SYS_mmap, vec![no_exec()?]);
     rules.insert(libc::SYS_mprotect, vec![no_exec()?]);
     // Unconditional: memory, waiting on locks, signals' returns, the
@@ -85,6 +90,7 @@ pub fn confine() -> Result<(), String> {
         libc::SYS_sched_getaffinity,
         libc::SYS_rt_sigreturn,
         libc::SYS_rt_sigprocmask,
+        libc::SYS_rt_sigaction,
         libc::SYS_sigaltstack,
         libc::SYS_clock_gettime,
         libc::SYS_getrandom,

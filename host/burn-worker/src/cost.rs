@@ -83,8 +83,25 @@ fn flops(op: &OperationIr, out: u64) -> u64 {
         OperationIr::Module(M::Conv1dWeightBackward(c)) => {
             mul_add(elements(&c.output_grad.shape), window(&c.weight.shape))
         }
+        // A pooling window's every element is compared or added, forward
+        // and back.
+        OperationIr::Module(M::MaxPool2d(p)) => out.saturating_mul(area(p.kernel_size)),
+        OperationIr::Module(M::MaxPool2dWithIndices(p)) => out.saturating_mul(area(p.kernel_size)),
+        OperationIr::Module(M::MaxPool2dWithIndicesBackward(p)) => {
+            elements(&p.grad.shape).saturating_mul(area(p.kernel_size))
+        }
+        OperationIr::Module(M::AvgPool2d(p)) => out.saturating_mul(area(p.kernel_size)),
+        OperationIr::Module(M::AvgPool2dBackward(p)) => {
+            elements(&p.grad.shape).saturating_mul(area(p.kernel_size))
+        }
+        OperationIr::Module(M::AdaptiveAvgPool2d(p)) => elements(&p.x.shape).max(out),
         _ => out,
     }
+}
+
+/// Elements in a pooling window.
+fn area(kernel: [usize; 2]) -> u64 {
+    (kernel[0] as u64).saturating_mul(kernel[1] as u64)
 }
 
 /// A convolution kernel's window: input channels per group times the

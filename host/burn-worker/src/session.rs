@@ -112,8 +112,13 @@ impl Session {
     pub fn read(&mut self, frame: &[u8], tensor: TensorIr) -> Result<TensorData, String> {
         self.run(frame);
         self.spoiled()?;
-        let entry = self.ledger.check_input(&tensor)?.clone();
-        self.pay(cost::data_fuel(entry.bytes))?;
+        let entry = match self.ledger.check_input(&tensor) {
+            Ok(entry) => entry.clone(),
+            Err(why) => return Err(self.refuse(format!("reading: {why}"))),
+        };
+        if let Err(why) = self.pay(cost::data_fuel(entry.bytes)) {
+            return Err(self.refuse(format!("reading {}: {why}", Id(tensor.id))));
+        }
         let id = tensor.id;
         let frees = matches!(tensor.status, TensorStatus::ReadWrite);
         let interpreter = &mut self.interpreter;
@@ -226,6 +231,28 @@ impl Session {
                 ));
             }
         }
+        // A view keeps its input's whole buffer: it is charged for it.
+        if let Some(input) = shapes::view_of(&op) {
+            let held = self.ledger.get(input.id).map_or(0, |e| e.bytes);
+            for (_, entry) in &mut plan.makes {
+                entry.bytes = entry.bytes.max(held);
+            }
+        }
+        // Declared types are checked only once burn has made the outputs,
+        // so the room is checked with each output element as wide as the
+        // widest of its declared type and the inputs' types: a type lie
+        // cannot let burn allocate past the quota first.
+        let width = op
+            .inputs()
+            .chain(&declared)
+            .map(|t| t.dtype.size() as u64)
+            .max()
+            .unwrap_or(0);
+        let widest: u64 = declared
+            .iter()
+            .map(|t| (t.shape.num_elements() as u64).saturating_mul(width))
+            .fold(0, u64::saturating_add);
+        self.ledger.check_room(widest.max(plan.bytes()))?;
         self.pay(cost::fuel(&op))?;
         let interpreter = &mut self.interpreter;
         guarded(|| interpreter.register_op(op))?;

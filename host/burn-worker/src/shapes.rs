@@ -63,6 +63,22 @@ pub fn name(op: &OperationIr) -> String {
     names.join("(") + &")".repeat(names.len().saturating_sub(1))
 }
 
+/// The input whose whole buffer `op`'s output may keep alive: burn-flex
+/// makes slices and unfolds as views, so a small view of a large tensor
+/// holds all of it, even once the tensor itself is freed.
+pub fn view_of(op: &OperationIr) -> Option<&TensorIr> {
+    match op {
+        OperationIr::BaseFloat(op) | OperationIr::BaseInt(op) | OperationIr::BaseBool(op) => {
+            match op {
+                BaseOperationIr::Slice(op) => Some(&op.tensor),
+                BaseOperationIr::Unfold(op) => Some(&op.input),
+                _ => None,
+            }
+        }
+        _ => None,
+    }
+}
+
 fn unsupported(what: &str) -> Shapes {
     Err(format!(
         "{what} is not among the operations the host runs yet \
@@ -78,17 +94,19 @@ fn same(input: &TensorIr) -> Shapes {
     one(input.shape.clone())
 }
 
+/// The one output burn's own shape rule gives, or `why` it gives none.
+fn ruled<E>(shape: Result<Shape, E>, why: impl FnOnce() -> String) -> Shapes {
+    shape.map(|s| vec![s]).map_err(|_| why())
+}
+
 fn broadcast(lhs: &TensorIr, rhs: &TensorIr) -> Shapes {
-    lhs.shape
-        .broadcast(&rhs.shape)
-        .map(|s| vec![s])
-        .map_err(|_| {
-            format!(
-                "shapes {} and {} do not broadcast",
-                shown(&lhs.shape),
-                shown(&rhs.shape)
-            )
-        })
+    ruled(lhs.shape.broadcast(&rhs.shape), || {
+        format!(
+            "shapes {} and {} do not broadcast",
+            shown(&lhs.shape),
+            shown(&rhs.shape)
+        )
+    })
 }
 
 fn binary(op: &BinaryOpIr) -> Shapes {
@@ -159,18 +177,13 @@ fn base(op: &BaseOperationIr) -> Shapes {
             )?;
             same(&op.out)
         }
-        B::Expand(op) => op
-            .input
-            .shape
-            .expand(op.out.shape.clone())
-            .map(|s| vec![s])
-            .map_err(|_| {
-                format!(
-                    "{} does not expand to {}",
-                    shown(&op.input.shape),
-                    shown(&op.out.shape)
-                )
-            }),
+        B::Expand(op) => ruled(op.input.shape.expand(op.out.shape.clone()), || {
+            format!(
+                "{} does not expand to {}",
+                shown(&op.input.shape),
+                shown(&op.out.shape)
+            )
+        }),
         B::SwapDims(op) => {
             dim_of(&op.input, op.dim1)?;
             dim_of(&op.input, op.dim2)?;
@@ -200,9 +213,20 @@ fn base(op: &BaseOperationIr) -> Shapes {
                 .into())
         }
         B::Flip(op) => {
-            for &axis in &op.axes {
-                dim_of(&op.input, axis)?;
-            }
+            // burn-flex flips by negating strides, once per axis named: an
+            // axis named twice would start the view past its buffer.
+            let rank = op.input.shape.rank();
+            let mut seen = vec![false; rank];
+            let distinct = op
+                .axes
+                .iter()
+                .all(|&a| a < rank && !std::mem::replace(&mut seen[a], true));
+            check(distinct, || {
+                format!(
+                    "flip axes {:?} are not distinct axes of {rank} dimensions",
+                    op.axes
+                )
+            })?;
             same(&op.input)
         }
         B::Slice(op) => one(sliced(&op.tensor, &op.ranges)?),
@@ -256,9 +280,10 @@ fn base(op: &BaseOperationIr) -> Shapes {
             same(&op.tensor)
         }
         B::MaskWhere(op) => {
-            Shape::broadcast_many([&op.tensor.shape, &op.mask.shape, &op.value.shape])
-                .map(|s| vec![s])
-                .map_err(|_| "mask_where's tensor, mask and value do not broadcast".into())
+            let shapes = [&op.tensor.shape, &op.mask.shape, &op.value.shape];
+            ruled(Shape::broadcast_many(shapes), || {
+                "mask_where's tensor, mask and value do not broadcast".into()
+            })
         }
         B::MaskFill(op) => broadcast(&op.tensor, &op.mask),
         B::Equal(op) | B::NotEqual(op) => binary(op),
@@ -276,9 +301,10 @@ fn base(op: &BaseOperationIr) -> Shapes {
         B::Cat(op) => {
             let first = op.tensors.first().ok_or("cat of no tensors")?;
             dim_of(first, op.dim)?;
-            Shape::cat(op.tensors.iter().map(|t| &t.shape), op.dim)
-                .map(|s| vec![s])
-                .map_err(|_| "cat of tensors whose other dimensions differ".into())
+            ruled(
+                Shape::cat(op.tensors.iter().map(|t| &t.shape), op.dim),
+                || "cat of tensors whose other dimensions differ".into(),
+            )
         }
         B::Cast(op) => same(&op.input),
         B::Empty(op) | B::Ones(op) | B::Zeros(op) => same(&op.out),
@@ -365,14 +391,16 @@ fn numeric(op: &NumericOperationIr) -> Shapes {
             Ok(vec![op.input.shape.clone(), op.input.shape.clone()])
         }
         N::Pad(op) => {
-            check(op.padding.len() <= op.input.shape.rank(), || {
-                "more paddings than dimensions".into()
+            // One (before, after) pair per dimension, as burn validates.
+            check(op.padding.len() == op.input.shape.rank(), || {
+                format!(
+                    "{} paddings for a tensor of {} dimensions",
+                    op.padding.len(),
+                    op.input.shape.rank()
+                )
             })?;
-            // Paddings apply to the last dimensions, the last one first.
             let mut shape = op.input.shape.clone();
-            let rank = shape.rank();
-            for (i, &(before, after)) in op.padding.iter().enumerate() {
-                let dim = rank - 1 - i;
+            for (dim, &(before, after)) in op.padding.iter().enumerate() {
                 shape[dim] = shape[dim]
                     .checked_add(before)
                     .and_then(|s| s.checked_add(after))
@@ -418,15 +446,13 @@ fn matmul(lhs: &TensorIr, rhs: &TensorIr) -> Shapes {
     check(fits, || {
         format!("a matmul of {} by {}", shown(&lhs.shape), shown(&rhs.shape))
     })?;
-    calculate_matmul_output(&lhs.shape, &rhs.shape)
-        .map(|s| vec![s])
-        .map_err(|_| {
-            format!(
-                "a matmul of {} by {}: the batch dimensions do not broadcast",
-                shown(&lhs.shape),
-                shown(&rhs.shape)
-            )
-        })
+    ruled(calculate_matmul_output(&lhs.shape, &rhs.shape), || {
+        format!(
+            "a matmul of {} by {}: the batch dimensions do not broadcast",
+            shown(&lhs.shape),
+            shown(&rhs.shape)
+        )
+    })
 }
 
 fn int(op: &IntOperationIr) -> Shapes {
@@ -525,13 +551,20 @@ fn conv_output<const N: usize>(
         let reach = (ws[i + 2].max(1) - 1)
             .checked_mul(dilation[i])
             .and_then(|r| r.checked_add(1));
+        // burn-flex copies the input into a padded buffer first: padding
+        // wider than the kernel reaches would make that copy, uncharged,
+        // as large as the guest likes.
+        let (before, after) = padding[i];
         match (padded, reach) {
-            (Some(padded), Some(reach)) if ws[i + 2] >= 1 && reach <= padded => {
+            (Some(padded), Some(reach))
+                if ws[i + 2] >= 1 && reach <= padded && before < reach && after < reach =>
+            {
                 out[i + 2] = (padded - reach) / stride[i] + 1;
             }
             _ => {
                 return Err(format!(
-                    "a kernel of {} does not fit an input of {} with padding {:?}",
+                    "a kernel of {} does not fit an input of {} with padding {:?} \
+                     (each side less than the kernel's reach)",
                     shown(ws),
                     shown(xs),
                     padding
@@ -569,6 +602,13 @@ fn gradient(grad: &TensorIr, forward: Shape) -> Result<(), String> {
             shown(&forward)
         )
     })
+}
+
+/// A backward operation: `grad` has the forward output's shape, and the
+/// result has `like`'s.
+fn backward(grad: &TensorIr, forward: Result<Shape, String>, like: &TensorIr) -> Shapes {
+    gradient(grad, forward?)?;
+    same(like)
 }
 
 /// A convolution's bias gradient: one value per output channel.
@@ -615,11 +655,17 @@ fn pool_output<const N: usize>(
         match (padded, reach) {
             (Some(padded), Some(reach)) if s >= 1 && d >= 1 && p <= k / 2 && reach <= padded => {
                 let span = padded - reach;
-                out[i + 2] = if ceil_mode {
+                let mut size = if ceil_mode {
                     span.div_ceil(s)
                 } else {
                     span / s
                 } + 1;
+                // As PyTorch and burn-flex: a last window that would start
+                // in the trailing padding is dropped.
+                if ceil_mode && (size - 1) * s >= xs[i + 2] + p {
+                    size -= 1;
+                }
+                out[i + 2] = size;
             }
             _ => {
                 return Err(format!(
@@ -686,35 +732,27 @@ fn module(op: &ModuleOperationIr) -> Shapes {
         }
         M::LinearBiasBackward(op) => one([last_dim(&op.output_grad)?].into()),
         M::Conv1d(op) => one(conv1d(&op.x, &op.weight, op.bias.as_ref(), &op.options)?),
-        M::Conv1dXBackward(op) => {
-            gradient(
-                &op.output_grad,
-                conv1d(&op.x, &op.weight, None, &op.options)?,
-            )?;
-            same(&op.x)
-        }
-        M::Conv1dWeightBackward(op) => {
-            gradient(
-                &op.output_grad,
-                conv1d(&op.x, &op.weight, None, &op.options)?,
-            )?;
-            same(&op.weight)
-        }
+        M::Conv1dXBackward(op) => backward(
+            &op.output_grad,
+            conv1d(&op.x, &op.weight, None, &op.options),
+            &op.x,
+        ),
+        M::Conv1dWeightBackward(op) => backward(
+            &op.output_grad,
+            conv1d(&op.x, &op.weight, None, &op.options),
+            &op.weight,
+        ),
         M::Conv2d(op) => one(conv2d(&op.x, &op.weight, op.bias.as_ref(), &op.options)?),
-        M::Conv2dXBackward(op) => {
-            gradient(
-                &op.output_grad,
-                conv2d(&op.x, &op.weight, None, &op.options)?,
-            )?;
-            same(&op.x)
-        }
-        M::Conv2dWeightBackward(op) => {
-            gradient(
-                &op.output_grad,
-                conv2d(&op.x, &op.weight, None, &op.options)?,
-            )?;
-            same(&op.weight)
-        }
+        M::Conv2dXBackward(op) => backward(
+            &op.output_grad,
+            conv2d(&op.x, &op.weight, None, &op.options),
+            &op.x,
+        ),
+        M::Conv2dWeightBackward(op) => backward(
+            &op.output_grad,
+            conv2d(&op.x, &op.weight, None, &op.options),
+            &op.weight,
+        ),
         M::Conv1dBiasBackward(op) => bias_gradient(&op.x, &op.bias, &op.output_grad),
         M::Conv2dBiasBackward(op) => bias_gradient(&op.x, &op.bias, &op.output_grad),
         M::MaxPool2d(op) => one(pool_output(
@@ -748,8 +786,7 @@ fn module(op: &ModuleOperationIr) -> Shapes {
             check(op.indices.shape == out, || {
                 "max pooling's indices do not fit".into()
             })?;
-            gradient(&op.grad, out)?;
-            same(&op.x)
+            backward(&op.grad, Ok(out), &op.x)
         }
         M::AvgPool2d(op) => one(pool_output(
             &op.x,
@@ -759,18 +796,18 @@ fn module(op: &ModuleOperationIr) -> Shapes {
             [1, 1],
             op.ceil_mode,
         )?),
-        M::AvgPool2dBackward(op) => {
-            let out = pool_output(
+        M::AvgPool2dBackward(op) => backward(
+            &op.grad,
+            pool_output(
                 &op.x,
                 op.kernel_size,
                 op.stride,
                 op.padding,
                 [1, 1],
                 op.ceil_mode,
-            )?;
-            gradient(&op.grad, out)?;
-            same(&op.x)
-        }
+            ),
+            &op.x,
+        ),
         M::AdaptiveAvgPool2d(op) => {
             let xs = &op.x.shape;
             check(

@@ -4,9 +4,10 @@
 //! fuel pays for. Each test forges the frames a guest could send.
 
 use burn_ir::{
-    BaseOperationIr, Conv2dOpIr, Conv2dOptionsIr, CreationOpIr, FloatOperationIr, MatmulOpIr,
-    ModuleOperationIr, NumericOperationIr, OperationIr, ScatterNdOpIr, SelectOpIr, TensorId,
-    TensorIr, TensorStatus, UnaryOpIr,
+    BaseOperationIr, Conv2dOpIr, Conv2dOptionsIr, CreationOpIr, FlipOpIr, FloatOperationIr,
+    MatmulOpIr, MaxPool2dOpIr, ModuleOperationIr, NumericOperationIr, OperationIr, PadModeIr,
+    PadOpIr, ScalarIr, ScatterNdOpIr, SelectOpIr, SliceOpIr, TensorId, TensorIr, TensorStatus,
+    UnaryOpIr,
 };
 use burn_remote::wire::{Command, Frame};
 use burn_std::{DType, IndexingUpdateOp, Shape, TensorData};
@@ -409,4 +410,156 @@ fn an_index_out_of_range_stops_the_session_not_the_worker() {
     let error = refused(setup, select);
     assert!(error.contains("the backend stopped: "), "{error}");
     assert!(error.contains("10"), "{error}");
+}
+
+fn base(op: BaseOperationIr) -> Command {
+    Command::Operation(OperationIr::BaseFloat(op))
+}
+
+#[test]
+fn a_flip_that_names_an_axis_twice_is_refused() {
+    let flip = |axes: Vec<usize>| {
+        base(BaseOperationIr::Flip(FlipOpIr {
+            input: input(1, &[4, 4]),
+            out: output(2, &[4, 4]),
+            axes,
+        }))
+    };
+    // Named twice, burn's view would start past the end of its buffer.
+    let error = refused(vec![data(1, &[4, 4])], flip(vec![0, 0]));
+    assert!(
+        error.ends_with("flip axes [0, 0] are not distinct axes of 2 dimensions"),
+        "{error}"
+    );
+    let mut session = session();
+    session.run(&frame([data(1, &[4, 4]), flip(vec![1, 0])]));
+    assert_eq!(session.error(), None);
+}
+
+#[test]
+fn padding_is_one_pair_per_dimension_in_order() {
+    let pad = |padding: Vec<(usize, usize)>, out: &[usize]| {
+        Command::Operation(OperationIr::NumericFloat(
+            DType::F32,
+            NumericOperationIr::Pad(PadOpIr {
+                input: input(1, &[1, 3]),
+                out: output(2, out),
+                padding,
+                mode: PadModeIr::Constant(ScalarIr::Float(0.0)),
+            }),
+        ))
+    };
+    let mut session = session();
+    session.run(&frame([
+        data(1, &[1, 3]),
+        pad(vec![(2, 0), (0, 1)], &[3, 4]),
+    ]));
+    assert_eq!(session.error(), None);
+    let read = session.read(&[], input(2, &[3, 4])).unwrap();
+    assert_eq!(read.shape().as_slice(), [3, 4]);
+    // Checked as the first dimension's padding, never the last's.
+    let error = refused(vec![data(1, &[1, 3])], pad(vec![(2, 0), (0, 0)], &[1, 5]));
+    assert!(
+        error.ends_with("tensor 2 must be [3, 3], and was declared [1, 5]"),
+        "{error}"
+    );
+    let error = refused(vec![data(1, &[1, 3])], pad(vec![(0, 1)], &[1, 4]));
+    assert!(
+        error.ends_with("1 paddings for a tensor of 2 dimensions"),
+        "{error}"
+    );
+}
+
+#[test]
+fn a_slice_is_charged_for_the_buffer_it_keeps() {
+    let mut session = session();
+    let slice = base(BaseOperationIr::Slice(SliceOpIr {
+        tensor: last_use(1, &[1000]),
+        ranges: vec![burn_std::Slice::new(0, Some(1), 1)],
+        out: output(2, &[1]),
+    }));
+    session.run(&frame([data(1, &[1000]), slice]));
+    assert_eq!(session.error(), None);
+    // The tensor is freed, and its buffer lives on in the slice.
+    assert_eq!(
+        session.usage(),
+        Usage {
+            bytes: 4000,
+            tensors: 1
+        }
+    );
+}
+
+#[test]
+fn convolution_padding_wider_than_the_kernel_is_refused() {
+    let conv = Command::Operation(OperationIr::Module(ModuleOperationIr::Conv2d(Conv2dOpIr {
+        x: input(1, &[1, 1, 4, 4]),
+        weight: input(2, &[1, 1, 1, 1]),
+        bias: None,
+        options: Conv2dOptionsIr {
+            stride: [1000, 1000],
+            padding: [(0, 2000), (0, 2000)],
+            dilation: [1, 1],
+            groups: 1,
+        },
+        out: output(3, &[1, 1, 3, 3]),
+    })));
+    let error = refused(vec![data(1, &[1, 1, 4, 4]), data(2, &[1, 1, 1, 1])], conv);
+    assert!(
+        error.contains("each side less than the kernel's reach"),
+        "{error}"
+    );
+}
+
+#[test]
+fn an_output_type_lie_cannot_take_burn_past_the_quota() {
+    // 160,000 f32 values (640 KB) held; an Exp of them declared as 1-byte
+    // bools would fit the quota, and burn would make 640 KB more of f32.
+    let exp = Command::Operation(OperationIr::Float(
+        DType::F32,
+        FloatOperationIr::Exp(UnaryOpIr {
+            input: input(1, &[160_000]),
+            out: TensorIr {
+                dtype: DType::Bool(burn_std::BoolStore::Native),
+                ..output(2, &[160_000])
+            },
+        }),
+    ));
+    let error = refused(vec![data(1, &[160_000])], exp);
+    assert!(error.contains("over its quota"), "{error}");
+}
+
+#[test]
+fn an_error_in_a_read_is_kept_like_any_other() {
+    let mut session = session();
+    let error = session.read(&[], input(5, &[1])).unwrap_err();
+    assert!(
+        error.starts_with("reading: tensor 5 is not one of"),
+        "{error}"
+    );
+    assert_eq!(session.sync(&[]), Err(error));
+}
+
+#[test]
+fn ceil_mode_pooling_drops_a_window_that_starts_in_the_padding() {
+    let pool = |out: &[usize]| {
+        Command::Operation(OperationIr::Module(ModuleOperationIr::MaxPool2d(
+            MaxPool2dOpIr {
+                x: input(1, &[1, 1, 5, 5]),
+                kernel_size: [3, 3],
+                stride: [3, 3],
+                padding: [1, 1],
+                dilation: [1, 1],
+                ceil_mode: true,
+                out: output(2, out),
+            },
+        )))
+    };
+    // (5 + 2 - 3) / 3 rounded up is 2, plus 1; the third window would
+    // start at 6, in the padding, so there are 2, as PyTorch and burn say.
+    let mut session = session();
+    session.run(&frame([data(1, &[1, 1, 5, 5]), pool(&[1, 1, 2, 2])]));
+    assert_eq!(session.error(), None);
+    let error = refused(vec![data(1, &[1, 1, 5, 5])], pool(&[1, 1, 3, 3]));
+    assert!(error.contains("must be [1, 1, 2, 2]"), "{error}");
 }

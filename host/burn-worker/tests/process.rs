@@ -2,7 +2,7 @@
 //! drives it.
 
 use std::io::{BufReader, Write};
-use std::process::{Command as Process, Stdio};
+use std::process::{Child, Command as Process, Stdio};
 
 use burn_ir::{NumericOperationIr, OperationIr, TensorId, TensorIr, TensorStatus, UnaryOpIr};
 use burn_remote::wire::{Command, Frame};
@@ -36,15 +36,20 @@ fn request(kind: Kind, commands: &[Command], tensor: Option<TensorIr>) -> Reques
     }
 }
 
-#[test]
-fn the_worker_runs_frames_and_answers_reads_and_syncs_in_order() {
-    let mut worker = Process::new(WORKER)
-        .args(["--memory-bytes", "1048576"])
+/// A worker serving a session of `memory` bytes, its stdio piped.
+fn spawn(memory: u64) -> Child {
+    Process::new(WORKER)
+        .args(["--memory-bytes", &memory.to_string()])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("the worker starts");
+        .expect("the worker starts")
+}
+
+#[test]
+fn the_worker_runs_frames_and_answers_reads_and_syncs_in_order() {
+    let mut worker = spawn(1 << 20);
     let mut input = worker.stdin.take().unwrap();
     let mut output = BufReader::new(worker.stdout.take().unwrap());
 
@@ -129,13 +134,7 @@ fn the_worker_refuses_to_start_without_its_quota() {
 
 #[test]
 fn a_request_of_no_known_kind_ends_the_worker_with_the_reason() {
-    let mut worker = Process::new(WORKER)
-        .args(["--memory-bytes", "1048576"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut worker = spawn(1 << 20);
     let mut input = worker.stdin.take().unwrap();
     input.write_all(&[9; 25]).unwrap();
     drop(input);
@@ -165,13 +164,7 @@ fn the_worker_is_killed_by_its_filter_when_it_opens_a_file() {
 #[test]
 fn the_confined_worker_runs_the_kernels_a_cnn_needs() {
     use burn_ir::{Conv2dOpIr, Conv2dOptionsIr, FloatOperationIr, MatmulOpIr, ModuleOperationIr};
-    let mut worker = Process::new(WORKER)
-        .args(["--memory-bytes", "16777216"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut worker = spawn(16 << 20);
     let mut input = worker.stdin.take().unwrap();
     let mut output = BufReader::new(worker.stdout.take().unwrap());
     let of = |id: u64, shape: &[usize], status| TensorIr {
