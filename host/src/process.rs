@@ -12,7 +12,7 @@
 
 mod supervised;
 
-pub(crate) use supervised::{Failure, Supervised};
+pub(crate) use supervised::{Failure, Supervised, earlier};
 
 use std::collections::VecDeque;
 use std::ffi::OsString;

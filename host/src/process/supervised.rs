@@ -24,6 +24,16 @@ pub(crate) enum Failure {
     Died(String),
 }
 
+/// The earlier of the guest call's deadline and `limit` from now, and
+/// whether it is the call's.
+pub(crate) fn earlier(call: Option<Instant>, limit: Duration) -> (Instant, bool) {
+    let fallback = Instant::now() + limit;
+    match call {
+        Some(call) if call < fallback => (call, true),
+        _ => (fallback, false),
+    }
+}
+
 /// One running worker, whose replies are `R`.
 pub(crate) struct Supervised<R> {
     /// What errors call it: "the GPU worker".

@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use super::protocol::{self, Kind, Reply};
-use crate::process::{Failure, Supervised, WorkerProgram};
+use crate::process::{Failure, Supervised, WorkerProgram, earlier};
 
 /// The longest a wait for the worker may last when the guest call has no
 /// deadline of its own.
@@ -88,11 +88,7 @@ impl BurnWorker {
         deadline: Option<Instant>,
     ) -> Result<Reply, String> {
         self.usable()?;
-        let fallback = Instant::now() + WAIT_TIMEOUT;
-        let (deadline, calls) = match deadline {
-            Some(call) if call < fallback => (call, true),
-            _ => (fallback, false),
-        };
+        let (deadline, calls) = earlier(deadline, WAIT_TIMEOUT);
         let job = if kind == Kind::Read {
             "a burn read"
         } else {

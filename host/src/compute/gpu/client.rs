@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use super::protocol::{self, Adapter, Hello, Reply, Request};
 use crate::compute::ComputeError;
 use crate::compute::device::{Device, Fill, Kernel, PipelineInfo};
-use crate::process::{Failure, Supervised, WorkerProgram};
+use crate::process::{Failure, Supervised, WorkerProgram, earlier};
 
 /// How long a new worker may take to open its device.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
@@ -41,16 +41,6 @@ const MAX_QUEUED: usize = 4096;
 /// Payload bytes a trial may stream before it waits (one larger write
 /// goes alone).
 const MAX_QUEUED_BYTES: usize = 64 << 20;
-
-/// The earlier of the guest call's deadline and `limit` from now, and
-/// whether it is the call's.
-fn earlier(call: Option<Instant>, limit: Duration) -> (Instant, bool) {
-    let fallback = Instant::now() + limit;
-    match call {
-        Some(call) if call < fallback => (call, true),
-        _ => (fallback, false),
-    }
-}
 
 /// What a GPU worker writes: its greeting, then replies.
 enum Incoming {
