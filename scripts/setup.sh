@@ -18,5 +18,7 @@ if [ ! -e /usr/share/vulkan/icd.d/lvp_icd.x86_64.json ] && [ ! -e /usr/share/vul
 fi
 rustup component add rustfmt clippy >/dev/null
 cargo build --release --locked --target wasm32-wasip2 -p digits-mlp -p hostile -p stateful -p replay -p kernels
-# The burn CNN example is a workspace of its own (see Cargo.toml's exclude).
-cargo build --release --locked --target wasm32-wasip2 --manifest-path examples/digits-cnn/Cargo.toml --target-dir target
+# The burn guests (the CNN example, and the one that attacks the host's burn
+# interface) are members of the burn workspace (see Cargo.toml's exclude).
+cargo build --release --locked --target wasm32-wasip2 --manifest-path guest-sdk/burn-remote/Cargo.toml \
+  -p digits-cnn -p burn-hostile --target-dir target

@@ -87,6 +87,13 @@
 //! `examples/digits-cnn` is a complete one: a CNN with Adam, tuned with
 //! ASHA.
 //!
+//! The same model can have its tensor operations run natively by the host
+//! instead: turn on burn's `remote` feature, patch wtune's `burn-remote` in
+//! (`[patch.crates-io] burn-remote = { path = ".../guest-sdk/burn-remote" }`)
+//! with its `guest` feature, and put the model on
+//! `Device::new(burn_remote::host()).autodiff()`. The host checks and charges
+//! every operation (see [`burn`]); digits-cnn's `backend = "host"` does this.
+//!
 //! ## What the host guarantees
 //! Each trial runs in its own sandbox: its working directory (`.`) is the
 //! trial's own directory, data the experiment grants is mounted read-only under
@@ -103,6 +110,7 @@ extern crate self as wtune_guest;
 
 #[doc(hidden)]
 pub mod bindings;
+pub mod burn;
 pub mod compute;
 mod error;
 #[doc(hidden)]

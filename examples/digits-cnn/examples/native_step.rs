@@ -5,7 +5,7 @@
 
 use std::time::Instant;
 
-use digits_cnn::{Config, DigitsCnn};
+use digits_cnn::{Backend, Config, DigitsCnn};
 
 fn main() {
     let mut args = std::env::args().skip(1);
@@ -20,6 +20,7 @@ fn main() {
         weight_decay: 0.0,
         seed: 0,
         data_dir: concat!(env!("CARGO_MANIFEST_DIR"), "/../digits-mlp/data").to_owned(),
+        backend: Backend::Wasm,
     };
     let start = Instant::now();
     let mut trainable = DigitsCnn::from_config(config).expect("setup");
@@ -30,9 +31,9 @@ fn main() {
     );
     for epoch in 1..=epochs {
         let start = Instant::now();
-        let train_loss = trainable.train_epoch();
+        let train_loss = trainable.train_epoch().expect("an epoch");
         let trained = start.elapsed().as_secs_f64();
-        let val = trainable.evaluate();
+        let val = trainable.evaluate().expect("an evaluation");
         println!(
             "epoch {epoch}: train {trained:.3}s + eval {:.3}s, train_loss {train_loss:.4}, val_loss {:.4}, val_accuracy {:.4}",
             start.elapsed().as_secs_f64() - trained,

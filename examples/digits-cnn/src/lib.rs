@@ -7,16 +7,23 @@
 //! reports `train_loss`, `val_loss` and `val_accuracy` on a fixed stratified
 //! 20% validation split (the same examples digits-mlp validates on).
 //!
-//! Everything burn computes runs inside the sandbox and is metered in fuel.
-//! Checkpointing is left to host snapshots (`export!(DigitsCnn)` without
-//! `checkpoint = serde`): burn's tensors, the Adam moments and the RNG states
-//! all live in guest memory, so a snapshot captures them with no code here.
+//! Where burn computes is the `backend` key:
+//! - `"wasm"` (the default): inside the sandbox, metered in fuel as it runs.
+//!   Checkpointing is left to host snapshots (`export!(DigitsCnn)` without
+//!   `checkpoint = serde`): burn's tensors, the Adam moments and the RNG
+//!   states all live in guest memory, so a snapshot captures them with no
+//!   code here.
+//! - `"host"`: on the host, through `burn_remote::host()`: the model's code
+//!   and the tape's bookkeeping stay in the guest, each tensor operation is
+//!   sent to the host as data, checked, charged fuel by its work and run
+//!   natively. Host snapshots carry the host's tensors too: checkpoints
+//!   still need no code.
 //!
 //! ## Config
 //!
 //! ```json
 //! {"lr": 0.003, "channels": 8, "hidden": 64, "dropout": 0.1, "batch_size": 64,
-//!  "weight_decay": 0.0, "seed": 0, "data_dir": "/data/digits"}
+//!  "weight_decay": 0.0, "seed": 0, "data_dir": "/data/digits", "backend": "wasm"}
 //! ```
 //!
 //! Only `lr` is required. Unknown keys are refused, so a misspelt search
@@ -78,6 +85,30 @@ pub struct Config {
     /// The directory holding `digits.csv`.
     #[serde(default = "default_data_dir")]
     pub data_dir: String,
+    /// Where burn runs the tensor operations.
+    #[serde(default)]
+    pub backend: Backend,
+}
+
+/// Where a trial's tensor operations run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// burn-flex inside the sandbox.
+    #[default]
+    Wasm,
+    /// The wtune host's burn worker (`burn_remote::host()`).
+    Host,
+}
+
+impl Backend {
+    /// The autodiff device this backend computes on.
+    fn device(self) -> Device {
+        match self {
+            Backend::Wasm => Device::flex().autodiff(),
+            Backend::Host => Device::new(burn_remote::host()).autodiff(),
+        }
+    }
 }
 
 fn default_channels() -> usize {
@@ -236,7 +267,7 @@ pub struct DigitsCnn {
     model: Cnn,
     optim: ModuleOptimizer,
     loss: CrossEntropyLoss,
-    /// `Device::flex().autodiff()`: tensors created here record a tape.
+    /// The backend's autodiff device: tensors created here record a tape.
     device: Device,
     /// Draws each epoch's order (dropout masks come from burn's own RNG,
     /// seeded from the same `seed` in [`DigitsCnn::from_dataset`]).
@@ -256,9 +287,10 @@ impl DigitsCnn {
     /// Splits `data` and builds the model; `config` must be valid.
     pub fn from_dataset(data: &Dataset, config: Config) -> Self {
         let (train, val) = data.stratified_split(data::VALIDATION_FRACTION, data::SPLIT_SEED);
-        let device = Device::flex().autodiff();
-        // burn's flex RNG is process-global; seeding it here makes the
-        // initial weights and every later dropout mask a function of `seed`.
+        let device = config.backend.device();
+        // burn's flex RNG is process-global (the host's is the trial's);
+        // seeding it here makes the initial weights and every later dropout
+        // mask a function of `seed`.
         device.seed(config.seed);
         let model = Cnn::new(config.architecture(), config.dropout, &device);
         Self {
@@ -281,26 +313,28 @@ impl DigitsCnn {
 
     /// One epoch of Adam over the training split in a fresh random order.
     /// Returns the mean cross-entropy of the examples, each measured (with
-    /// dropout) just before the step its batch contributed to.
-    pub fn train_epoch(&mut self) -> f64 {
+    /// dropout) just before the step its batch contributed to. Fails when
+    /// the host refused an operation (`backend = "host"`).
+    pub fn train_epoch(&mut self) -> Result<f64> {
         let mut order: Vec<usize> = (0..self.train.len()).collect();
         self.rng.shuffle(&mut order);
         let mut total = 0.0;
         for batch in order.chunks(self.config.batch_size) {
             let (images, labels) = self.train.batch(batch, &self.device);
             let loss = self.loss.forward(self.model.forward(images), labels);
-            total += f64::from(loss.clone().into_scalar::<f32>()) * batch.len() as f64;
+            let value: f32 = loss.clone().try_into_scalar().map_err(read_error)?;
+            total += f64::from(value) * batch.len() as f64;
             let grads = GradientsParams::from_grads(loss.backward(), &self.model);
             // `step` takes the module by value; cloning it only clones
             // reference-counted tensor handles.
             self.model = self.optim.step(self.config.lr, self.model.clone(), grads);
         }
-        total / self.train.len() as f64
+        Ok(total / self.train.len() as f64)
     }
 
     /// Loss and accuracy on the validation split. `valid()` gives a copy of
     /// the network without the autodiff tape and with dropout off.
-    pub fn evaluate(&self) -> Evaluation {
+    pub fn evaluate(&self) -> Result<Evaluation> {
         let model = self.model.valid();
         let device = self.device.clone().inner();
         let indices: Vec<usize> = (0..self.val.len()).collect();
@@ -308,9 +342,13 @@ impl DigitsCnn {
         for batch in indices.chunks(EVAL_BATCH) {
             let (images, labels) = self.val.batch(batch, &device);
             let logits = model.forward(images);
-            let loss: f32 = self.loss.forward(logits.clone(), labels).into_scalar();
+            let loss: f32 = self
+                .loss
+                .forward(logits.clone(), labels)
+                .try_into_scalar()
+                .map_err(read_error)?;
             total_loss += f64::from(loss) * batch.len() as f64;
-            let predicted = logits.argmax(1).into_data();
+            let predicted = logits.argmax(1).try_into_data().map_err(read_error)?;
             let predicted = predicted.convert::<i64>();
             let predicted = predicted.as_slice::<i64>().expect("argmax gives integers");
             correct += batch
@@ -319,11 +357,17 @@ impl DigitsCnn {
                 .filter(|(i, p)| i64::from(self.val.label(**i)) == **p)
                 .count();
         }
-        Evaluation {
+        Ok(Evaluation {
             loss: total_loss / self.val.len() as f64,
             accuracy: correct as f64 / self.val.len() as f64,
-        }
+        })
     }
+}
+
+/// A tensor read that failed: on the host backend, the first operation the
+/// host refused (its reason names the operation and the rule).
+fn read_error(error: impl fmt::Display) -> Error {
+    Error::msg(format!("burn: {error}"))
 }
 
 impl Trainable for DigitsCnn {
@@ -343,14 +387,14 @@ impl Trainable for DigitsCnn {
     }
 
     fn train(&mut self) -> Result<Report> {
-        let train_loss = self.train_epoch();
+        let train_loss = self.train_epoch()?;
         // Diverged weights stay NaN; say so instead of reporting nonsense.
         if !train_loss.is_finite() {
             return Err(Error::msg(format!(
                 "training diverged (train loss {train_loss}); lower lr"
             )));
         }
-        let val = self.evaluate();
+        let val = self.evaluate()?;
         if let Some(mib) = linear_memory_mib() {
             log_debug(|| format!("linear memory after this epoch: {mib} MiB"));
         }
@@ -364,11 +408,14 @@ impl Trainable for DigitsCnn {
     /// the weights and Adam's moments: what population based training needs.
     /// The lr is passed per step, so it needs nothing; a new weight decay
     /// needs a new Adam, which takes over the old one's state through its
-    /// record. `channels`/`hidden` make a different network: `Ok(false)`.
+    /// record. `channels`/`hidden` make a different network and `backend`
+    /// puts it elsewhere: `Ok(false)`.
     /// `seed` and `data_dir` only shape `setup` and are kept as they were.
     fn reset(&mut self, config: Config) -> Result<bool> {
         config.validate()?;
-        if config.architecture() != self.config.architecture() {
+        if config.architecture() != self.config.architecture()
+            || config.backend != self.config.backend
+        {
             return Ok(false);
         }
         if config.weight_decay != self.config.weight_decay {
@@ -413,6 +460,7 @@ mod tests {
             weight_decay: 0.0,
             seed: 3,
             data_dir: concat!(env!("CARGO_MANIFEST_DIR"), "/../digits-mlp/data").to_owned(),
+            backend: Backend::Wasm,
         }
     }
 
@@ -420,10 +468,10 @@ mod tests {
     fn trains_and_resets() {
         let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         let mut t = DigitsCnn::from_config(shipped(3e-3)).unwrap();
-        let first = t.train_epoch();
-        let second = t.train_epoch();
+        let first = t.train_epoch().unwrap();
+        let second = t.train_epoch().unwrap();
         assert!(second < first, "loss should fall: {first} -> {second}");
-        let before = t.evaluate();
+        let before = t.evaluate().unwrap();
         assert!(before.accuracy > 0.5, "{before:?}");
 
         let adam_state = t.optim.to_record().len();
@@ -437,8 +485,8 @@ mod tests {
         };
         assert!(t.reset(changed).unwrap());
         assert_eq!(t.optim.to_record().len(), adam_state, "Adam state kept");
-        assert_eq!(t.evaluate(), before, "weights kept");
-        assert!(t.train_epoch().is_finite());
+        assert_eq!(t.evaluate().unwrap(), before, "weights kept");
+        assert!(t.train_epoch().unwrap().is_finite());
 
         let wider = Config {
             channels: 8,
@@ -465,18 +513,18 @@ mod tests {
         };
         let mut plain = DigitsCnn::from_config(config.clone()).unwrap();
         let mut reset = DigitsCnn::from_config(config.clone()).unwrap();
-        plain.train_epoch();
-        reset.train_epoch();
-        assert_eq!(plain.evaluate(), reset.evaluate());
+        plain.train_epoch().unwrap();
+        reset.train_epoch().unwrap();
+        assert_eq!(plain.evaluate().unwrap(), reset.evaluate().unwrap());
         let decayed = Config {
             weight_decay: 1e-2,
             ..config.clone()
         };
         assert!(reset.reset(decayed).unwrap());
         assert!(reset.reset(config).unwrap());
-        plain.train_epoch();
-        reset.train_epoch();
-        assert_eq!(plain.evaluate(), reset.evaluate());
+        plain.train_epoch().unwrap();
+        reset.train_epoch().unwrap();
+        assert_eq!(plain.evaluate().unwrap(), reset.evaluate().unwrap());
     }
 
     #[test]

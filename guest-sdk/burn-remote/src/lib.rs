@@ -7,13 +7,14 @@
 //! [`OperationIr`](burn_ir::OperationIr), queued, and sent in batches to
 //! a [`Transport`]. The guest sends operations and data, never code.
 //!
-//! Status: this is the guest's side. The executor that checks, charges and
-//! runs each operation on the host's CPU is `wtune-burn-worker`
-//! (host/burn-worker), which the tests run in process; wtune does not yet
-//! start it for a trial, nor offer the guest a transport to it.
+//! In a wtune trainable, turn on this crate's `guest` feature and take the
+//! device from [`host`] (it connects the client to the host's
+//! `wtune:trainable/burn` interface); the host's `wtune-burn-worker`
+//! (host/burn-worker) checks, charges and runs each operation. Native
+//! programs (the tests) [`install`] a transport of their own.
 //!
-//! ```no_run
-//! let device = burn::tensor::Device::new(burn_remote::RemoteDevice).autodiff();
+//! ```ignore
+//! let device = burn::tensor::Device::new(burn_remote::host()).autodiff();
 //! ```
 //!
 //! What crosses the boundary, and when:
@@ -30,12 +31,16 @@
 
 mod client;
 mod device;
+#[cfg(feature = "guest")]
+mod host;
 mod names;
 mod transport;
 pub mod wire;
 
 pub use client::{NoBridge, WtuneChannel, WtuneClient};
 pub use device::RemoteDevice;
+#[cfg(feature = "guest")]
+pub use host::host;
 pub use names::{
     ConnectError, Credential, CustomOpClient, Endpoint, EndpointAddr, EndpointId, HostSpec,
     InvalidRelays, IrohHost, IrohIdentity, IrohRelays, RelayUrl,

@@ -15,6 +15,12 @@ use burn_std::{BoolStore, DType, Shape};
 /// Most dimensions a tensor may have: burn's models use up to 6.
 pub const MAX_RANK: usize = 16;
 
+/// Most tensors one trial holds at once. Each costs the worker memory the
+/// byte account does not count (its entry here, burn's handle), so an
+/// empty tensor is not free: this bounds that overhead to a few tens of
+/// MiB. Models hold hundreds (a CNN with Adam: under 200).
+pub const MAX_TENSORS: usize = 1 << 16;
+
 /// What the ledger knows of one tensor.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
@@ -186,8 +192,21 @@ impl Ledger {
                 },
             ));
         }
+        self.check_count(plan.makes.len())?;
         self.check_room(plan.bytes())?;
         Ok(plan)
+    }
+
+    /// Checks that `new` more tensors fit under [`MAX_TENSORS`].
+    pub fn check_count(&self, new: usize) -> Result<(), String> {
+        if self.tensors.len() + new > MAX_TENSORS {
+            return Err(format!(
+                "the trial holds {} tensors, and {new} more would pass the {MAX_TENSORS} the \
+                 host keeps for one trial",
+                self.tensors.len()
+            ));
+        }
+        Ok(())
     }
 
     /// Checks that `id` names no tensor the trial holds.
@@ -198,12 +217,24 @@ impl Ledger {
         Ok(())
     }
 
+    /// Bytes the trial's tensors may take together.
+    pub fn quota(&self) -> u64 {
+        self.quota
+    }
+
+    /// Every tensor held, by ascending id.
+    pub fn entries(&self) -> Vec<(TensorId, &Entry)> {
+        let mut entries: Vec<_> = self.tensors.iter().map(|(&id, e)| (id, e)).collect();
+        entries.sort_unstable_by_key(|(id, _)| id.value());
+        entries
+    }
+
     /// Checks that `more` bytes fit in the quota beside what is held.
     pub fn check_room(&self, more: u64) -> Result<(), String> {
         if self.bytes.saturating_add(more) > self.quota {
             return Err(format!(
                 "the trial's tensors would take {} bytes, over its quota of {} \
-                 (raise the trial's memory limit, or hold fewer or smaller tensors)",
+                 (hold fewer or smaller tensors, or raise limits.compute_memory)",
                 self.bytes.saturating_add(more),
                 self.quota
             ));

@@ -14,8 +14,11 @@
 //! never wtune or another trial, and the worker runs under a system call
 //! filter that leaves it its pipes and its memory ([`confine`]).
 //!
-//! Not covered yet: the GPU (burn's wgpu backend), snapshots of the
-//! trial's tensors, and the operations [`shapes`] does not list.
+//! [`Session::image`] and [`Session::restore`] carry a session through the
+//! host's snapshots.
+//!
+//! Not covered yet: the GPU (burn's wgpu backend), and the operations
+//! [`shapes`] does not list.
 
 pub mod confine;
 pub mod cost;
@@ -24,4 +27,4 @@ pub mod protocol;
 mod session;
 pub mod shapes;
 
-pub use session::{Session, Usage};
+pub use session::{MAX_DRAW_RUNS, MAX_REPLAY_ELEMENTS, Session, Usage};

@@ -6,16 +6,18 @@
 //! never decodes burn's types, so it needs no burn to build. Requests and
 //! replies are a fixed little-endian header and raw bytes:
 //!
-//! - request: kind (u8: 0 submit, 1 read, 2 sync), fuel (u64), frame
-//!   length (u64), tensor length (u64), the frame, the tensor;
-//! - reply, to reads and syncs only, in order: status (u8: 0 ok, 1 error),
-//!   fuel spent since the last reply (u64), bytes held (u64), tensors held
+//! - request: kind (u8: 0 submit, 1 read, 2 sync, 3 snapshot, 4 restore),
+//!   fuel (u64), frame length (u64), tensor length (u64), the frame (a
+//!   restore's: the snapshot's image), the tensor;
+//! - reply, to all but submits, in order: status (u8: 0 ok, 1 error,
+//!   2 error: the trial ran out of fuel), fuel spent since the last reply (u64), bytes held (u64), tensors held
 //!   (u64), payload length (u64), the payload.
 //!
 //! `fuel` is what the trial has left as wtune counted it at the last reply;
 //! a read's tensor is a postcard-encoded burn-ir `TensorIr`, and its reply's
-//! payload a postcard-encoded `TensorData`; an error's payload is its
-//! reason, as text. wtune's side of this is `wtune::burn::protocol`; the
+//! payload a postcard-encoded `TensorData`; a snapshot's payload is the
+//! session's image ([`Session::image`]), opaque to wtune, which hands it
+//! back in a restore; an error's payload is its reason, as text. wtune's side of this is `wtune::burn::protocol`; the
 //! two are tested together by wtune's tests, which run this worker.
 
 use std::io::{self, Read, Write};
@@ -31,6 +33,10 @@ pub enum Kind {
     Read = 1,
     /// Run the frame, then reply once it has run.
     Sync = 2,
+    /// Reply with the session's image, for a host snapshot.
+    Snapshot = 3,
+    /// Take over the image in the frame; the session must be fresh.
+    Restore = 4,
 }
 
 /// One request.
@@ -47,6 +53,8 @@ pub struct Request {
 pub struct Reply {
     /// The tensor's data (a read) or nothing (a sync); else why not.
     pub outcome: Result<Vec<u8>, String>,
+    /// Whether the error is the trial running out of fuel.
+    pub out_of_fuel: bool,
     pub fuel_spent: u64,
     pub usage: Usage,
 }
@@ -83,6 +91,8 @@ impl Request {
             0 => Kind::Submit,
             1 => Kind::Read,
             2 => Kind::Sync,
+            3 => Kind::Snapshot,
+            4 => Kind::Restore,
             other => return Err(bad(format!("request kind {other}"))),
         };
         let frame = read_bytes(input, u64_at(&header, 9))?;
@@ -114,11 +124,12 @@ impl Reply {
         let payload = read_bytes(input, u64_at(&header, 25))?;
         let outcome = match header[0] {
             0 => Ok(payload),
-            1 => Err(String::from_utf8_lossy(&payload).into_owned()),
+            1 | 2 => Err(String::from_utf8_lossy(&payload).into_owned()),
             other => return Err(bad(format!("reply status {other}"))),
         };
         Ok(Self {
             outcome,
+            out_of_fuel: header[0] == 2,
             fuel_spent: u64_at(&header, 1),
             usage: Usage {
                 bytes: u64_at(&header, 9),
@@ -131,6 +142,7 @@ impl Reply {
     pub fn write(&self, output: &mut impl Write) -> io::Result<()> {
         let (status, payload) = match &self.outcome {
             Ok(data) => (0u8, data.as_slice()),
+            Err(why) if self.out_of_fuel => (2u8, why.as_bytes()),
             Err(why) => (1u8, why.as_bytes()),
         };
         output.write_all(&[status])?;
@@ -167,8 +179,11 @@ pub fn serve(
                 }
             }
             Kind::Sync => session.sync(&request.frame).map(|()| Vec::new()),
+            Kind::Snapshot => session.image(),
+            Kind::Restore => session.restore(&request.frame).map(|()| Vec::new()),
         };
         let reply = Reply {
+            out_of_fuel: outcome.is_err() && session.out_of_fuel(),
             outcome,
             fuel_spent: session.take_fuel_spent(),
             usage: session.usage(),

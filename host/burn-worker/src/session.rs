@@ -10,6 +10,12 @@
 //! guest's tensors after it may be half-computed). After each operation the
 //! outputs burn made are compared with what was declared, so the ledger
 //! stays the truth about what the backend holds.
+//!
+//! [`image`] turns a session into bytes for the host's snapshots and back.
+
+mod image;
+
+pub use image::{MAX_DRAW_RUNS, MAX_REPLAY_ELEMENTS};
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
@@ -46,6 +52,10 @@ pub struct Session {
     commands: u64,
     /// The first failure; nothing runs after it.
     error: Option<String>,
+    /// Whether that failure was a command the trial's fuel could not pay.
+    out_of_fuel: bool,
+    /// The random draws since the last seed, for snapshots ([`image`]).
+    draws: image::Draws,
 }
 
 impl Session {
@@ -59,6 +69,8 @@ impl Session {
             fuel_spent: 0,
             commands: 0,
             error: None,
+            out_of_fuel: false,
+            draws: image::Draws::default(),
         }
     }
 
@@ -86,6 +98,13 @@ impl Session {
     /// The session's first failure, if any.
     pub fn error(&self) -> Option<&str> {
         self.error.as_deref()
+    }
+
+    /// Whether the session stopped at a command the trial could not pay
+    /// for: the host then ends the trial as out of fuel, as it would a
+    /// guest instruction it could not pay for.
+    pub fn out_of_fuel(&self) -> bool {
+        self.out_of_fuel
     }
 
     /// Fails the session for `why` (a request the host could not make
@@ -154,6 +173,7 @@ impl Session {
     /// Takes `fuel` from what is left, or refuses.
     fn pay(&mut self, fuel: u64) -> Result<(), String> {
         if fuel > self.fuel_left {
+            self.out_of_fuel = self.error.is_none();
             return Err(format!(
                 "out of fuel: it costs {fuel} and the trial has {} left",
                 self.fuel_left
@@ -175,16 +195,29 @@ impl Session {
             Command::Seed(seed) => {
                 self.pay(cost::PER_OPERATION)?;
                 self.interpreter.seed(seed);
+                self.draws.seeded(seed);
                 Ok(())
             }
         }
     }
 
     fn data(&mut self, id: TensorId, data: TensorData) -> Result<(), String> {
+        let bytes = self.check_data(id, &data)?;
+        self.pay(cost::data_fuel(bytes))?;
+        self.admit(id, data, bytes)
+    }
+
+    /// The bytes `data` would take as tensor `id`, if it may be made.
+    fn check_data(&self, id: TensorId, data: &TensorData) -> Result<u64, String> {
         self.ledger.check_fresh(id)?;
+        self.ledger.check_count(1)?;
         let bytes = bytes_of(data.shape(), data.dtype())?;
         self.ledger.check_room(bytes)?;
-        self.pay(cost::data_fuel(bytes))?;
+        Ok(bytes)
+    }
+
+    /// Makes tensor `id` of `data`, which [`Session::check_data`] passed.
+    fn admit(&mut self, id: TensorId, data: TensorData, bytes: u64) -> Result<(), String> {
         let entry = Entry {
             shape: data.shape().clone(),
             dtype: data.dtype(),
@@ -254,8 +287,15 @@ impl Session {
             .fold(0, u64::saturating_add);
         self.ledger.check_room(widest.max(plan.bytes()))?;
         self.pay(cost::fuel(&op))?;
+        let draw = image::Draw::of(&op);
+        if let Some(draw) = &draw {
+            self.draws.before(draw);
+        }
         let interpreter = &mut self.interpreter;
         guarded(|| interpreter.register_op(op))?;
+        if let Some(draw) = draw {
+            self.draws.push(draw);
+        }
         for tensor in &declared {
             self.made_as_declared(tensor)?;
         }

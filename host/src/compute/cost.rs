@@ -107,6 +107,17 @@ impl Meter {
         Ok(())
     }
 
+    /// Fuel the current host call may still spend (`None` when fuel is
+    /// not metered).
+    pub fn left(&self) -> Option<u64> {
+        self.available.map(|left| left.saturating_sub(self.debt))
+    }
+
+    /// When the current guest call must end.
+    pub fn deadline(&self) -> Option<Instant> {
+        self.deadline
+    }
+
     /// Stops the current host call (unless it was stopped already): it
     /// settles with `stop`, and nothing more runs in it.
     pub fn stop(&mut self, stop: Stop) {

@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
+use super::burn::lane::{BurnLane, BurnUsage};
 use super::cost::{self, Meter, Stop};
 use super::device::{Device, Fill, Kernel, PipelineInfo};
 use super::error::{ComputeError, invalid};
@@ -25,6 +26,9 @@ pub struct ComputeImage {
     pub next_pipeline: u32,
     /// `(number, contents)` of each live buffer, in ascending order.
     pub buffers: Vec<(u32, Vec<f32>)>,
+    /// The trial's burn session, as its worker encoded it (its tensors and
+    /// its random generator's state); `None` when it has none.
+    pub burn: Option<Vec<u8>>,
 }
 
 /// Bit for bit, so that NaNs compare equal to themselves: an image equals
@@ -33,6 +37,7 @@ impl PartialEq for ComputeImage {
     fn eq(&self, other: &Self) -> bool {
         self.next_buffer == other.next_buffer
             && self.next_pipeline == other.next_pipeline
+            && self.burn == other.burn
             && self.buffers.len() == other.buffers.len()
             && self
                 .buffers
@@ -48,14 +53,19 @@ impl PartialEq for ComputeImage {
 impl Eq for ComputeImage {}
 
 impl ComputeImage {
-    /// Total size of the buffers in bytes.
+    /// Total size of the buffers and the burn session in bytes.
     pub fn byte_len(&self) -> u64 {
-        self.buffers.iter().map(|(_, b)| b.len() as u64 * 4).sum()
+        let buffers: u64 = self.buffers.iter().map(|(_, b)| b.len() as u64 * 4).sum();
+        buffers + self.burn.as_ref().map_or(0, |b| b.len() as u64)
     }
 
-    /// Whether there is nothing to carry: no buffers, and none ever made.
+    /// Whether there is nothing to carry: no buffers, none ever made, and no
+    /// burn session.
     pub fn is_empty(&self) -> bool {
-        self.buffers.is_empty() && self.next_buffer <= 1 && self.next_pipeline <= 1
+        self.buffers.is_empty()
+            && self.next_buffer <= 1
+            && self.next_pipeline <= 1
+            && self.burn.is_none()
     }
 }
 
@@ -94,6 +104,12 @@ pub struct ComputeSession {
     /// from its first buffer until the session ends, so that what other
     /// trials hold can never make one of its allocations fail.
     share_reserved: bool,
+    /// The part of `held` set aside for the trial's burn tensors: the rest
+    /// of its quota, from its first burn call on.
+    burn_bytes: u64,
+    burn: BurnLane,
+    /// Why the device failed a sync, where it did not say it was lost.
+    failed_sync: Option<String>,
     meter: Meter,
 }
 
@@ -109,6 +125,9 @@ impl ComputeSession {
             next_pipeline: 1,
             held: 0,
             share_reserved: false,
+            burn_bytes: 0,
+            burn: BurnLane::default(),
+            failed_sync: None,
             meter: Meter::default(),
         }
     }
@@ -145,27 +164,40 @@ impl ComputeSession {
     }
 
     /// Fuel the returning host call owes, or why it was stopped. Once the
-    /// device has lost the trial's buffers every host call stops with
-    /// [`Stop::DeviceLost`], so the trial ends with [`Self::lost`] as its
-    /// reason instead of running on with handles to nothing.
+    /// device (or the burn worker) has lost the trial's buffers every host
+    /// call stops with [`Stop::DeviceLost`], so the trial ends with
+    /// [`Self::lost`] as its reason instead of running on with handles to
+    /// nothing.
     pub fn settle(&mut self) -> Result<u64, Stop> {
-        if self.device.lost().is_some() {
+        if self.lost().is_some() {
             self.meter.stop(Stop::DeviceLost);
         }
         self.meter.settle()
     }
 
-    /// The guest call is returning: waits for the device to finish the
-    /// work the call queued, so that its time is the call's and a failure
-    /// only the device could see is the call's too (after which the device
-    /// is [`Self::lost`]).
-    pub fn end_call(&mut self) -> Result<(), ComputeError> {
-        self.device.sync()
+    /// The guest call has returned with `fuel` left: waits for the device
+    /// and the burn worker to finish the work the call queued, so that its
+    /// time and fuel are the call's, and a failure only they could see is
+    /// the call's too (after which the session is [`Self::lost`]). Settles
+    /// like a host call: what the queued work owes, or why it stopped.
+    pub fn end_call(&mut self, fuel: Option<u64>) -> Result<u64, Stop> {
+        self.meter.enter(fuel);
+        if let Err(err) = self.device.sync() {
+            // A device that failed a job is lost, and says why; in case it
+            // did not, the failure is the reason.
+            self.failed_sync.get_or_insert(err.to_string());
+        }
+        self.burn.finish(&mut self.meter);
+        self.settle()
     }
 
-    /// Why the device lost this trial's buffers, once it has.
+    /// Why the device or the burn worker lost this trial's state, once one
+    /// has.
     pub fn lost(&self) -> Option<&str> {
-        self.device.lost()
+        self.device
+            .lost()
+            .or_else(|| self.burn.lost())
+            .or(self.failed_sync.as_deref())
     }
 
     /// Charges `fuel` for work the host did for the guest outside this
@@ -517,11 +549,65 @@ impl ComputeSession {
         self.device.free_pipeline(pipeline)
     }
 
+    // ----- burn ----------------------------------------------------------
+
+    /// Streams a frame of the guest's burn commands to its worker (see
+    /// [`BurnLane`]); the worker is started at the trial's first burn call.
+    pub fn burn_submit(&mut self, frame: &[u8]) {
+        self.start_burn();
+        self.burn.submit(&mut self.meter, frame);
+    }
+
+    /// Runs a frame of burn commands, then reads back a tensor.
+    pub fn burn_read(&mut self, frame: &[u8], tensor: &[u8]) -> Result<Vec<u8>, String> {
+        self.start_burn();
+        self.burn.read(&mut self.meter, frame, tensor)
+    }
+
+    /// Runs a frame of burn commands and waits for everything sent so far.
+    pub fn burn_sync(&mut self, frame: &[u8]) -> Result<(), String> {
+        self.start_burn();
+        self.burn.sync(&mut self.meter, frame)
+    }
+
+    /// What the trial's burn tensors held at the worker's last reply.
+    pub fn burn_usage(&self) -> BurnUsage {
+        self.burn.usage()
+    }
+
+    /// Starts the burn worker with what is left of the trial's quota, which
+    /// is then set aside for it: the compute buffers the trial holds keep
+    /// their room, and new ones have none.
+    fn start_burn(&mut self) {
+        if self.burn.started() {
+            return;
+        }
+        let memory = self.set_aside_for_burn();
+        self.burn.start(memory);
+    }
+
+    /// Sets the rest of the trial's quota aside for its burn tensors.
+    fn set_aside_for_burn(&mut self) -> Result<u64, String> {
+        let quota = self.compute.info().quota_bytes;
+        let rest = quota - self.held;
+        if rest == 0 {
+            return Err(format!(
+                "this trial's compute buffers hold its whole compute memory quota of {}, \
+                 leaving none for burn tensors (limits.compute_memory)",
+                human_bytes(quota)
+            ));
+        }
+        self.reserve(rest).map_err(|err| err.to_string())?;
+        self.burn_bytes = rest;
+        Ok(rest)
+    }
+
     // ----- snapshots -----------------------------------------------------
 
     /// The buffers as plain data, for a host snapshot. Custom pipelines are
     /// not carried: a trial holding one cannot be snapshotted exactly.
     pub fn image(&mut self) -> Result<ComputeImage, ComputeError> {
+        let burn = self.burn.image()?;
         if !self.pipelines.is_empty() {
             return Err(ComputeError::Unsupported(format!(
                 "the trial holds {} custom WGSL pipeline(s), which snapshots do not carry; \
@@ -542,13 +628,14 @@ impl ComputeSession {
             next_buffer: self.next_buffer,
             next_pipeline: self.next_pipeline,
             buffers,
+            burn,
         })
     }
 
     /// Takes over a snapshot's buffers. The session must hold none yet; the
     /// buffers count against this trial's quota as if newly created.
     pub fn restore(&mut self, image: &ComputeImage) -> Result<(), ComputeError> {
-        if !self.sizes.is_empty() || !self.pipelines.is_empty() {
+        if !self.sizes.is_empty() || !self.pipelines.is_empty() || self.burn.started() {
             return Err(invalid!(
                 "compute state can only be restored into a fresh trial"
             ));
@@ -563,6 +650,12 @@ impl ComputeSession {
         if let Err(err) = self.device.sync() {
             self.clear();
             return Err(err);
+        }
+        if let Some(burn) = &image.burn {
+            let memory = self.set_aside_for_burn();
+            self.burn.restore(memory, burn).map_err(|why| {
+                ComputeError::Device(format!("restoring the trial's burn tensors: {why}"))
+            })?;
         }
         self.next_buffer = image.next_buffer.max(1);
         self.next_pipeline = image.next_pipeline.max(1);
@@ -691,6 +784,16 @@ impl ComputeSession {
 
     fn reserve(&mut self, bytes: u64) -> Result<(), ComputeError> {
         let quota = self.compute.info().quota_bytes;
+        if self.burn_bytes > 0 && self.held.saturating_add(bytes) > quota {
+            return Err(ComputeError::Quota(format!(
+                "this trial's burn tensors have the {} of its compute memory quota of {} that \
+                 its compute buffers did not hold at its first burn call; {} more would pass \
+                 it (limits.compute_memory)",
+                human_bytes(self.burn_bytes),
+                human_bytes(quota),
+                human_bytes(bytes)
+            )));
+        }
         if self.held.saturating_add(bytes) > quota {
             return Err(ComputeError::Quota(format!(
                 "this trial holds {} of compute memory; {} more would pass its quota of {} \

@@ -2,7 +2,7 @@
 //! values into [`crate::compute`] calls on the trial's session, and the call
 //! hook that settles host compute against the store's fuel.
 
-use wasmtime::{CallHook, StoreContextMut, Trap};
+use wasmtime::{AsContextMut, CallHook, StoreContextMut, Trap};
 
 use super::bindings::wtune::trainable::compute as wit;
 use super::store_data::TrialHost;
@@ -263,6 +263,16 @@ pub(crate) fn settle(
         }
         _ => Ok(()),
     }
+}
+
+/// Ends a guest call: waits for the host work it queued (see
+/// [`crate::compute::ComputeSession::end_call`]) and takes what that work
+/// owes off the store's fuel, or fails as a host call that could not pay,
+/// ran past the deadline or lost its device would.
+pub(crate) fn finish_call(store: &mut wasmtime::Store<TrialHost>) -> wasmtime::Result<()> {
+    let fuel = store.get_fuel().ok();
+    let owed = store.data_mut().compute.end_call(fuel);
+    pay(store.as_context_mut(), owed)
 }
 
 /// The error a host call returns when the trial's compute device lost its

@@ -296,25 +296,23 @@ impl TrialInstance {
         arm(&mut self.store, &self.limits, allotted, at)?;
         let started = Instant::now();
         let outcome = f(&self.guest, &mut self.store);
-        let finished = self.store.data_mut().compute.end_call();
+        let finished = super::compute::finish_call(&mut self.store);
         let fuel = allotted - self.store.get_fuel().unwrap_or(0);
         self.fuel_total += fuel;
         let stats = CallStats {
             fuel,
             elapsed: started.elapsed(),
         };
+        // What the host finished for the call (its queued work, and what
+        // that cost) counts as the call's, after any trap of its own: a
+        // guest that returned an error but could not pay for its queued
+        // work, or lost its device, ends for that reason.
+        let outcome = match (outcome, finished) {
+            (Err(err), _) | (Ok(_), Err(err)) => Err(err),
+            (Ok(returned), Ok(())) => Ok(returned),
+        };
         match outcome {
-            Ok(Ok(value)) => match finished {
-                Ok(()) => Ok((value, stats)),
-                Err(err) => {
-                    self.poisoned = true;
-                    let reason = self.store.data().compute.lost().map(str::to_owned);
-                    Err(TrialFault::DeviceLost {
-                        at,
-                        reason: reason.unwrap_or_else(|| err.to_string()),
-                    })
-                }
-            },
+            Ok(Ok(value)) => Ok((value, stats)),
             Ok(Err(message)) => Err(guest_error(at, message)),
             Err(err) => {
                 self.poisoned = true;
@@ -370,6 +368,14 @@ fn classify(
     err: wasmtime::Error,
 ) -> TrialFault {
     let host = store.data();
+    // A lost device is named whatever else the call met: a memory limit
+    // the guest survived earlier in it is not why the trial ended.
+    if let Some(lost) = err.downcast_ref::<super::compute::DeviceLost>() {
+        return TrialFault::DeviceLost {
+            at,
+            reason: lost.0.clone(),
+        };
+    }
     if let Some(hit) = host.limiter.hit {
         return TrialFault::limit(at, hit);
     }
@@ -428,12 +434,6 @@ const TRANSFER_CAP_HIT: &str = "fuel allocated for hostcalls has been exhausted"
 /// what is left is the guest's doing: an `exit`, or a value wasmtime could
 /// not lift out of it.
 fn not_a_trap(at: At, limits: &Limits, err: wasmtime::Error) -> TrialFault {
-    if let Some(lost) = err.downcast_ref::<super::compute::DeviceLost>() {
-        return TrialFault::DeviceLost {
-            at,
-            reason: lost.0.clone(),
-        };
-    }
     if let Some(exit) = err.downcast_ref::<wasmtime_wasi::I32Exit>() {
         return TrialFault::Exit { at, code: exit.0 };
     }

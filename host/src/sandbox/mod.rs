@@ -12,6 +12,7 @@
 
 mod accessor;
 mod bindings;
+mod burn;
 mod cache;
 mod capture;
 mod compile;

@@ -7,12 +7,19 @@
 //!   to build.
 //! - [`worker`]: [`BurnWorker`], one trial's worker, streamed to and
 //!   waited on with deadlines; killed when a wait runs past one.
+//! - [`lane`]: [`BurnLane`], the worker as a trial's
+//!   [`ComputeSession`](super::ComputeSession) holds it: started at the
+//!   first call with the rest of the trial's quota, its fuel settled
+//!   through the session's meter. The sandbox offers it to guests as the
+//!   WIT `burn` interface.
 //!
-//! Not offered to guests yet: the WIT interface, fuel settlement with the
-//! store and host snapshots of the trial's tensors are the next steps (see
-//! ARCHITECTURE.md, "burn on the host").
+//! Not built yet: host snapshots of the trial's tensors (refused, with the
+//! reason; see ARCHITECTURE.md, "burn on the host").
 
+pub mod lane;
 pub mod protocol;
 pub mod worker;
+
+pub use lane::{BurnLane, BurnUsage};
 
 pub use worker::BurnWorker;

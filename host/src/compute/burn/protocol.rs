@@ -4,10 +4,11 @@
 //! descriptions go over as the guest encoded them, and a read's data comes
 //! back for the guest to decode.
 //!
-//! - request: kind (u8: 0 submit, 1 read, 2 sync), fuel (u64), frame
-//!   length (u64), tensor length (u64), the frame, the tensor;
-//! - reply, to reads and syncs only, in order: status (u8: 0 ok, 1 error),
-//!   fuel spent since the last reply (u64), bytes held (u64), tensors held
+//! - request: kind (u8: 0 submit, 1 read, 2 sync, 3 snapshot, 4 restore),
+//!   fuel (u64), frame length (u64), tensor length (u64), the frame (a
+//!   restore's: the snapshot's image), the tensor;
+//! - reply, to all but submits, in order: status (u8: 0 ok, 1 error,
+//!   2 error: the trial ran out of fuel), fuel spent since the last reply (u64), bytes held (u64), tensors held
 //!   (u64), payload length (u64), the payload.
 //!
 //! All integers are little-endian.
@@ -23,6 +24,11 @@ pub enum Kind {
     Read = 1,
     /// Run the frame, then reply once it has run.
     Sync = 2,
+    /// Reply with the trial's burn session as bytes, for a host snapshot.
+    Snapshot = 3,
+    /// Take over a snapshot's burn session (the frame); the worker must be
+    /// fresh.
+    Restore = 4,
 }
 
 /// A request, encoded. `fuel` is what the trial has left, as wtune counted
@@ -44,6 +50,8 @@ pub struct Reply {
     /// A read's data (a sync's is empty), or why the trial's burn session
     /// failed: the first command it refused or that failed.
     pub outcome: Result<Vec<u8>, String>,
+    /// Whether the error is a command the trial's fuel could not pay for.
+    pub out_of_fuel: bool,
     /// Fuel the worker spent since its last reply.
     pub fuel_spent: u64,
     /// Bytes the trial's tensors take.
@@ -52,12 +60,15 @@ pub struct Reply {
     pub tensors: u64,
 }
 
-/// Largest payload wtune accepts: a tensor's data, which the worker's
-/// quota already bounds, and the guest's memory must hold.
-const MAX_PAYLOAD: u64 = 4 << 30;
+/// What a payload may take beyond the trial's quota: the encoding of its
+/// tensors (shapes, types; at most `MAX_TENSORS` of them) and a snapshot's
+/// record of random draws.
+pub const PAYLOAD_OVERHEAD: u64 = 64 << 20;
 
-/// Reads the next reply; `None` when the worker closed its output first.
-pub fn read_reply(input: &mut impl Read) -> io::Result<Option<Reply>> {
+/// Reads the next reply, refusing a payload over `max_payload` bytes (a
+/// tensor's data, or a snapshot of all of them, which the trial's quota
+/// bounds); `None` when the worker closed its output first.
+pub fn read_reply(input: &mut impl Read, max_payload: u64) -> io::Result<Option<Reply>> {
     let mut header = [0u8; 33];
     match input.read_exact(&mut header[..1]) {
         Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
@@ -66,7 +77,7 @@ pub fn read_reply(input: &mut impl Read) -> io::Result<Option<Reply>> {
     input.read_exact(&mut header[1..])?;
     let at = |i: usize| u64::from_le_bytes(header[i..i + 8].try_into().expect("8 bytes"));
     let len = at(25);
-    if len > MAX_PAYLOAD {
+    if len > max_payload {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
             format!("a reply of {len} bytes"),
@@ -79,7 +90,7 @@ pub fn read_reply(input: &mut impl Read) -> io::Result<Option<Reply>> {
     }
     let outcome = match header[0] {
         0 => Ok(payload),
-        1 => Err(String::from_utf8_lossy(&payload).into_owned()),
+        1 | 2 => Err(String::from_utf8_lossy(&payload).into_owned()),
         other => {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
@@ -89,6 +100,7 @@ pub fn read_reply(input: &mut impl Read) -> io::Result<Option<Reply>> {
     };
     Ok(Some(Reply {
         outcome,
+        out_of_fuel: header[0] == 2,
         fuel_spent: at(1),
         bytes: at(9),
         tensors: at(17),

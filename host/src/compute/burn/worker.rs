@@ -28,8 +28,10 @@ impl BurnWorker {
     pub fn start(program: &WorkerProgram, memory_bytes: u64) -> Result<Self, String> {
         let mut command = program.command();
         command.arg("--memory-bytes").arg(memory_bytes.to_string());
-        let process = Supervised::spawn("the burn worker", command, |stdout| {
-            protocol::read_reply(stdout).map_err(|e| format!("its reply was unreadable: {e}"))
+        let max_payload = memory_bytes.saturating_add(protocol::PAYLOAD_OVERHEAD);
+        let process = Supervised::spawn("the burn worker", command, move |stdout| {
+            protocol::read_reply(stdout, max_payload)
+                .map_err(|e| format!("its reply was unreadable: {e}"))
         })?;
         Ok(Self {
             process,
@@ -72,6 +74,19 @@ impl BurnWorker {
         self.call(Kind::Sync, fuel, frame, &[], deadline)
     }
 
+    /// The trial's burn session as bytes (its tensors and its random
+    /// generator's state), for a host snapshot. Waits at most
+    /// [`WAIT_TIMEOUT`]: the snapshot is the host's, not a guest call's.
+    pub fn snapshot(&mut self) -> Result<Reply, String> {
+        self.call(Kind::Snapshot, 0, &[], &[], None)
+    }
+
+    /// Takes over `image`, from a [`BurnWorker::snapshot`]; the worker must
+    /// not have run anything yet.
+    pub fn restore(&mut self, image: &[u8]) -> Result<Reply, String> {
+        self.call(Kind::Restore, 0, image, &[], None)
+    }
+
     fn usable(&self) -> Result<(), String> {
         match &self.lost {
             Some(lost) => Err(lost.clone()),
@@ -89,10 +104,12 @@ impl BurnWorker {
     ) -> Result<Reply, String> {
         self.usable()?;
         let (deadline, calls) = earlier(deadline, WAIT_TIMEOUT);
-        let job = if kind == Kind::Read {
-            "a burn read"
-        } else {
-            "a burn sync"
+        let job = match kind {
+            Kind::Submit => "a burn frame",
+            Kind::Read => "a burn read",
+            Kind::Sync => "a burn sync",
+            Kind::Snapshot => "a snapshot of the burn tensors",
+            Kind::Restore => "restoring the burn tensors",
         };
         let request = protocol::request(kind, fuel, frame, tensor);
         let reply = self
@@ -151,6 +168,7 @@ mod tests {
             reply,
             Reply {
                 outcome: Ok(Vec::new()),
+                out_of_fuel: false,
                 fuel_spent: 0,
                 bytes: 0,
                 tensors: 0,

@@ -10,8 +10,10 @@
 //! header       JSON        SnapshotMeta + memory sizes and runs + globals
 //! payload_len  u64 LE
 //! payload      zstd        the runs' bytes, all memories, in order, then the
-//!                          host compute buffers' (one frame each); or the
-//!                          guest's saved bytes (one frame)
+//!                          host compute buffers' (one frame each), then the
+//!                          trial's burn session (one frame, opaque: the
+//!                          burn worker's image); or the guest's saved
+//!                          bytes (one frame)
 //! trailer      32 bytes    blake3 of everything above, keyed when flag 0 is set
 //! ```
 //!
@@ -38,8 +40,13 @@ pub use write::{encode, write, write_spooled};
 /// First bytes of every snapshot file.
 pub const MAGIC: &[u8; 8] = b"WTSNAP\r\n";
 /// The version this build writes for snapshots that hold host compute
-/// buffers; it reads this one and [`FORMAT_VERSION_PLAIN`].
+/// buffers and no burn session; it reads this one,
+/// [`FORMAT_VERSION_PLAIN`] and [`FORMAT_VERSION_BURN`].
 pub const FORMAT_VERSION: u32 = 2;
+/// The version written when the trial holds a burn session on the host,
+/// so that builds from before it refuse such files instead of restoring
+/// the trial without its tensors.
+pub const FORMAT_VERSION_BURN: u32 = 3;
 /// The version written when there are no compute buffers, so that builds
 /// from before host compute still read those files.
 pub const FORMAT_VERSION_PLAIN: u32 = 1;
@@ -176,7 +183,7 @@ impl fmt::Display for FormatError {
             FormatError::Version(v) => write!(
                 f,
                 "snapshot format version {v} is not supported (this build reads versions \
-                 {FORMAT_VERSION_PLAIN} and {FORMAT_VERSION})"
+                 {FORMAT_VERSION_PLAIN} to {FORMAT_VERSION_BURN})"
             ),
             FormatError::Truncated => f.write_str("the snapshot file is truncated"),
             FormatError::Checksum => f.write_str(
@@ -229,6 +236,10 @@ struct ComputeHeader {
     next_pipeline: u32,
     /// `(number, elements)` of each buffer, in the payload's order.
     buffers: Vec<(u32, u64)>,
+    /// Bytes of the trial's burn session, whose frame follows the
+    /// buffers' (format version 3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    burn: Option<u64>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -350,6 +361,7 @@ mod tests {
             next_buffer: 9,
             next_pipeline: 4,
             buffers: vec![(2, vec![1.5; 1000]), (7, vec![f32::NAN, -0.0])],
+            burn: None,
         };
         let payload = Payload::Memory(image);
         let bytes = encode(&meta, &payload, None);
@@ -370,6 +382,36 @@ mod tests {
         assert_eq!(
             decode(&forged, &meta.component, None).unwrap_err(),
             FormatError::Malformed("compute buffers: numbers out of order or out of range".into())
+        );
+    }
+
+    #[test]
+    fn a_burn_session_round_trips_in_version_3_only() {
+        let (meta, payload) = sample();
+        let Payload::Memory(mut image) = payload else {
+            unreachable!()
+        };
+        image.compute = ComputeImage {
+            next_buffer: 3,
+            next_pipeline: 1,
+            buffers: vec![(2, vec![0.5; 10])],
+            burn: Some(b"the worker's image".to_vec()),
+        };
+        let payload = Payload::Memory(image);
+        let bytes = encode(&meta, &payload, None);
+        assert_eq!(bytes[8..12], FORMAT_VERSION_BURN.to_le_bytes());
+        let (_, read) = decode(&bytes, &meta.component, None).unwrap();
+        assert_eq!(read, payload);
+
+        // A version 2 file may not carry one.
+        let mut forged = bytes.clone();
+        forged[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+        let body = forged.len() - TRAILER;
+        let sum = blake3::hash(&forged[..body]);
+        forged[body..].copy_from_slice(sum.as_bytes());
+        assert_eq!(
+            decode(&forged, &meta.component, None).unwrap_err(),
+            FormatError::Malformed("a burn session in a version 2 file".into())
         );
     }
 
@@ -447,10 +489,10 @@ mod tests {
         let err = decode(&bytes, &"cd".repeat(32), None).unwrap_err();
         assert!(matches!(err, FormatError::Foreign { .. }), "{err}");
         let mut future = bytes.clone();
-        future[8] = 3;
+        future[8] = 4;
         assert_eq!(
             decode(&future, &meta.component, None),
-            Err(FormatError::Version(3))
+            Err(FormatError::Version(4))
         );
     }
 

@@ -15,9 +15,10 @@ use std::io::{self, BufRead, BufReader, Read, Seek, SeekFrom};
 use std::path::Path;
 
 use super::{
-    ComputeHeader, FLAG_GUEST, FLAG_KEYED, FORMAT_VERSION, FORMAT_VERSION_PLAIN, FormatError,
-    GlobalValueJson, Header, MAGIC, MAX_COMPUTE, MAX_GUEST_STATE, MAX_HEADER, MAX_MEMORY_PAGES,
-    Payload, ReadError, SnapshotKey, SnapshotMeta, TRAILER, ZSTD_MAX_RATIO,
+    ComputeHeader, FLAG_GUEST, FLAG_KEYED, FORMAT_VERSION, FORMAT_VERSION_BURN,
+    FORMAT_VERSION_PLAIN, FormatError, GlobalValueJson, Header, MAGIC, MAX_COMPUTE,
+    MAX_GUEST_STATE, MAX_HEADER, MAX_MEMORY_PAGES, Payload, ReadError, SnapshotKey, SnapshotMeta,
+    TRAILER, ZSTD_MAX_RATIO,
 };
 use crate::compute::ComputeImage;
 use crate::snapshot::image::{GlobalValue, GuestImage, MemoryImage, PAGE};
@@ -59,6 +60,8 @@ struct ComputeFrames {
     next_pipeline: u32,
     /// `(number, elements, frame)` of each buffer.
     buffers: Vec<(u32, u64, Frame)>,
+    /// `(bytes, frame)` of the trial's burn session.
+    burn: Option<(u64, Frame)>,
 }
 
 /// Where one payload frame's bytes lie, and their hash as verified.
@@ -109,7 +112,7 @@ impl<R: Read + Seek> SnapshotFile<R> {
             return Err(FormatError::Truncated.into());
         }
         let version = u32::from_le_bytes(start[8..12].try_into().unwrap());
-        if version != FORMAT_VERSION && version != FORMAT_VERSION_PLAIN {
+        if ![FORMAT_VERSION_PLAIN, FORMAT_VERSION, FORMAT_VERSION_BURN].contains(&version) {
             return Err(FormatError::Version(version).into());
         }
         if got < 16 || len < (16 + TRAILER) as u64 {
@@ -271,6 +274,7 @@ impl<R: Read + Seek> SnapshotFile<R> {
                 next_buffer: 0,
                 next_pipeline: 0,
                 buffers: Vec::new(),
+                burn: None,
             },
         };
         match &self.contents {
@@ -371,6 +375,7 @@ impl<R: Read + Seek> SnapshotFile<R> {
             return Ok(ComputeImage::default());
         };
         let (next_buffer, next_pipeline) = (compute.next_buffer, compute.next_pipeline);
+        let burn_frame = compute.burn;
         let wanted = compute.buffers.clone();
         let mut buffers = Vec::with_capacity(wanted.len());
         for (id, elements, frame) in wanted {
@@ -383,10 +388,23 @@ impl<R: Read + Seek> SnapshotFile<R> {
             }
             buffers.push((id, bytemuck::pod_collect_to_vec::<u8, f32>(&bytes)));
         }
+        let burn = match burn_frame {
+            Some((len, frame)) => {
+                let bytes = self.read_frame(frame, len as usize, "the burn session")?;
+                if bytes.len() as u64 != len {
+                    return Err(malformed(
+                        "the burn session: its length differs from the header".into(),
+                    ));
+                }
+                Some(bytes)
+            }
+            None => None,
+        };
         Ok(ComputeImage {
             next_buffer,
             next_pipeline,
             buffers,
+            burn,
         })
     }
 }
@@ -613,9 +631,14 @@ impl Scanned {
         }
         let compute = match header.compute {
             None => None,
-            Some(_) if version != FORMAT_VERSION => {
+            Some(_) if version == FORMAT_VERSION_PLAIN => {
                 return Err(malformed(format!(
                     "compute buffers in a version {version} file"
+                )));
+            }
+            Some(compute) if compute.burn.is_some() && version != FORMAT_VERSION_BURN => {
+                return Err(malformed(format!(
+                    "a burn session in a version {version} file"
                 )));
             }
             Some(compute) => Some(compute_frames(compute, &mut next_frame)?),
@@ -673,10 +696,21 @@ fn compute_frames(
         }
         buffers.push((id, elements, next_frame()?));
     }
+    let burn = match header.burn {
+        Some(len) => {
+            total = total.saturating_add(len);
+            if total > MAX_COMPUTE {
+                return Err(bad("too large"));
+            }
+            Some((len, next_frame()?))
+        }
+        None => None,
+    };
     Ok(ComputeFrames {
         next_buffer: header.next_buffer,
         next_pipeline: header.next_pipeline,
         buffers,
+        burn,
     })
 }
 

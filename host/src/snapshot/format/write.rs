@@ -7,8 +7,9 @@ use std::io::Write;
 use std::path::Path;
 
 use super::{
-    ComputeHeader, FLAG_GUEST, FLAG_KEYED, FORMAT_VERSION, FORMAT_VERSION_PLAIN, GlobalValueJson,
-    Header, MAGIC, MemoryHeader, Payload, SnapshotKey, SnapshotMeta,
+    ComputeHeader, FLAG_GUEST, FLAG_KEYED, FORMAT_VERSION, FORMAT_VERSION_BURN,
+    FORMAT_VERSION_PLAIN, GlobalValueJson, Header, MAGIC, MemoryHeader, Payload, SnapshotKey,
+    SnapshotMeta,
 };
 use crate::snapshot::image::{GlobalValue, GuestImage, MemoryImage};
 use crate::snapshot::spool::{Spool, SpoolStorage};
@@ -68,8 +69,13 @@ fn memory_parts<S: SpoolStorage>(
     for (_, buffer) in &image.compute.buffers {
         spool.frame(bytemuck::cast_slice::<f32, u8>(buffer))?;
     }
+    if let Some(burn) = &image.compute.burn {
+        spool.frame(burn)?;
+    }
     let data_len = image.memories.iter().map(MemoryImage::run_bytes).sum();
-    let version = if image.compute.is_empty() {
+    let version = if image.compute.burn.is_some() {
+        FORMAT_VERSION_BURN
+    } else if image.compute.is_empty() {
         FORMAT_VERSION_PLAIN
     } else {
         FORMAT_VERSION
@@ -120,6 +126,7 @@ fn header_bytes(meta: &SnapshotMeta, image: &GuestImage, data_len: u64) -> Vec<u
                 .iter()
                 .map(|(id, b)| (*id, b.len() as u64))
                 .collect(),
+            burn: image.compute.burn.as_ref().map(|b| b.len() as u64),
         }),
     };
     serde_json::to_vec(&header).expect("snapshot headers always serialize")

@@ -1,0 +1,224 @@
+//! burn models whose tensor operations the host runs, end to end through
+//! the `wtune` binary: the `wtune:trainable/burn` interface, the trial's
+//! `wtune-burn-worker` behind it, and the guest's transport
+//! (`burn_remote::host()`).
+//!
+//! - `examples/burn-hostile` attacks the interface, one attack per trial,
+//!   beside a benign trial training on the host in the same experiment;
+//! - `examples/digits-cnn` with `backend = "host"` trains the same CNN as
+//!   with `backend = "wasm"`, to float tolerance, and continues bit for bit
+//!   from a host snapshot that carries its host tensors.
+
+mod common;
+
+use std::path::Path;
+
+use serde_json::Value;
+
+/// Each trial's status and error by its config's `attack`.
+fn by_attack(out: &Path) -> Vec<(String, String, String)> {
+    common::experiment_trials(out)
+        .iter()
+        .map(|t| {
+            (
+                t["config"]["attack"].as_str().unwrap().to_owned(),
+                t["status"].as_str().unwrap().to_owned(),
+                t["error"].as_str().unwrap_or("").to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// The benign trial's losses, iteration by iteration.
+fn losses(out: &Path, trial: &str) -> Vec<f64> {
+    std::fs::read_to_string(out.join(trial).join("result.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|line| {
+            serde_json::from_str::<Value>(line).unwrap()["loss"]
+                .as_f64()
+                .unwrap()
+        })
+        .collect()
+}
+
+const HOSTILE: &str = r#"
+name = "burn-hostile"
+metric = "loss"
+mode = "min"
+max_concurrent_trials = 2
+[limits]
+fuel_per_call = 2_000_000_000
+compute_memory = "64MiB"
+[param_space]
+attack = { grid_search = ["benign", "foreign", "after-free", "overflow", "gigantic", "garbage", "ignore-errors", "fuel"] }
+"#;
+
+#[test]
+fn hostile_burn_guests_get_errors_and_their_neighbour_trains_as_if_alone() {
+    let run = common::run_cli("burn_hostile", HOSTILE, &[]);
+    // Every attack fails its own trial; the experiment goes on.
+    assert!(run.output.status.success(), "{}", run.stderr());
+    let trials = by_attack(&run.out());
+    assert_eq!(trials.len(), 8, "{trials:?}");
+    let expected = [
+        ("benign", "TERMINATED", ""),
+        (
+            "foreign",
+            "ERROR",
+            "NumericFloat(Neg) was refused: tensor 1099511627783 is not one of this trial's \
+             tensors (never made, or already freed)",
+        ),
+        (
+            "after-free",
+            "ERROR",
+            "burn command 3: NumericFloat(Neg) was refused: tensor 1099511627777 is not one of \
+             this trial's tensors",
+        ),
+        ("overflow", "ERROR", "overflows"),
+        (
+            "gigantic",
+            "ERROR",
+            "would take 4398046511104 bytes, over its quota of 67108864 (hold fewer or smaller \
+             tensors, or raise limits.compute_memory)",
+        ),
+        (
+            "garbage",
+            "ERROR",
+            "command 0 of the frame (byte 0) does not decode",
+        ),
+        // The refusal it never asked about is what its next read answers.
+        (
+            "ignore-errors",
+            "ERROR",
+            "NumericFloat(Neg) was refused: tensor 1099511627783",
+        ),
+        // Work it never waits for is charged all the same.
+        ("fuel", "ERROR", "exceeded the per-call fuel limit of 2e9"),
+    ];
+    for (attack, status, error) in expected {
+        let (_, got_status, got_error) = trials
+            .iter()
+            .find(|(a, _, _)| a == attack)
+            .unwrap_or_else(|| panic!("no {attack} trial in {trials:?}"));
+        assert_eq!(got_status, status, "{attack}: {got_error}");
+        assert!(got_error.contains(error), "{attack}: {got_error}");
+    }
+
+    // The benign trial, alone, learns exactly the same.
+    let benign = trials.iter().position(|(a, _, _)| a == "benign").unwrap();
+    let alone = common::run_cli(
+        "burn_hostile",
+        &HOSTILE.replace(
+            r#"attack = { grid_search = ["benign", "foreign", "after-free", "overflow", "gigantic", "garbage", "ignore-errors", "fuel"] }"#,
+            r#"attack = "benign""#,
+        ),
+        &[],
+    );
+    assert!(alone.output.status.success(), "{}", alone.stderr());
+    let together = losses(&run.out(), &format!("trial_{benign:04}"));
+    assert_eq!(together.len(), 5);
+    assert!(together[4] < together[0] / 10.0, "{together:?}");
+    assert_eq!(losses(&alone.out(), "trial_0000"), together);
+}
+
+#[test]
+fn a_burn_wait_past_the_call_deadline_kills_only_that_trials_worker() {
+    let toml = r#"
+name = "burn-stall"
+metric = "loss"
+mode = "min"
+max_concurrent_trials = 2
+[limits]
+call_timeout = "1s"
+fuel_per_call = 1_000_000_000_000_000
+[param_space]
+attack = { grid_search = ["stall", "benign"] }
+"#;
+    let run = common::run_cli("burn_hostile", toml, &[]);
+    let trials = by_attack(&run.out());
+    let (_, status, error) = trials.iter().find(|(a, _, _)| a == "stall").unwrap();
+    assert_eq!(status, "ERROR");
+    assert_eq!(
+        error,
+        "train() at iteration 1 lost its compute device: a burn read ran past the guest \
+         call's deadline (limits.call_timeout); the burn worker was killed, taking this \
+         trial's host tensors with it"
+    );
+    let (_, status, error) = trials.iter().find(|(a, _, _)| a == "benign").unwrap();
+    assert_eq!(status, "TERMINATED", "{error}");
+}
+
+/// The CNN example's curve for `backend` over `epochs`, one fixed config.
+fn cnn_curve(backend: &str, extra: &str, epochs: u32) -> (common::CliRun, Vec<[f64; 3]>) {
+    let toml = format!(
+        "name = \"cnn-{backend}\"\nmetric = \"val_accuracy\"\nmode = \"max\"\n{extra}\n\
+         [stop]\ntraining_iteration = {epochs}\n\
+         [data]\ndigits = \"{}\"\n\
+         [param_space]\nlr = 0.004\nchannels = 4\ndropout = 0.2\nseed = 3\nbackend = \"{backend}\"\n",
+        common::workspace()
+            .join("examples/digits-mlp/data")
+            .display()
+    );
+    let run = common::run_cli("digits_cnn", &toml, &[]);
+    let curve = curve(&run.out());
+    (run, curve)
+}
+
+/// The first trial's metrics under `out`, epoch by epoch.
+fn curve(out: &Path) -> Vec<[f64; 3]> {
+    std::fs::read_to_string(out.join("trial_0000/result.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .map(|line| {
+            let r: Value = serde_json::from_str(line).unwrap();
+            ["train_loss", "val_loss", "val_accuracy"].map(|k| r[k].as_f64().unwrap())
+        })
+        .collect()
+}
+
+#[test]
+fn the_cnn_trained_on_the_host_matches_the_cnn_trained_in_the_guest() {
+    let (guest_run, in_guest) = cnn_curve("wasm", "", 3);
+    assert!(guest_run.output.status.success(), "{}", guest_run.stderr());
+    let (host_run, on_host) = cnn_curve("host", "", 3);
+    assert!(host_run.output.status.success(), "{}", host_run.stderr());
+    assert_eq!(in_guest.len(), 3);
+    assert_eq!(on_host.len(), 3);
+    // The same kernels compiled for wasm SIMD and for the host's CPU: the
+    // sums may round differently, nothing more.
+    for (guest, host) in in_guest.iter().zip(&on_host) {
+        for (g, h) in guest.iter().zip(host) {
+            assert!(
+                (g - h).abs() <= 1e-5 * g.abs().max(1.0),
+                "{in_guest:?} vs {on_host:?}"
+            );
+        }
+    }
+    assert!(on_host[2][2] > 0.8, "{on_host:?}");
+}
+
+#[test]
+fn a_cnn_on_the_host_continues_bit_identically_from_a_host_snapshot() {
+    // Four epochs in one go, and two (a snapshot at their end) extended to
+    // four by `wtune resume`: the snapshot carries the worker's tensors and
+    // its random generator's place, so the dropout masks after the resume
+    // are the ones the uninterrupted run drew.
+    let (whole, expected) = cnn_curve("host", "checkpoint_at_end = true", 4);
+    assert!(whole.output.status.success(), "{}", whole.stderr());
+    assert_eq!(expected.len(), 4);
+    let (split, _) = cnn_curve("host", "checkpoint_at_end = true", 2);
+    assert!(split.output.status.success(), "{}", split.stderr());
+    let resumed = common::wtune()
+        .arg("resume")
+        .arg(split.out())
+        .args(["--stop", "training_iteration=4"])
+        .output()
+        .unwrap();
+    assert!(
+        resumed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&resumed.stderr)
+    );
+    assert_eq!(curve(&split.out()), expected);
+}
