@@ -209,16 +209,48 @@ fn a_cnn_on_the_host_continues_bit_identically_from_a_host_snapshot() {
     assert_eq!(expected.len(), 4);
     let (split, _) = cnn_curve("host", "checkpoint_at_end = true", 2);
     assert!(split.output.status.success(), "{}", split.stderr());
-    let resumed = common::wtune()
-        .arg("resume")
-        .arg(split.out())
-        .args(["--stop", "training_iteration=4"])
-        .output()
-        .unwrap();
-    assert!(
-        resumed.status.success(),
-        "{}",
-        String::from_utf8_lossy(&resumed.stderr)
-    );
+    common::resume_ok(&split.out(), &["--stop", "training_iteration=4"]);
     assert_eq!(curve(&split.out()), expected);
+}
+
+#[test]
+fn population_based_training_clones_trials_whose_tensors_the_host_holds() {
+    // Two trials at once, one with a learning rate too small to learn in
+    // six epochs: at its perturbations it is the lower half, clones the
+    // other's host snapshot (its worker's tensors included) and goes on
+    // from there. Only a clone that carried the weights ends trained.
+    let toml = format!(
+        "name = \"cnn-pbt\"\nmetric = \"val_accuracy\"\nmode = \"max\"\n\
+         max_concurrent_trials = 2\ncheckpoint_freq = 1\n\
+         [resources_per_trial]\ncpu = 0.5\n\
+         [stop]\ntraining_iteration = 6\n\
+         [scheduler]\ntype = \"pbt\"\nperturbation_interval = 2\nquantile_fraction = 0.5\n\
+         [scheduler.hyperparam_mutations]\nlr = {{ loguniform = [1e-6, 1e-5] }}\n\
+         [data]\ndigits = \"{}\"\n\
+         [param_space]\nlr = {{ grid_search = [1e-6, 0.004] }}\nchannels = 4\n\
+         dropout = 0.2\nseed = 3\nbackend = \"host\"\n",
+        common::workspace()
+            .join("examples/digits-mlp/data")
+            .display()
+    );
+    let run = common::run_cli("digits_cnn", &toml, &[]);
+    assert!(run.output.status.success(), "{}", run.stderr());
+    let trials = common::experiment_trials(&run.out());
+    assert!(
+        trials.iter().all(|t| t["status"] == "TERMINATED"),
+        "{trials:#?}"
+    );
+    let decisions = std::fs::read_to_string(run.out().join("decisions.jsonl")).unwrap();
+    assert!(
+        decisions
+            .lines()
+            .any(|line| line.contains("\"trial_id\":\"trial_0000\"")
+                && line.contains("\"decision\":\"EXPLOIT\"")),
+        "{decisions}"
+    );
+    // The slow learner, whose every lr after a clone is as small, ends
+    // where only the other's weights could have taken it.
+    let slow = &trials[0];
+    let accuracy = slow["last_result"]["val_accuracy"].as_f64().unwrap();
+    assert!(accuracy > 0.6, "{slow:#}");
 }

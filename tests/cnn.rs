@@ -104,17 +104,7 @@ fn a_cnn_trial_continues_bit_identically_from_a_host_snapshot() {
     run(&whole, "training_iteration=4");
     let split = dir.path().join("split");
     run(&split, "training_iteration=2");
-    let resumed = common::wtune()
-        .arg("resume")
-        .arg(&split)
-        .args(["--stop", "training_iteration=4"])
-        .output()
-        .unwrap();
-    assert!(
-        resumed.status.success(),
-        "{}",
-        String::from_utf8_lossy(&resumed.stderr)
-    );
+    common::resume_ok(&split, &["--stop", "training_iteration=4"]);
     let expected = curve(&whole.join("trial_0000"));
     assert_eq!(expected.len(), 4);
     assert_eq!(curve(&split.join("trial_0000")), expected);

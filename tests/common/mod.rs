@@ -101,6 +101,16 @@ pub fn wtune() -> std::process::Command {
     cmd
 }
 
+/// `wtune resume OUT` with `args` after it, which must succeed.
+pub fn resume_ok(out: &Path, args: &[&str]) {
+    let resumed = wtune().arg("resume").arg(out).args(args).output().unwrap();
+    assert!(
+        resumed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&resumed.stderr)
+    );
+}
+
 /// `wtune run GUEST --config CONFIG --seed 1 --output-dir OUT`, to run or
 /// spawn.
 pub fn wtune_run(guest_name: &str, config: &Path, out: &Path) -> std::process::Command {

@@ -3,29 +3,23 @@
 //! after free, operations the host does not run, and more work than its
 //! fuel pays for. Each test forges the frames a guest could send.
 
+mod common;
+
 use burn_ir::{
     BaseOperationIr, Conv2dOpIr, Conv2dOptionsIr, CreationOpIr, FlipOpIr, FloatOperationIr,
     MatmulOpIr, MaxPool2dOpIr, ModuleOperationIr, NumericOperationIr, OperationIr, PadModeIr,
     PadOpIr, ScalarIr, ScatterNdOpIr, SelectOpIr, SliceOpIr, TensorId, TensorIr, TensorStatus,
     UnaryOpIr,
 };
-use burn_remote::wire::{Command, Frame};
-use burn_std::{DType, IndexingUpdateOp, Shape, TensorData};
+use burn_remote::wire::Command;
+use burn_std::{DType, IndexingUpdateOp, TensorData};
+use common::{frame, tensor};
 use wtune_burn_worker::{Session, Usage, cost};
 
 const QUOTA: u64 = 1 << 20;
 
 fn session() -> Session {
     Session::new(QUOTA, u64::MAX)
-}
-
-fn tensor(id: u64, shape: &[usize], status: TensorStatus) -> TensorIr {
-    TensorIr {
-        id: TensorId::new(id),
-        shape: Shape::from(shape.to_vec()),
-        status,
-        dtype: DType::F32,
-    }
 }
 
 fn input(id: u64, shape: &[usize]) -> TensorIr {
@@ -48,14 +42,6 @@ fn data(id: u64, shape: &[usize]) -> Command {
         id: TensorId::new(id),
         data: TensorData::new(values, shape.to_vec()),
     }
-}
-
-fn frame(commands: impl IntoIterator<Item = Command>) -> Vec<u8> {
-    let mut frame = Frame::new();
-    for command in commands {
-        frame.push(&command);
-    }
-    frame.bytes().to_vec()
 }
 
 fn neg(input: TensorIr, out: TensorIr) -> Command {

@@ -5,25 +5,19 @@
 //! burn-flex's random generator is global to the process, so these tests
 //! live in a binary of their own and take turns.
 
+mod common;
+
 use std::sync::Mutex;
 
-use burn_ir::{FloatOperationIr, OperationIr, RandomOpIr, TensorId, TensorIr, TensorStatus};
-use burn_remote::wire::{Command, Frame};
-use burn_std::{DType, Distribution, Shape, TensorData};
+use burn_ir::{FloatOperationIr, OperationIr, RandomOpIr, TensorId, TensorStatus};
+use burn_remote::wire::Command;
+use burn_std::{DType, Distribution, TensorData};
+use common::{frame, tensor};
 use wtune_burn_worker::{Session, Usage};
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
 const QUOTA: u64 = 1 << 20;
-
-fn tensor(id: u64, shape: &[usize], status: TensorStatus) -> TensorIr {
-    TensorIr {
-        id: TensorId::new(id),
-        shape: Shape::from(shape.to_vec()),
-        status,
-        dtype: DType::F32,
-    }
-}
 
 fn data(id: u64, values: Vec<f32>) -> Command {
     let n = values.len();
@@ -41,14 +35,6 @@ fn random(id: u64, n: usize) -> Command {
             distribution: Distribution::Bernoulli(0.5),
         }),
     ))
-}
-
-fn frame(commands: impl IntoIterator<Item = Command>) -> Vec<u8> {
-    let mut frame = Frame::new();
-    for command in commands {
-        frame.push(&command);
-    }
-    frame.bytes().to_vec()
 }
 
 fn values(session: &mut Session, id: u64, n: usize) -> Vec<f32> {
