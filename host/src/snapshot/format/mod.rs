@@ -349,6 +349,14 @@ mod tests {
         (meta, Payload::Memory(image))
     }
 
+    /// Recomputes a file's plain checksum after its bytes were changed, as
+    /// someone forging it would.
+    fn rechecksum(file: &mut [u8]) {
+        let body = file.len() - TRAILER;
+        let sum = blake3::hash(&file[..body]);
+        file[body..].copy_from_slice(sum.as_bytes());
+    }
+
     #[test]
     fn compute_buffers_round_trip_in_version_2_only() {
         let (meta, payload) = sample();
@@ -376,9 +384,7 @@ mod tests {
             .unwrap();
         let mut forged = bytes.clone();
         forged[at..at + 16].copy_from_slice(b"[[7,1000],[2,2]]");
-        let body = forged.len() - TRAILER;
-        let sum = blake3::hash(&forged[..body]);
-        forged[body..].copy_from_slice(sum.as_bytes());
+        rechecksum(&mut forged);
         assert_eq!(
             decode(&forged, &meta.component, None).unwrap_err(),
             FormatError::Malformed("compute buffers: numbers out of order or out of range".into())
@@ -406,9 +412,7 @@ mod tests {
         // A version 2 file may not carry one.
         let mut forged = bytes.clone();
         forged[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
-        let body = forged.len() - TRAILER;
-        let sum = blake3::hash(&forged[..body]);
-        forged[body..].copy_from_slice(sum.as_bytes());
+        rechecksum(&mut forged);
         assert_eq!(
             decode(&forged, &meta.component, None).unwrap_err(),
             FormatError::Malformed("a burn session in a version 2 file".into())
@@ -519,10 +523,8 @@ mod tests {
         // An attacker who edits a keyed file and recomputes a plain checksum
         // still needs the key.
         let mut forged = signed.clone();
-        let len = forged.len();
         forged[12] = 0; // clear the keyed flag
-        let digest = blake3::hash(&forged[..len - 32]);
-        forged[len - 32..].copy_from_slice(digest.as_bytes());
+        rechecksum(&mut forged);
         assert_eq!(
             decode(&forged, &meta.component, Some(&key)),
             Err(FormatError::Unauthenticated)
