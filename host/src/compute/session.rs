@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
-use super::burn::lane::{BurnLane, BurnUsage};
+use super::burn::lane::BurnLane;
 use super::cost::{self, Meter, Stop};
 use super::device::{Device, Fill, Kernel, PipelineInfo};
 use super::error::{ComputeError, invalid};
@@ -568,11 +568,6 @@ impl ComputeSession {
     pub fn burn_sync(&mut self, frame: &[u8]) -> Result<(), String> {
         self.start_burn();
         self.burn.sync(&mut self.meter, frame)
-    }
-
-    /// What the trial's burn tensors held at the worker's last reply.
-    pub fn burn_usage(&self) -> BurnUsage {
-        self.burn.usage()
     }
 
     /// Starts the burn worker with what is left of the trial's quota, which

@@ -15,15 +15,6 @@ const MAX_QUEUED: usize = 4096;
 /// the trial's quota does not count.
 const MAX_QUEUED_BYTES: usize = 64 << 20;
 
-/// What the trial's burn worker held at its last reply.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct BurnUsage {
-    /// Bytes its tensors take.
-    pub bytes: u64,
-    /// How many tensors it holds.
-    pub tensors: u64,
-}
-
 /// One trial's burn operations. Three ways a call can fail:
 /// - the worker's session refused a command (or the host refused to start
 ///   one): the guest gets the reason at its next read or sync, and every
@@ -41,7 +32,6 @@ pub struct BurnLane {
     refused: Option<String>,
     /// Why the worker could not be started.
     failed: Option<String>,
-    usage: BurnUsage,
     /// Frames, and their bytes, streamed since the worker last replied.
     queued: usize,
     queued_bytes: usize,
@@ -71,11 +61,6 @@ impl BurnLane {
         }
     }
 
-    /// What the worker held at its last reply.
-    pub fn usage(&self) -> BurnUsage {
-        self.usage
-    }
-
     /// Why the trial's burn worker is gone, if it is.
     pub fn lost(&self) -> Option<&str> {
         self.failed
@@ -96,7 +81,7 @@ impl BurnLane {
             return;
         }
         if let Ok(worker) = self.usable(meter, frame.len()) {
-            let fuel = meter.left().unwrap_or(u64::MAX);
+            let fuel = grant(meter);
             // A failure is kept as the worker's `lost`, which ends the
             // trial when the host call returns.
             let _ = worker.submit(fuel, frame);
@@ -113,7 +98,7 @@ impl BurnLane {
         tensor: &[u8],
     ) -> Result<Vec<u8>, String> {
         let worker = self.usable(meter, frame.len() + tensor.len())?;
-        let fuel = meter.left().unwrap_or(u64::MAX);
+        let fuel = grant(meter);
         let reply = worker.read(fuel, frame, tensor, meter.deadline())?;
         self.settle(meter, reply)
     }
@@ -121,7 +106,7 @@ impl BurnLane {
     /// Runs `frame` and waits until everything sent so far has run.
     pub fn sync(&mut self, meter: &mut Meter, frame: &[u8]) -> Result<(), String> {
         let worker = self.usable(meter, frame.len())?;
-        let fuel = meter.left().unwrap_or(u64::MAX);
+        let fuel = grant(meter);
         let reply = worker.sync(fuel, frame, meter.deadline())?;
         self.settle(meter, reply).map(drop)
     }
@@ -137,7 +122,7 @@ impl BurnLane {
         if worker.lost().is_some() {
             return;
         }
-        let fuel = meter.left().unwrap_or(u64::MAX);
+        let fuel = grant(meter);
         if let Ok(reply) = worker.sync(fuel, &[], meter.deadline()) {
             // Refusals were the guest's to read; only the fuel matters.
             let _ = self.settle(meter, reply);
@@ -175,10 +160,6 @@ impl BurnLane {
         let worker = self.worker.as_mut().expect("started");
         let reply = worker.restore(image)?;
         self.caught_up();
-        self.usage = BurnUsage {
-            bytes: reply.bytes,
-            tensors: reply.tensors,
-        };
         reply.outcome.map(drop)
     }
 
@@ -209,16 +190,18 @@ impl BurnLane {
     /// instruction it could not pay for would.
     fn settle(&mut self, meter: &mut Meter, reply: Reply) -> Result<Vec<u8>, String> {
         self.caught_up();
-        self.usage = BurnUsage {
-            bytes: reply.bytes,
-            tensors: reply.tensors,
-        };
         let _ = meter.charge(reply.fuel_spent);
         if reply.out_of_fuel {
             meter.stop(Stop::OutOfFuel);
         }
         reply.outcome
     }
+}
+
+/// The fuel a request carries: what the trial has left in this call, or
+/// no bound where fuel is not metered.
+fn grant(meter: &Meter) -> u64 {
+    meter.left().unwrap_or(u64::MAX)
 }
 
 #[cfg(test)]

@@ -20,6 +20,6 @@ pub mod lane;
 pub mod protocol;
 pub mod worker;
 
-pub use lane::{BurnLane, BurnUsage};
+pub use lane::BurnLane;
 
 pub use worker::BurnWorker;
