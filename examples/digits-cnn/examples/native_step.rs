@@ -1,16 +1,40 @@
 //! Times the trainable natively (no sandbox, no fuel metering) to compare
 //! with the per-epoch wall time wtune reports for the wasm component.
 //!
-//! `cargo run --release --example native_step -- [channels] [epochs]`
+//! `cargo run --release --example native_step -- [channels] [epochs] [place]`
+//!
+//! `place` is where the tensor operations run:
+//! - `flex` (the default): burn-flex in this process, as the guest's
+//!   `backend = "wasm"` runs them inside the sandbox;
+//! - `worker`: the model's code stays here and sends every operation, as
+//!   `backend = "host"` does, to wtune's burn executor (the
+//!   `wtune-burn-worker` session) in this process. Against `flex` this
+//!   measures what checking and charging each operation costs; against the
+//!   sandboxed `host` backend, what the sandbox and the pipe cost.
 
+use std::sync::Mutex;
 use std::time::Instant;
 
+use burn::tensor::TensorData;
+use burn_backend::ExecutionError;
+use burn_ir::TensorIr;
+use burn_remote::Transport;
 use digits_cnn::{Backend, Config, DigitsCnn};
+use wtune_burn_worker::Session;
 
 fn main() {
     let mut args = std::env::args().skip(1);
     let channels = args.next().map_or(8, |a| a.parse().expect("channels"));
     let epochs: usize = args.next().map_or(5, |a| a.parse().expect("epochs"));
+    let backend = match args.next().as_deref() {
+        None | Some("flex") => Backend::Wasm,
+        Some("worker") => {
+            // The first transport installed wins over `burn_remote::host()`'s.
+            assert!(burn_remote::install(InProcessWorker::default()));
+            Backend::Host
+        }
+        Some(other) => panic!("place `{other}`: expected `flex` or `worker`"),
+    };
     let config = Config {
         lr: 4e-3,
         channels,
@@ -20,7 +44,7 @@ fn main() {
         weight_decay: 0.0,
         seed: 0,
         data_dir: concat!(env!("CARGO_MANIFEST_DIR"), "/../digits-mlp/data").to_owned(),
-        backend: Backend::Wasm,
+        backend,
     };
     let start = Instant::now();
     let mut trainable = DigitsCnn::from_config(config).expect("setup");
@@ -40,5 +64,38 @@ fn main() {
             val.loss,
             val.accuracy
         );
+    }
+}
+
+/// wtune's burn executor, run where the client hands it each frame: no
+/// process, no pipe, no sandbox.
+struct InProcessWorker(Mutex<Session>);
+
+impl Default for InProcessWorker {
+    fn default() -> Self {
+        // Room and fuel the example never runs out of.
+        Self(Mutex::new(Session::new(1 << 30, u64::MAX / 4)))
+    }
+}
+
+impl InProcessWorker {
+    fn session(&self) -> std::sync::MutexGuard<'_, Session> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Transport for InProcessWorker {
+    fn submit(&self, frame: &[u8]) {
+        self.session().run(frame);
+    }
+
+    fn read(&self, frame: &[u8], tensor: TensorIr) -> Result<TensorData, ExecutionError> {
+        let result = self.session().read(frame, tensor);
+        result.map_err(ExecutionError::generic)
+    }
+
+    fn sync(&self, frame: &[u8]) -> Result<(), ExecutionError> {
+        let result = self.session().sync(frame);
+        result.map_err(ExecutionError::generic)
     }
 }

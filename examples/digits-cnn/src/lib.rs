@@ -41,7 +41,7 @@ use burn::module::Module;
 use burn::nn::loss::{CrossEntropyLoss, CrossEntropyLossConfig};
 use burn::optim::decay::WeightDecayConfig;
 use burn::optim::{AdamConfig, GradientsParams, ModuleOptimizer};
-use burn::tensor::Device;
+use burn::tensor::{Device, Tensor};
 use serde::Deserialize;
 use serde::de::{self, Deserializer, Visitor};
 use wtune_guest::{Error, Report, Result, Trainable};
@@ -318,18 +318,29 @@ impl DigitsCnn {
     pub fn train_epoch(&mut self) -> Result<f64> {
         let mut order: Vec<usize> = (0..self.train.len()).collect();
         self.rng.shuffle(&mut order);
-        let mut total = 0.0;
+        // The losses are summed where they are computed and read once: a
+        // read per batch would make the guest wait for the host at every
+        // step (`backend = "host"`) instead of recording the next batch
+        // while the host runs this one.
+        let mut total: Option<Tensor<1>> = None;
         for batch in order.chunks(self.config.batch_size) {
             let (images, labels) = self.train.batch(batch, &self.device);
             let loss = self.loss.forward(self.model.forward(images), labels);
-            let value: f32 = loss.clone().try_into_scalar().map_err(read_error)?;
-            total += f64::from(value) * batch.len() as f64;
+            let weighted = loss.clone().detach().mul_scalar(batch.len() as f32);
+            total = Some(match total {
+                Some(total) => total + weighted,
+                None => weighted,
+            });
             let grads = GradientsParams::from_grads(loss.backward(), &self.model);
             // `step` takes the module by value; cloning it only clones
             // reference-counted tensor handles.
             self.model = self.optim.step(self.config.lr, self.model.clone(), grads);
         }
-        Ok(total / self.train.len() as f64)
+        let total: f32 = match total {
+            Some(total) => total.try_into_scalar().map_err(read_error)?,
+            None => 0.0,
+        };
+        Ok(f64::from(total) / self.train.len() as f64)
     }
 
     /// Loss and accuracy on the validation split. `valid()` gives a copy of
