@@ -616,3 +616,61 @@ fn interrupted_search_resumes_with_the_same_suggestions(name: &str) {
         assert_eq!(a.metric("val_loss"), b.metric("val_loss"), "{}", a.trial_id);
     }
 }
+
+/// The digits CNN's tabulated curves (`examples/digits-cnn/examples/tabulate.rs`):
+/// a full grid of real training runs, each costed by its shapes.
+#[test]
+fn the_tabulated_cnn_curves_are_a_full_grid_of_real_runs_costed_by_shape() {
+    let path = common::workspace().join("examples/replay/curves/digits-cnn.json");
+    let set = CurveSet::load(&path).unwrap();
+    assert_eq!(
+        (set.metric(), set.mode(), set.epochs()),
+        ("val_loss", Mode::Min, 27)
+    );
+    let axes: Vec<(&str, usize)> = set
+        .params()
+        .iter()
+        .map(|(name, values)| (name.as_str(), values.len()))
+        .collect();
+    assert_eq!(
+        axes,
+        [
+            ("lr", 6),
+            ("channels", 4),
+            ("hidden", 3),
+            ("dropout", 3),
+            ("batch_size", 3)
+        ]
+    );
+    assert_eq!(set.curves().len(), 648);
+    let curve = |lr: f64, channels: u64, batch_size: u64| {
+        set.lookup(
+            &json!({"lr": lr, "channels": channels, "hidden": 64, "dropout": 0.25,
+                           "batch_size": batch_size}),
+        )
+        .unwrap()
+    };
+    for c in set.curves() {
+        let accuracy = c.metric("val_accuracy").unwrap();
+        assert!(
+            accuracy.iter().all(|a| (0.0..=1.0).contains(a)),
+            "{:?}",
+            c.config
+        );
+    }
+    // Cost follows the shapes, not the learning rate: wider convolutions
+    // cost more per epoch, the same shapes the same.
+    assert!(curve(1e-3, 16, 64).fuel_per_epoch > 2 * curve(1e-3, 4, 64).fuel_per_epoch);
+    assert_eq!(
+        curve(1e-3, 8, 64).fuel_per_epoch,
+        curve(1e-2, 8, 64).fuel_per_epoch
+    );
+    // Real training: a good configuration ends far below chance (ln 10 =
+    // 2.30) and classifies most digits; the smallest step barely moves.
+    let best = set.best_final();
+    assert!(best.value < 0.2, "{best:?}");
+    let slow = curve(1e-4, 2, 256).metric("val_loss").unwrap();
+    assert!(slow[26] > 1.5, "{slow:?}");
+    let good = curve(3e-3, 8, 64);
+    assert!(good.metric("val_accuracy").unwrap()[26] > 0.9);
+}

@@ -12,15 +12,12 @@
 //!   measures what checking and charging each operation costs; against the
 //!   sandboxed `host` backend, what the sandbox and the pipe cost.
 
-use std::sync::Mutex;
+mod common;
+
 use std::time::Instant;
 
-use burn::tensor::TensorData;
-use burn_backend::ExecutionError;
-use burn_ir::TensorIr;
-use burn_remote::Transport;
+use common::InProcessWorker;
 use digits_cnn::{Backend, Config, DigitsCnn};
-use wtune_burn_worker::Session;
 
 fn main() {
     let mut args = std::env::args().skip(1);
@@ -29,8 +26,7 @@ fn main() {
     let backend = match args.next().as_deref() {
         None | Some("flex") => Backend::Wasm,
         Some("worker") => {
-            // The first transport installed wins over `burn_remote::host()`'s.
-            assert!(burn_remote::install(InProcessWorker::default()));
+            InProcessWorker::install();
             Backend::Host
         }
         Some(other) => panic!("place `{other}`: expected `flex` or `worker`"),
@@ -64,38 +60,5 @@ fn main() {
             val.loss,
             val.accuracy
         );
-    }
-}
-
-/// wtune's burn executor, run where the client hands it each frame: no
-/// process, no pipe, no sandbox.
-struct InProcessWorker(Mutex<Session>);
-
-impl Default for InProcessWorker {
-    fn default() -> Self {
-        // Room and fuel the example never runs out of.
-        Self(Mutex::new(Session::new(1 << 30, u64::MAX / 4)))
-    }
-}
-
-impl InProcessWorker {
-    fn session(&self) -> std::sync::MutexGuard<'_, Session> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
-    }
-}
-
-impl Transport for InProcessWorker {
-    fn submit(&self, frame: &[u8]) {
-        self.session().run(frame);
-    }
-
-    fn read(&self, frame: &[u8], tensor: TensorIr) -> Result<TensorData, ExecutionError> {
-        let result = self.session().read(frame, tensor);
-        result.map_err(ExecutionError::generic)
-    }
-
-    fn sync(&self, frame: &[u8]) -> Result<(), ExecutionError> {
-        let result = self.session().sync(frame);
-        result.map_err(ExecutionError::generic)
     }
 }
