@@ -287,8 +287,11 @@ pub fn digits(root: &Path, program: &Program) {
 /// The native replay of `CurveSet::synthetic()` (val_loss, minimized;
 /// known optimum) over many seeds.
 pub fn replay() {
-    let max_t = CurveSet::synthetic().epochs();
+    let set = CurveSet::synthetic();
+    let max_t = set.epochs();
     replay_rows(
+        &set,
+        "CurveSet::synthetic()",
         "ASHA vs random search at equal fuel",
         vec![
             ("random search (FIFO)".into(), None, json!("random")),
@@ -311,38 +314,44 @@ pub fn replay() {
     );
 }
 
-/// The ASHA schedule [`replay_rows`] compares searchers under.
-pub fn asha_grace(grace: u64) -> SchedulerSpec {
-    asha(CurveSet::synthetic().epochs(), grace)
+/// The ASHA schedule [`replay_rows`] compares searchers under on `set`.
+pub fn asha_grace(set: &CurveSet, grace: u64) -> SchedulerSpec {
+    asha(set.epochs(), grace)
 }
 
 /// One row per `(label, scheduler, search)` (FIFO where the scheduler is
 /// `None`; `search` as `[search]` gives it), each run with 200 seeds on
-/// `CurveSet::synthetic()` replayed natively at equal fuel; `title` heads
-/// the table.
-pub fn replay_rows(title: &str, rows: Vec<(String, Option<SchedulerSpec>, Value)>) {
+/// `set` (called `source` in the heading) replayed natively at equal fuel;
+/// `title` heads the table.
+pub fn replay_rows(
+    set: &CurveSet,
+    source: &str,
+    title: &str,
+    rows: Vec<(String, Option<SchedulerSpec>, Value)>,
+) {
     const SEEDS: u64 = 200;
     const FULL_TRIALS: u64 = 12;
     const SLOTS: usize = 2;
-    let set = Arc::new(CurveSet::synthetic());
+    let set = Arc::new(set.clone());
     let max_t = set.epochs();
     let configs = set.curves().len() as u64;
     let per_trial = set.grid_fuel() / configs;
     let budget = per_trial * FULL_TRIALS;
     let optimum = set.best_final();
     let anytime = set.best_anytime();
+    let metric = set.metric();
     let space = SearchSpace::from_json(&set.param_space(Sampling::Choice)).expect("a space");
     let runtime = tokio::runtime::Runtime::new().expect("a runtime");
     out!(
-        "\n### {title}: native replay of CurveSet::synthetic() \
+        "\n### {title}: native replay of {source} \
          ({SEEDS} seeds, {SLOTS} at a time, {} fuel = {FULL_TRIALS} full {max_t}-epoch trials of \
          the mean config)\n",
         fuel_text(budget)
     );
     out!(
-        "Optimum: {} (final val_loss {:.4}; best anywhere {:.4} at epoch {}). Regret of the \
-         best reached = best val_loss any result reported - {:.4}; regret of its config = that \
-         config's final val_loss - {:.4} (CurveSet::regret).\n",
+        "Optimum: {} (final {metric} {:.4}; best anywhere {:.4} at epoch {}). Regret of the \
+         best reached = best {metric} any result reported - {:.4}; regret of its config = that \
+         config's final {metric} - {:.4} (CurveSet::regret).\n",
         Value::Object(optimum.config.clone()),
         optimum.value,
         anytime.value,

@@ -42,8 +42,9 @@
 //!   it makes under `target/`) on eight test functions of 2 to 20
 //!   dimensions, and the time a suggestion takes.
 //! - `search-curves`: the model searchers inside ASHA on replayed learning
-//!   curves (TPE learning from the rungs, as BOHB, or from finished trials
-//!   only) against ASHA with random search, at equal fuel.
+//!   curves, the synthetic set and the burn CNN's tabulated one (TPE and GP
+//!   learning from the rungs, as BOHB, or from finished trials only)
+//!   against ASHA with random search, at equal fuel.
 //!
 //! A scenario that cannot run (no GPU adapter, a guest not built, a panic)
 //! says so in the output instead of stopping the others.
@@ -325,7 +326,7 @@ fn main() {
                 compare::digits(&root, &guest("digits_mlp"));
             }
             "search" => search::run(&root),
-            "search-curves" => search::learning_curves(),
+            "search-curves" => search::learning_curves(&root),
             other => unreachable!("scenario {other} is in SCENARIOS"),
         });
     }

@@ -24,7 +24,7 @@ use std::process::Command;
 use std::time::Instant;
 
 use serde_json::{Value, json};
-use wtune::tune::{Mode, SearchSpace, SearchSpec, Searcher, Suggestion};
+use wtune::tune::{CurveSet, Mode, SearchSpace, SearchSpec, Searcher, Suggestion};
 
 const TRIALS: usize = 100;
 const SEEDS: u64 = 20;
@@ -401,21 +401,49 @@ fn optuna(root: &Path) -> Option<Value> {
 
 /// Model-based search inside ASHA on replayed learning curves: whether
 /// learning from the rungs (`multi_fidelity`, as BOHB) beats learning from
-/// finished trials only, and both beat random search, at equal fuel.
-pub fn learning_curves() {
-    let asha = || Some(crate::compare::asha_grace(1));
-    crate::compare::replay_rows(
-        "Searchers inside ASHA (grace 1, rf 3) at equal fuel",
-        vec![
-            ("ASHA + random".into(), asha(), json!("random")),
-            ("ASHA + tpe".into(), asha(), json!("tpe")),
-            (
-                "ASHA + tpe, multi_fidelity (BOHB-style)".into(),
-                asha(),
-                json!({"type": "tpe", "multi_fidelity": true}),
-            ),
-        ],
-    );
+/// finished trials only, and both beat random search, at equal fuel, for
+/// TPE and GP. On
+/// `CurveSet::synthetic()`, whose curves cross, and on the tabulated
+/// curves of the digits CNN (`examples/replay/curves/digits-cnn.json`).
+pub fn learning_curves(root: &Path) {
+    let tabulated = root.join("examples/replay/curves/digits-cnn.json");
+    let sets = [
+        (Ok(CurveSet::synthetic()), "CurveSet::synthetic()"),
+        (
+            CurveSet::load(&tabulated),
+            "examples/replay/curves/digits-cnn.json",
+        ),
+    ];
+    for (set, source) in sets {
+        let set = match set {
+            Ok(set) => set,
+            Err(e) => {
+                out!("\n{source}: not run ({e})");
+                continue;
+            }
+        };
+        let asha = || Some(crate::compare::asha_grace(&set, 1));
+        crate::compare::replay_rows(
+            &set,
+            source,
+            "Searchers inside ASHA (grace 1, rf 3) at equal fuel",
+            vec![
+                ("ASHA + random".into(), asha(), json!("random")),
+                ("ASHA + tpe".into(), asha(), json!("tpe")),
+                (
+                    "ASHA + tpe, multi_fidelity (BOHB-style)".into(),
+                    asha(),
+                    json!({"type": "tpe", "multi_fidelity": true}),
+                ),
+                ("ASHA + gp".into(), asha(), json!("gp")),
+                (
+                    "ASHA + gp, multi_fidelity".into(),
+                    asha(),
+                    json!({"type": "gp", "multi_fidelity": true}),
+                ),
+            ],
+        );
+    }
 }
 
 pub fn run(root: &Path) {

@@ -16,7 +16,8 @@
 //!    parameters' steps.
 //!
 //! Observations are completed trials' final results, as for TPE (see
-//! `tpe.rs`). Suggestion `k` draws from a ChaCha8 generator seeded with the
+//! `tpe.rs`), or with `multi_fidelity` the metrics at the highest
+//! iteration enough trials reached. Suggestion `k` draws from a ChaCha8 generator seeded with the
 //! experiment's seed on stream `k`, and the fit is deterministic; with the
 //! previous fit saved beside the history, a resumed search makes exactly
 //! the suggestions the uninterrupted one would have.
@@ -37,7 +38,7 @@ use serde_json::{Map, Value};
 
 use self::acquisition::{Coordinate, climb, log_ei};
 use self::regressor::{Hyper, Metric, Posterior, fit};
-use super::history::History;
+use super::history::{History, Observation};
 use super::param::Param;
 use super::searcher::{Searcher, Suggestion};
 use crate::tune::result::Mode;
@@ -57,6 +58,12 @@ pub struct GpConfig {
     /// Local searches per suggestion, from the best observed configuration
     /// and the best random points (at least from the best of each).
     pub n_local_search: usize,
+    /// Learn from intermediate results, as TPE's `multi_fidelity` does
+    /// (BOHB's rule): the GP is fitted to the metrics at the highest
+    /// `training_iteration` that at least `n_initial_points` trials
+    /// reached, so under ASHA or HyperBand it learns from the rungs long
+    /// before many trials finish. `false`: final results only.
+    pub multi_fidelity: bool,
 }
 
 impl Default for GpConfig {
@@ -65,6 +72,7 @@ impl Default for GpConfig {
             n_initial_points: 10,
             n_candidates: 2048,
             n_local_search: 10,
+            multi_fidelity: false,
         }
     }
 }
@@ -76,7 +84,12 @@ const MAX_LOCAL_SEARCH: usize = 1_000;
 
 impl GpConfig {
     /// The keys a `[search]` table with `type = "gp"` takes.
-    pub const FIELDS: [&'static str; 3] = ["n_initial_points", "n_candidates", "n_local_search"];
+    pub const FIELDS: [&'static str; 4] = [
+        "n_initial_points",
+        "n_candidates",
+        "n_local_search",
+        "multi_fidelity",
+    ];
 
     /// Checks the parameters, naming the first bad one.
     pub fn validate(&self) -> Result<(), String> {
@@ -164,8 +177,20 @@ impl Gp {
     fn next_values(&self) -> (Vec<f64>, Option<Vec<f64>>) {
         let mut rng = ChaCha8Rng::seed_from_u64(self.seed);
         rng.set_stream(self.history.suggested);
-        let observations = &self.history.observations;
-        if observations.len() < self.config.n_initial_points.max(1) as usize {
+        let min_count = self.config.n_initial_points.max(1) as usize;
+        let rung;
+        let (observations, iteration) = if self.config.multi_fidelity {
+            match self.history.rung(min_count) {
+                Some((iteration, at)) => {
+                    rung = at;
+                    (rung.as_slice(), Some(iteration))
+                }
+                None => (&[][..], None),
+            }
+        } else {
+            (self.history.observations.as_slice(), None)
+        };
+        if observations.len() < min_count {
             return (
                 self.params.iter().map(|p| p.random(&mut rng)).collect(),
                 None,
@@ -175,7 +200,7 @@ impl Gp {
             .iter()
             .map(|o| self.unit_point(&o.values))
             .collect();
-        let y = self.standardized();
+        let y = self.standardized(observations);
         let metric = Metric {
             categorical: self
                 .coordinates
@@ -195,7 +220,7 @@ impl Gp {
             .enumerate()
             .fold(0, |b, (i, &v)| if v > y[b] { i } else { b });
         let observed = x[best_seen].clone();
-        let gp = self.lying_about_pending(metric, hyper, x, y);
+        let gp = self.lying_about_pending(metric, hyper, x, y, iteration);
 
         // The best random points and the best observation seed local
         // searches; ties keep the earlier point.
@@ -241,9 +266,9 @@ impl Gp {
         (values, Some(theta))
     }
 
-    /// The completed trials' metrics, centered and scaled, larger better.
-    fn standardized(&self) -> Vec<f64> {
-        let m: Vec<f64> = self.history.observations.iter().map(|o| o.metric).collect();
+    /// The observations' metrics, centered and scaled, larger better.
+    fn standardized(&self, observations: &[Observation]) -> Vec<f64> {
+        let m: Vec<f64> = observations.iter().map(|o| o.metric).collect();
         let n = m.len() as f64;
         let mean = m.iter().sum::<f64>() / n;
         let std = (m.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / n)
@@ -262,16 +287,26 @@ impl Gp {
     /// good near them, so the next suggestion looks elsewhere. Believing
     /// the GP's own mean there instead ("kriging believer") measured too
     /// weak: on a smooth function it sent four trials started together
-    /// within 1e-3 of each other.
+    /// within 1e-3 of each other. With multi-fidelity, a running trial that
+    /// reached the rung (`iteration`) is an observation there, not a lie.
     fn lying_about_pending(
         &self,
         metric: Metric,
         hyper: Hyper,
         mut x: Vec<Vec<f64>>,
         mut y: Vec<f64>,
+        iteration: Option<u64>,
     ) -> Posterior {
         let worst = y.iter().copied().fold(f64::INFINITY, f64::min);
-        for values in self.history.pending.values() {
+        let reached = |id: &String| {
+            iteration.is_some_and(|i| {
+                self.history
+                    .curves
+                    .get(id)
+                    .is_some_and(|c| c.metrics.contains_key(&i))
+            })
+        };
+        for (_, values) in self.history.pending.iter().filter(|(id, _)| !reached(id)) {
             x.push(self.unit_point(values));
             y.push(worst);
         }
@@ -308,6 +343,12 @@ impl Gp {
 }
 
 impl Searcher for Gp {
+    fn on_result(&mut self, trial_id: &str, result: &Map<String, Value>) {
+        if self.config.multi_fidelity {
+            self.history.record(trial_id, result, &self.metric);
+        }
+    }
+
     fn suggest(&mut self, trial_id: &str) -> Suggestion {
         if self.history.suggested >= self.num_samples {
             return Suggestion::Finished;

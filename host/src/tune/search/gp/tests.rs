@@ -203,3 +203,90 @@ fn errors_and_missing_metrics_teach_nothing_and_retries_teach_when_they_complete
     searcher.on_trial_complete("a", Some(&result(0.5)), false);
     assert_eq!(searcher.history.observations.len(), 1);
 }
+
+fn at_iteration(iteration: u64, loss: f64) -> Map<String, Value> {
+    json!({"training_iteration": iteration, "loss": loss})
+        .as_object()
+        .unwrap()
+        .clone()
+}
+
+#[test]
+fn multi_fidelity_learns_from_the_first_rung_before_any_trial_finishes() {
+    let space = space(json!({"x": {"uniform": [0, 1]}}));
+    let config = |multi_fidelity| GpConfig {
+        multi_fidelity,
+        n_candidates: 256,
+        ..GpConfig::default()
+    };
+    let spread = |multi_fidelity| {
+        let mut searcher =
+            Gp::new(config(multi_fidelity), &space, 30, "loss", Mode::Min, 2).unwrap();
+        // Thirty trials start; each reports its first iteration and none
+        // finishes, as under ASHA before the first promotion.
+        (0..30)
+            .map(|i| {
+                let id = format!("trial_{i:04}");
+                let Suggestion::Config(c) = searcher.suggest(&id) else {
+                    panic!("a configuration");
+                };
+                let x = c["x"].as_f64().unwrap();
+                searcher.on_result(&id, &at_iteration(1, (x - 0.3).abs()));
+                (x - 0.3).abs()
+            })
+            .skip(15)
+            .sum::<f64>()
+            / 15.0
+    };
+    let (learned, blind) = (spread(true), spread(false));
+    assert!(learned * 4.0 < blind, "{learned} vs {blind}");
+}
+
+#[test]
+fn multi_fidelity_fits_the_highest_rung_and_resumes_identically() {
+    let space = space(json!({"x": {"uniform": [0, 1]}, "y": {"uniform": [0, 1]}}));
+    let config = GpConfig {
+        multi_fidelity: true,
+        n_initial_points: 3,
+        n_candidates: 64,
+        ..GpConfig::default()
+    };
+    let mut searcher = Gp::new(config.clone(), &space, 20, "loss", Mode::Min, 5).unwrap();
+    // Six trials reach iteration 1 (where smaller x is better), the first
+    // three also iteration 3, where the ranking reverses: once those three
+    // are in, the model must follow iteration 3.
+    let mut configs = Vec::new();
+    for i in 0..6 {
+        let id = format!("trial_{i:04}");
+        let Suggestion::Config(c) = searcher.suggest(&id) else {
+            panic!("a configuration");
+        };
+        let x = c["x"].as_f64().unwrap();
+        searcher.on_result(&id, &at_iteration(1, x));
+        if i < 3 {
+            searcher.on_result(&id, &at_iteration(3, 1.0 - x));
+        }
+        configs.push(c);
+    }
+    assert_eq!(searcher.history.rung(3).unwrap().0, 3);
+    let state: Value = serde_json::from_str(&searcher.state().to_string()).unwrap();
+    let mut resumed = Gp::new(config, &space, 20, "loss", Mode::Min, 5).unwrap();
+    resumed.restore_state(&state).unwrap();
+    let (Suggestion::Config(next), Suggestion::Config(again)) = (
+        searcher.suggest("trial_0006"),
+        resumed.suggest("trial_0006"),
+    ) else {
+        panic!("configurations");
+    };
+    assert_eq!(next, again);
+    let late: Vec<f64> = configs[3..]
+        .iter()
+        .map(|c| c["x"].as_f64().unwrap())
+        .collect();
+    assert!(late.iter().all(|&x| x > 0.5), "{late:?}");
+    // Without multi_fidelity, intermediate results are not kept.
+    let mut plain = gp(&space, 10, Mode::Min, 0);
+    let _ = plain.suggest("trial_0000");
+    plain.on_result("trial_0000", &at_iteration(1, 1.0));
+    assert!(plain.history.curves.is_empty());
+}
