@@ -178,18 +178,9 @@ impl Gp {
         let mut rng = ChaCha8Rng::seed_from_u64(self.seed);
         rng.set_stream(self.history.suggested);
         let min_count = self.config.n_initial_points.max(1) as usize;
-        let rung;
-        let (observations, iteration) = if self.config.multi_fidelity {
-            match self.history.rung(min_count) {
-                Some((iteration, at)) => {
-                    rung = at;
-                    (rung.as_slice(), Some(iteration))
-                }
-                None => (&[][..], None),
-            }
-        } else {
-            (self.history.observations.as_slice(), None)
-        };
+        let (observations, iteration) = self
+            .history
+            .learning_set(self.config.multi_fidelity, min_count);
         if observations.len() < min_count {
             return (
                 self.params.iter().map(|p| p.random(&mut rng)).collect(),
@@ -200,7 +191,7 @@ impl Gp {
             .iter()
             .map(|o| self.unit_point(&o.values))
             .collect();
-        let y = self.standardized(observations);
+        let y = self.standardized(&observations);
         let metric = Metric {
             categorical: self
                 .coordinates
@@ -298,15 +289,7 @@ impl Gp {
         iteration: Option<u64>,
     ) -> Posterior {
         let worst = y.iter().copied().fold(f64::INFINITY, f64::min);
-        let reached = |id: &String| {
-            iteration.is_some_and(|i| {
-                self.history
-                    .curves
-                    .get(id)
-                    .is_some_and(|c| c.metrics.contains_key(&i))
-            })
-        };
-        for (_, values) in self.history.pending.iter().filter(|(id, _)| !reached(id)) {
+        for values in self.history.lies(iteration) {
             x.push(self.unit_point(values));
             y.push(worst);
         }

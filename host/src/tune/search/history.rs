@@ -3,6 +3,7 @@
 //! case they run again. It is also what such a searcher saves, so a resumed
 //! search learns from exactly what the uninterrupted one would have.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
@@ -158,6 +159,39 @@ impl History {
             })
             .collect();
         Some((at, observations))
+    }
+
+    /// What a model learns from: with `multi_fidelity`, the [`History::rung`]
+    /// at least `min_count` trials reached and its iteration (nothing until
+    /// one exists); otherwise the completed trials' results.
+    pub(super) fn learning_set(
+        &self,
+        multi_fidelity: bool,
+        min_count: usize,
+    ) -> (Cow<'_, [Observation]>, Option<u64>) {
+        if !multi_fidelity {
+            return (Cow::Borrowed(&self.observations), None);
+        }
+        match self.rung(min_count) {
+            Some((iteration, at)) => (Cow::Owned(at), Some(iteration)),
+            None => (Cow::Borrowed(&[]), None),
+        }
+    }
+
+    /// Model values of the pending trials to count as bad ("constant
+    /// liar"): all of them, except, when the model learns from the rung at
+    /// `iteration`, those that reported there, which are observations.
+    pub(super) fn lies(&self, iteration: Option<u64>) -> impl Iterator<Item = &Vec<f64>> {
+        self.pending
+            .iter()
+            .filter(move |(id, _)| {
+                !iteration.is_some_and(|i| {
+                    self.curves
+                        .get(*id)
+                        .is_some_and(|c| c.metrics.contains_key(&i))
+                })
+            })
+            .map(|(_, values)| values)
     }
 
     /// A failed trial runs again: it is pending once more.

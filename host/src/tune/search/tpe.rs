@@ -462,18 +462,10 @@ impl Tpe {
         let mut rng = ChaCha8Rng::seed_from_u64(self.seed);
         rng.set_stream(self.history.suggested);
         let min_count = self.config.n_initial_points.max(1) as usize;
-        let rung;
-        let (observations, iteration) = if self.config.multi_fidelity {
-            match self.history.rung(min_count) {
-                Some((iteration, at)) => {
-                    rung = at;
-                    (rung.as_slice(), Some(iteration))
-                }
-                None => (&[][..], None),
-            }
-        } else {
-            (self.history.observations.as_slice(), None)
-        };
+        let (observations, iteration) = self
+            .history
+            .learning_set(self.config.multi_fidelity, min_count);
+        let observations = &observations[..];
         let n = observations.len();
         if n < min_count {
             return self.params.iter().map(|p| p.random(&mut rng)).collect();
@@ -503,21 +495,7 @@ impl Tpe {
             // steers away from where they already look. With multi-fidelity
             // a running trial that reached the rung is an observation
             // there, not a lie.
-            let reached = |id: &String| {
-                iteration.is_some_and(|i| {
-                    self.history
-                        .curves
-                        .get(id)
-                        .is_some_and(|c| c.metrics.contains_key(&i))
-                })
-            };
-            bad.extend(
-                self.history
-                    .pending
-                    .iter()
-                    .filter(|(id, _)| !reached(id))
-                    .map(|(_, values)| values.as_slice()),
-            );
+            bad.extend(self.history.lies(iteration).map(Vec::as_slice));
         }
         let w_good = good_weights(&ranks, self.config.rank_weights);
         let w_bad = recency_weights(bad.len());
