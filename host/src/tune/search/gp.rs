@@ -1,14 +1,15 @@
 //! Gaussian-process Bayesian optimization, as Optuna's `GPSampler` does it.
 //!
 //! After `n_initial_points` random configurations, each suggestion:
-//! 1. maps the completed trials' configurations into the unit cube (a
+//! 1. maps the observed configurations into the unit cube (a
 //!    numeric parameter by its position in its range, `ln` space for
 //!    loguniform; a choice by its index) and standardizes their metric so
 //!    that larger is better;
 //! 2. fits a GP with a Matérn 5/2 kernel, one length scale per parameter,
 //!    by maximizing the marginal likelihood plus a prior (`gp/regressor.rs`),
 //!    starting from the previous suggestion's fit;
-//! 3. conditions it on the trials still running as if each had reported
+//! 3. conditions it on the trials still running (with `multi_fidelity`,
+//!    those not yet at the rung it learns from) as if each had reported
 //!    the worst result so far ("constant liar"), so trials started
 //!    together look in different places;
 //! 4. maximizes log expected improvement over the best result so far
@@ -17,10 +18,11 @@
 //!
 //! Observations are completed trials' final results, as for TPE (see
 //! `tpe.rs`), or with `multi_fidelity` the metrics at the highest
-//! iteration enough trials reached. Suggestion `k` draws from a ChaCha8 generator seeded with the
-//! experiment's seed on stream `k`, and the fit is deterministic; with the
-//! previous fit saved beside the history, a resumed search makes exactly
-//! the suggestions the uninterrupted one would have.
+//! iteration enough trials reached. Suggestion `k` draws from a ChaCha8
+//! generator seeded with the experiment's seed on stream `k`, and the fit
+//! is deterministic; with the previous fit saved beside the history, a
+//! resumed search makes exactly the suggestions the uninterrupted one
+//! would have.
 //!
 //! Cost grows with the cube of the observations (a fit factors their
 //! kernel matrix): about what `wtune-bench search` reports per suggestion
@@ -50,7 +52,9 @@ use crate::tune::space::SearchSpace;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct GpConfig {
-    /// Completed trials drawn at random before the model is used.
+    /// Observations (completed trials, or with `multi_fidelity` trials at
+    /// one iteration) before the model is used; suggestions until then are
+    /// random.
     pub n_initial_points: u64,
     /// Random points whose expected improvement is compared per
     /// suggestion before local search.

@@ -16,6 +16,8 @@ mod normal;
 mod param;
 mod searcher;
 mod spec;
+#[cfg(test)]
+mod testing;
 mod tpe;
 
 pub use basic::BasicVariant;

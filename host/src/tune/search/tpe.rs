@@ -603,6 +603,7 @@ mod tests {
     use super::*;
     use crate::tune::search::BasicVariant;
     use crate::tune::search::history;
+    use crate::tune::search::testing::{at_iteration, first_rung_spread};
     use serde_json::json;
 
     fn space(value: Value) -> SearchSpace {
@@ -1044,13 +1045,6 @@ mod tests {
         assert!(ranked < 0.7 * equal, "ranked {ranked} vs equal {equal}");
     }
 
-    fn at_iteration(iteration: u64, loss: f64) -> Map<String, Value> {
-        json!({"training_iteration": iteration, "loss": loss})
-            .as_object()
-            .unwrap()
-            .clone()
-    }
-
     #[test]
     fn multi_fidelity_learns_from_the_first_rung_before_any_trial_finishes() {
         let space = space(json!({"x": {"uniform": [0, 1]}}));
@@ -1061,21 +1055,7 @@ mod tests {
         let spread = |multi_fidelity| {
             let mut searcher =
                 Tpe::new(config(multi_fidelity), &space, 40, "loss", Mode::Min, 2).unwrap();
-            // Forty trials start; each reports its first iteration and none
-            // finishes, as under ASHA before the first promotion.
-            (0..40)
-                .map(|i| {
-                    let id = format!("trial_{i:04}");
-                    let Suggestion::Config(c) = searcher.suggest(&id) else {
-                        panic!("a configuration");
-                    };
-                    let x = c["x"].as_f64().unwrap();
-                    searcher.on_result(&id, &at_iteration(1, (x - 0.3).abs()));
-                    (x - 0.3).abs()
-                })
-                .skip(20)
-                .sum::<f64>()
-                / 20.0
+            first_rung_spread(&mut searcher, 40, 20)
         };
         let (learned, blind) = (spread(true), spread(false));
         assert!(learned * 2.0 < blind, "{learned} vs {blind}");

@@ -1,5 +1,6 @@
 use super::*;
 use crate::tune::search::BasicVariant;
+use crate::tune::search::testing::{at_iteration, first_rung_spread};
 use serde_json::json;
 
 fn space(value: Value) -> SearchSpace {
@@ -204,13 +205,6 @@ fn errors_and_missing_metrics_teach_nothing_and_retries_teach_when_they_complete
     assert_eq!(searcher.history.observations.len(), 1);
 }
 
-fn at_iteration(iteration: u64, loss: f64) -> Map<String, Value> {
-    json!({"training_iteration": iteration, "loss": loss})
-        .as_object()
-        .unwrap()
-        .clone()
-}
-
 #[test]
 fn multi_fidelity_learns_from_the_first_rung_before_any_trial_finishes() {
     let space = space(json!({"x": {"uniform": [0, 1]}}));
@@ -222,21 +216,7 @@ fn multi_fidelity_learns_from_the_first_rung_before_any_trial_finishes() {
     let spread = |multi_fidelity| {
         let mut searcher =
             Gp::new(config(multi_fidelity), &space, 30, "loss", Mode::Min, 2).unwrap();
-        // Thirty trials start; each reports its first iteration and none
-        // finishes, as under ASHA before the first promotion.
-        (0..30)
-            .map(|i| {
-                let id = format!("trial_{i:04}");
-                let Suggestion::Config(c) = searcher.suggest(&id) else {
-                    panic!("a configuration");
-                };
-                let x = c["x"].as_f64().unwrap();
-                searcher.on_result(&id, &at_iteration(1, (x - 0.3).abs()));
-                (x - 0.3).abs()
-            })
-            .skip(15)
-            .sum::<f64>()
-            / 15.0
+        first_rung_spread(&mut searcher, 30, 15)
     };
     let (learned, blind) = (spread(true), spread(false));
     assert!(learned * 4.0 < blind, "{learned} vs {blind}");
