@@ -15,7 +15,7 @@
 //! - a read (`into_scalar`, `into_data`) waits for the host, and between
 //!   reads the guest records while the host computes: keep values such as
 //!   a batch's loss on the device and read them once per epoch, not once
-//!   per step (digits-cnn's `train_epoch`; it made the epoch 1.2-1.4x
+//!   per step (digits-cnn's `train_epoch`; it made the epoch 1.1-1.3x
 //!   faster);
 //! - the host's work is charged fuel as it runs, on the host compute scale;
 //!   running out ends the trial as a guest instruction would;
