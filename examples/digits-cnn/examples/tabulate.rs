@@ -24,6 +24,7 @@ mod common;
 use std::fmt::Write as _;
 use std::process::{Command, Stdio};
 
+use burn::tensor::Device;
 use common::InProcessWorker;
 use digits_cnn::{Backend, Config, DigitsCnn};
 
@@ -95,9 +96,13 @@ fn parent(jobs: usize) {
         })
         .collect();
     let mut lines: Vec<(usize, String)> = Vec::new();
-    for shard in shards {
+    for (k, shard) in shards.into_iter().enumerate() {
         let output = shard.join().expect("a shard's reader");
-        assert!(output.status.success(), "a shard failed");
+        assert!(
+            output.status.success(),
+            "shard {k}/{jobs} failed ({}); its configurations are those of index {k} mod {jobs}",
+            output.status
+        );
         for line in String::from_utf8(output.stdout).expect("UTF-8").lines() {
             let (index, curve) = line.split_once(' ').expect("index and curve");
             lines.push((index.parse().expect("an index"), curve.to_owned()));
@@ -106,39 +111,28 @@ fn parent(jobs: usize) {
     lines.sort_by_key(|(index, _)| *index);
     assert_eq!(lines.len(), grid().len(), "every configuration tabulated");
 
-    let list = |values: &[String]| values.join(",");
+    // One curve per line, so a regenerated set diffs by configuration.
+    let json = |value: serde_json::Value| value.to_string();
+    let axes = [
+        ("lr", json(LRS.into())),
+        ("channels", json(CHANNELS.into())),
+        ("hidden", json(HIDDEN.into())),
+        ("dropout", json(DROPOUT.into())),
+        ("batch_size", json(BATCH.into())),
+    ];
     let mut out = String::new();
     out.push_str("{\n  \"name\": \"digits-cnn\",\n");
-    let _ = writeln!(out, "  \"description\": {:?},", DESCRIPTION);
+    let _ = writeln!(out, "  \"description\": {},", json(DESCRIPTION.into()));
     out.push_str("  \"metric\": \"val_loss\",\n  \"mode\": \"min\",\n");
     let _ = writeln!(out, "  \"epochs\": {EPOCHS},\n  \"params\": {{");
-    let _ = writeln!(out, "    \"lr\": [{}],", list(&LRS.map(|v| v.to_string())));
-    let _ = writeln!(
-        out,
-        "    \"channels\": [{}],",
-        list(&CHANNELS.map(|v| v.to_string()))
-    );
-    let _ = writeln!(
-        out,
-        "    \"hidden\": [{}],",
-        list(&HIDDEN.map(|v| v.to_string()))
-    );
-    let _ = writeln!(
-        out,
-        "    \"dropout\": [{}],",
-        list(&DROPOUT.map(|v| v.to_string()))
-    );
-    let _ = writeln!(
-        out,
-        "    \"batch_size\": [{}]",
-        list(&BATCH.map(|v| v.to_string()))
-    );
+    let params: Vec<String> = axes
+        .iter()
+        .map(|(name, values)| format!("    \"{name}\": {values}"))
+        .collect();
+    let _ = writeln!(out, "{}", params.join(",\n"));
     out.push_str("  },\n  \"curves\": [\n");
-    let last = lines.len() - 1;
-    for (i, (_, curve)) in lines.iter().enumerate() {
-        let comma = if i < last { "," } else { "" };
-        let _ = writeln!(out, "    {curve}{comma}");
-    }
+    let curves: Vec<String> = lines.iter().map(|(_, c)| format!("    {c}")).collect();
+    let _ = writeln!(out, "{}", curves.join(",\n"));
     out.push_str("  ]\n}\n");
     print!("{out}");
 }
@@ -147,6 +141,7 @@ fn parent(jobs: usize) {
 /// `index curve-json`.
 fn child(k: usize, n: usize) {
     let worker = InProcessWorker::install();
+    let host = Device::new(burn_remote::host());
     let data_dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../digits-mlp/data");
     let grid = grid();
     for (index, &(lr, channels, hidden, dropout, batch_size)) in
@@ -164,8 +159,12 @@ fn child(k: usize, n: usize) {
             backend: Backend::Host,
         };
         let mut trainable = DigitsCnn::from_config(config).expect("a valid config");
-        let (mut losses, mut accuracies, mut fuel) = (Vec::new(), Vec::new(), 0u64);
+        // The previous configuration's frees and this one's initial weights
+        // are still queued in the client: run them before the meter starts,
+        // so every curve's cost is its epochs' alone.
+        host.sync().expect("the executor runs the set-up");
         worker.take_fuel_spent();
+        let (mut losses, mut accuracies, mut fuel) = (Vec::new(), Vec::new(), 0u64);
         for _ in 0..EPOCHS {
             let train_loss = trainable.train_epoch().expect("an epoch");
             let val = trainable.evaluate().expect("an evaluation");
@@ -177,17 +176,18 @@ fn child(k: usize, n: usize) {
             } else {
                 f64::MAX
             };
-            losses.push(format!("{}", round6(loss.min(1e6))));
-            accuracies.push(format!("{}", round6(val.accuracy)));
+            losses.push(round6(loss.min(1e6)));
+            accuracies.push(round6(val.accuracy));
         }
-        println!(
-            "{index} {{\"config\": {{\"lr\": {lr}, \"channels\": {channels}, \"hidden\": {hidden}, \
-             \"dropout\": {dropout}, \"batch_size\": {batch_size}}}, \"fuel_per_epoch\": {}, \
-             \"metrics\": {{\"val_loss\": [{}], \"val_accuracy\": [{}]}}}}",
-            fuel / EPOCHS as u64,
-            losses.join(","),
-            accuracies.join(",")
-        );
+        let curve = serde_json::json!({
+            "config": {
+                "lr": lr, "channels": channels, "hidden": hidden,
+                "dropout": dropout, "batch_size": batch_size,
+            },
+            "fuel_per_epoch": fuel / EPOCHS as u64,
+            "metrics": {"val_loss": losses, "val_accuracy": accuracies},
+        });
+        println!("{index} {curve}");
         eprintln!(
             "[{index}/{}] lr {lr} channels {channels} hidden {hidden} dropout {dropout} batch {batch_size}: val_loss {}",
             grid.len(),
