@@ -43,8 +43,8 @@
 //!   dimensions, and the time a suggestion takes.
 //! - `search-curves`: the model searchers inside ASHA on replayed learning
 //!   curves, the synthetic set and the burn CNN's tabulated one (TPE and GP
-//!   learning from the rungs, as BOHB, or from finished trials only)
-//!   against ASHA with random search, at equal fuel.
+//!   learning from the rungs, as BOHB, or from finished trials only; GP
+//!   weighing cost) against ASHA with random search, at equal fuel.
 //!
 //! A scenario that cannot run (no GPU adapter, a guest not built, a panic)
 //! says so in the output instead of stopping the others.

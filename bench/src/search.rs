@@ -402,7 +402,8 @@ fn optuna(root: &Path) -> Option<Value> {
 /// Model-based search inside ASHA on replayed learning curves: whether
 /// learning from the rungs (`multi_fidelity`, as BOHB) beats learning from
 /// finished trials only, and both beat random search, at equal fuel, for
-/// TPE and GP. On
+/// TPE and GP; and whether weighing each configuration's cost
+/// (`cost_exponent`) buys GP more trials worth having. On
 /// `CurveSet::synthetic()`, whose curves cross, and on the tabulated
 /// curves of the digits CNN (`examples/replay/curves/digits-cnn.json`).
 pub fn learning_curves(root: &Path) {
@@ -440,6 +441,11 @@ pub fn learning_curves(root: &Path) {
                     "ASHA + gp, multi_fidelity".into(),
                     asha(),
                     json!({"type": "gp", "multi_fidelity": true}),
+                ),
+                (
+                    "ASHA + gp, cost_exponent 1".into(),
+                    asha(),
+                    json!({"type": "gp", "cost_exponent": 1.0}),
                 ),
             ],
         );

@@ -13,8 +13,9 @@
 //!    the worst result so far ("constant liar"), so trials started
 //!    together look in different places;
 //! 4. maximizes log expected improvement over the best result so far
-//!    (`gp/acquisition.rs`) and suggests the point found, rounded to the
-//!    parameters' steps.
+//!    (`gp/acquisition.rs`), less `cost_exponent` times the log fuel per
+//!    iteration that a second GP predicts, and suggests the point found,
+//!    rounded to the parameters' steps.
 //!
 //! Observations are completed trials' final results, as for TPE (see
 //! `tpe.rs`), or with `multi_fidelity` the metrics at the highest
@@ -24,10 +25,21 @@
 //! resumed search makes exactly the suggestions the uninterrupted one
 //! would have.
 //!
-//! Cost grows with the cube of the observations (a fit factors their
-//! kernel matrix): about what `wtune-bench search` reports per suggestion
-//! (BENCHMARKS.md). For hundreds of trials or more, TPE is the cheaper
-//! model.
+//! Why weigh cost: under a fuel budget (`stop_experiment.max_fuel`) with
+//! ASHA, a search pays for every trial's first rung, and where the best
+//! configurations are the dear ones (wider layers, smaller batches) a
+//! searcher that ignores cost starts few trials. On the tabulated CNN
+//! curves (`wtune-bench search-curves`, BENCHMARKS.md 2026-11-29) GP
+//! started 26 trials and was level with random search; with
+//! `cost_exponent = 1` it started 69 and its mean regret was a third below
+//! random's. Where only the dearest configurations are good (the synthetic
+//! set) it does worse than plain GP, so it is off by default.
+//!
+//! Suggestion time grows with the cube of the observations (a fit factors
+//! their kernel matrix): about what `wtune-bench search` reports per
+//! suggestion (BENCHMARKS.md); `cost_exponent` adds a second fit, over
+//! every trial that reported. For hundreds of trials or more, TPE is the
+//! cheaper model.
 
 mod acquisition;
 mod memo;
@@ -38,7 +50,7 @@ use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use self::acquisition::{Coordinate, climb, log_ei};
+use self::acquisition::{Acquisition, Coordinate, CostModel, climb};
 use self::regressor::{Hyper, Metric, Posterior, fit};
 use super::history::{History, Observation};
 use super::param::Param;
@@ -68,6 +80,17 @@ pub struct GpConfig {
     /// reached, so under ASHA or HyperBand it learns from the rungs long
     /// before many trials finish. `false`: final results only.
     pub multi_fidelity: bool,
+    /// How much a configuration's cost counts against it, from 0 (not at
+    /// all, the default) to 1: the acquisition is expected improvement over
+    /// cost raised to this power, where cost is the fuel an iteration takes
+    /// (the mean since the trial started), learned by a second GP from every
+    /// trial that reported. Until `n_initial_points` trials have reported a
+    /// cost, and for trainables whose iterations take no fuel, cost is not
+    /// weighed. Worth it where costs differ a lot between configurations
+    /// and the experiment's budget is fuel (`stop_experiment.max_fuel`):
+    /// cheap configurations buy more trials. It costs a second fit per
+    /// suggestion, over every trial started.
+    pub cost_exponent: f64,
 }
 
 impl Default for GpConfig {
@@ -77,6 +100,7 @@ impl Default for GpConfig {
             n_candidates: 2048,
             n_local_search: 10,
             multi_fidelity: false,
+            cost_exponent: 0.0,
         }
     }
 }
@@ -88,11 +112,12 @@ const MAX_LOCAL_SEARCH: usize = 1_000;
 
 impl GpConfig {
     /// The keys a `[search]` table with `type = "gp"` takes.
-    pub const FIELDS: [&'static str; 4] = [
+    pub const FIELDS: [&'static str; 5] = [
         "n_initial_points",
         "n_candidates",
         "n_local_search",
         "multi_fidelity",
+        "cost_exponent",
     ];
 
     /// Checks the parameters, naming the first bad one.
@@ -109,18 +134,35 @@ impl GpConfig {
                 self.n_local_search
             ));
         }
+        if !(0.0..=1.0).contains(&self.cost_exponent) {
+            return Err(format!(
+                "search.cost_exponent must be between 0 (cost ignored) and 1 (expected \
+                 improvement per unit of fuel), got {}",
+                self.cost_exponent
+            ));
+        }
         Ok(())
     }
 }
 
-/// What [`Gp`] saves: its history and the last fit, where the next one
-/// starts.
+/// What [`Gp`] saves: its history and the last fits, where the next ones
+/// start.
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct GpState {
     history: Value,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     kernel: Option<Vec<f64>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    cost_kernel: Option<Vec<f64>>,
+}
+
+/// A suggestion's model values and the fits made for it, in
+/// [`Hyper::to_log`]'s form (`None`: not fitted this time).
+struct Next {
+    values: Vec<f64>,
+    kernel: Option<Vec<f64>>,
+    cost_kernel: Option<Vec<f64>>,
 }
 
 /// The GP-BO searcher.
@@ -137,6 +179,8 @@ pub struct Gp {
     history: History,
     /// The previous suggestion's fit, in [`Hyper::to_log`]'s form.
     kernel: Option<Vec<f64>>,
+    /// The previous fit of the cost model, likewise.
+    cost_kernel: Option<Vec<f64>>,
 }
 
 impl Gp {
@@ -174,11 +218,12 @@ impl Gp {
             num_samples,
             history: History::default(),
             kernel: None,
+            cost_kernel: None,
         })
     }
 
-    /// The model values of the next configuration, and the fit made for it.
-    fn next_values(&self) -> (Vec<f64>, Option<Vec<f64>>) {
+    /// The model values of the next configuration, and the fits made for it.
+    fn next_values(&self) -> Next {
         let mut rng = ChaCha8Rng::seed_from_u64(self.seed);
         rng.set_stream(self.history.suggested);
         let min_count = self.config.n_initial_points.max(1) as usize;
@@ -186,10 +231,11 @@ impl Gp {
             .history
             .learning_set(self.config.multi_fidelity, min_count);
         if observations.len() < min_count {
-            return (
-                self.params.iter().map(|p| p.random(&mut rng)).collect(),
-                None,
-            );
+            return Next {
+                values: self.params.iter().map(|p| p.random(&mut rng)).collect(),
+                kernel: None,
+                cost_kernel: None,
+            };
         }
         let x: Vec<Vec<f64>> = observations
             .iter()
@@ -203,11 +249,7 @@ impl Gp {
                 .map(|c| *c != Coordinate::Continuous)
                 .collect(),
         };
-        let start = self
-            .kernel
-            .clone()
-            .unwrap_or_else(|| Hyper::initial(self.params.len()).to_log());
-        let theta = fit(&metric, &x, &y, &start);
+        let theta = self.fit_from(self.kernel.as_deref(), &metric, &x, &y);
         let hyper = Hyper::from_log(&theta);
         let best = y.iter().copied().fold(f64::NEG_INFINITY, f64::max);
         let best_seen = y
@@ -215,7 +257,12 @@ impl Gp {
             .enumerate()
             .fold(0, |b, (i, &v)| if v > y[b] { i } else { b });
         let observed = x[best_seen].clone();
-        let gp = self.lying_about_pending(metric, hyper, x, y, iteration);
+        let (cost, cost_kernel) = self.cost_model(&metric, min_count).unzip();
+        let acquisition = Acquisition {
+            gp: self.lying_about_pending(metric, hyper, x, y, iteration),
+            best,
+            cost,
+        };
 
         // The best random points and the best observation seed local
         // searches; ties keep the earlier point.
@@ -228,7 +275,7 @@ impl Gp {
                         .map(|p| p.random(&mut rng))
                         .collect::<Vec<_>>(),
                 );
-                (log_ei(&gp, best, &point, false).0, point)
+                (acquisition.value(&point, false).0, point)
             })
             .collect();
         let ordered = {
@@ -236,7 +283,7 @@ impl Gp {
             order.sort_by(|&a, &b| seeds[b].0.total_cmp(&seeds[a].0).then(a.cmp(&b)));
             order
         };
-        let mut starts = vec![(log_ei(&gp, best, &observed, false).0, observed)];
+        let mut starts = vec![(acquisition.value(&observed, false).0, observed)];
         starts.extend(
             ordered
                 .into_iter()
@@ -247,7 +294,7 @@ impl Gp {
         );
         let mut winner: Option<(f64, Vec<f64>)> = None;
         for (value, start) in starts {
-            let (point, value) = climb(&gp, best, &self.coordinates, start, value);
+            let (point, value) = climb(&acquisition, &self.coordinates, start, value);
             if value.is_finite() && winner.as_ref().is_none_or(|(v, _)| value > *v) {
                 winner = Some((value, point));
             }
@@ -258,22 +305,55 @@ impl Gp {
             // arithmetic surprises.
             None => self.params.iter().map(|p| p.random(&mut rng)).collect(),
         };
-        (values, Some(theta))
+        Next {
+            values,
+            kernel: Some(theta),
+            cost_kernel,
+        }
+    }
+
+    /// The kernel that best explains `y` at `x`, searched from `previous`
+    /// (the last fit of the same model, which the new observations move
+    /// little), or from the initial guess.
+    fn fit_from(
+        &self,
+        previous: Option<&[f64]>,
+        metric: &Metric,
+        x: &[Vec<f64>],
+        y: &[f64],
+    ) -> Vec<f64> {
+        match previous {
+            Some(start) => fit(metric, x, y, start),
+            None => fit(metric, x, y, &Hyper::initial(self.params.len()).to_log()),
+        }
     }
 
     /// The observations' metrics, centered and scaled, larger better.
     fn standardized(&self, observations: &[Observation]) -> Vec<f64> {
-        let m: Vec<f64> = observations.iter().map(|o| o.metric).collect();
-        let n = m.len() as f64;
-        let mean = m.iter().sum::<f64>() / n;
-        let std = (m.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / n)
-            .sqrt()
-            .max(1e-10);
         let sign = match self.mode {
             Mode::Min => -1.0,
             Mode::Max => 1.0,
         };
-        m.iter().map(|v| sign * (v - mean) / std).collect()
+        let (m, _) = standardize(observations);
+        m.into_iter().map(|v| sign * v).collect()
+    }
+
+    /// With a `cost_exponent`, a GP of log cost fitted to every trial that
+    /// reported one, once at least `min_count` have, starting from the
+    /// previous fit; and that fit.
+    fn cost_model(&self, metric: &Metric, min_count: usize) -> Option<(CostModel, Vec<f64>)> {
+        if self.config.cost_exponent == 0.0 || self.history.costs.len() < min_count {
+            return None;
+        }
+        let costs: Vec<Observation> = self.history.costs.values().cloned().collect();
+        let x: Vec<Vec<f64>> = costs.iter().map(|o| self.unit_point(&o.values)).collect();
+        let (y, spread) = standardize(&costs);
+        let theta = self.fit_from(self.cost_kernel.as_deref(), metric, &x, &y);
+        let model = CostModel {
+            gp: Posterior::new(metric.clone(), Hyper::from_log(&theta), x, &y),
+            weight: self.config.cost_exponent * spread,
+        };
+        Some((model, theta))
     }
 
     /// The GP conditioned on the observations and on the trials still
@@ -329,10 +409,25 @@ impl Gp {
     }
 }
 
+/// The observations' metrics centered and divided by their spread, and
+/// that spread (1e-10 at least, so equal metrics stay finite).
+fn standardize(observations: &[Observation]) -> (Vec<f64>, f64) {
+    let m: Vec<f64> = observations.iter().map(|o| o.metric).collect();
+    let n = m.len() as f64;
+    let mean = m.iter().sum::<f64>() / n;
+    let std = (m.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / n)
+        .sqrt()
+        .max(1e-10);
+    (m.iter().map(|v| (v - mean) / std).collect(), std)
+}
+
 impl Searcher for Gp {
     fn on_result(&mut self, trial_id: &str, result: &Map<String, Value>) {
         if self.config.multi_fidelity {
             self.history.record(trial_id, result, &self.metric);
+        }
+        if self.config.cost_exponent > 0.0 {
+            self.history.record_cost(trial_id, result);
         }
     }
 
@@ -340,10 +435,13 @@ impl Searcher for Gp {
         if self.history.suggested >= self.num_samples {
             return Suggestion::Finished;
         }
-        let (values, hyper) = self.next_values();
-        if hyper.is_some() {
-            self.kernel = hyper;
-        }
+        let Next {
+            values,
+            kernel,
+            cost_kernel,
+        } = self.next_values();
+        self.kernel = kernel.or(self.kernel.take());
+        self.cost_kernel = cost_kernel.or(self.cost_kernel.take());
         let config = self.space.build(|i, _| self.params[i].to_value(values[i]));
         self.history.suggest(trial_id, values);
         Suggestion::Config(config)
@@ -374,6 +472,7 @@ impl Searcher for Gp {
         serde_json::json!(GpState {
             history: serde_json::json!(self.history),
             kernel: self.kernel.clone(),
+            cost_kernel: self.cost_kernel.clone(),
         })
     }
 
@@ -381,24 +480,20 @@ impl Searcher for Gp {
         let Some(saved) = read_saved::<GpState>(state, "GP")? else {
             return Ok(());
         };
-        let kernel = match saved.kernel {
-            Some(theta)
-                if theta.len() == self.params.len() + 2 && theta.iter().all(|t| t.is_finite()) =>
-            {
-                Some(theta)
-            }
-            Some(_) => {
-                return Err(
-                    "the saved GP state does not fit this search space; was param_space changed?"
-                        .into(),
-                );
-            }
-            None => None,
+        let fits = |theta: &Vec<f64>| {
+            theta.len() == self.params.len() + 2 && theta.iter().all(|t| t.is_finite())
         };
+        if !(saved.kernel.iter().all(fits) && saved.cost_kernel.iter().all(fits)) {
+            return Err(
+                "the saved GP state does not fit this search space; was param_space changed?"
+                    .into(),
+            );
+        }
         if let Some(history) = History::restore(&saved.history, &self.params, "GP")? {
             self.history = history;
         }
-        self.kernel = kernel;
+        self.kernel = saved.kernel;
+        self.cost_kernel = saved.cost_kernel;
         Ok(())
     }
 }

@@ -1,7 +1,9 @@
 //! What a model-based searcher (TPE, GP) has seen: the trials it suggested,
 //! those still running, the completed ones' results, and the failed ones in
-//! case they run again. It is also what such a searcher saves, so a resumed
-//! search learns from exactly what the uninterrupted one would have.
+//! case they run again; where the searcher asks, intermediate results and
+//! what each trial's iterations cost. It is also what such a searcher
+//! saves, so a resumed search learns from exactly what the uninterrupted
+//! one would have.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -39,6 +41,11 @@ pub(super) struct History {
     /// learns from them ([`History::record`]).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub(super) curves: BTreeMap<String, Curve>,
+    /// Per trial, its model values and the natural log of the fuel an
+    /// iteration took, kept only for a searcher that weighs cost
+    /// ([`History::record_cost`]).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub(super) costs: BTreeMap<String, Observation>,
 }
 
 /// A trial's model values and its finite metrics at the iterations kept
@@ -132,6 +139,35 @@ impl History {
             .insert(iteration, value);
     }
 
+    /// An intermediate result of a running trial: the mean fuel its
+    /// iterations took since it (re)started (`fuel_since_restore` over
+    /// `iterations_since_restore`, which the runner adds to every result),
+    /// for cost-aware models. A mean, not the latest iteration's fuel: a
+    /// first iteration that also builds the model would make every trial
+    /// ASHA stops early look dearer than the ones it promotes. Results of
+    /// trials this searcher did not suggest, or without positive fuel, are
+    /// ignored.
+    pub(super) fn record_cost(&mut self, trial_id: &str, result: &Map<String, Value>) {
+        let Some(values) = self.pending.get(trial_id) else {
+            return;
+        };
+        let number = |key: &str| result.get(key).and_then(Value::as_f64);
+        let Some(fuel) = number("fuel_since_restore")
+            .zip(number("iterations_since_restore"))
+            .map(|(fuel, iterations)| fuel / iterations)
+            .filter(|&f| f > 0.0 && f.is_finite())
+        else {
+            return;
+        };
+        self.costs.insert(
+            trial_id.to_string(),
+            Observation {
+                values: values.clone(),
+                metric: fuel.ln(),
+            },
+        );
+    }
+
     /// The highest iteration at which at least `min_count` trials reported
     /// a finite metric, with those trials' model values and metrics there,
     /// in trial-id (suggestion) order: what a BOHB-style model learns from,
@@ -218,7 +254,8 @@ impl History {
         if !(saved.observations.iter().all(|o| fits(&o.values))
             && saved.pending.values().all(fits)
             && saved.failed.values().all(fits)
-            && saved.curves.values().all(|c| fits(&c.values)))
+            && saved.curves.values().all(|c| fits(&c.values))
+            && saved.costs.values().all(|c| fits(&c.values)))
         {
             return Err(format!(
                 "the saved {what} state does not fit this search space; was param_space changed?"

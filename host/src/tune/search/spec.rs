@@ -275,7 +275,7 @@ mod tests {
             json!({"type": "random"}),
             json!({"type": "grid", "points": 3, "max_concurrent": 2}),
             json!({"type": "tpe", "n_initial_points": 5, "gamma": 0.3, "n_candidates": 10, "prior_weight": 2.0, "multivariate": false, "constant_liar": false, "rank_weights": false, "multi_fidelity": true}),
-            json!({"type": "gp", "n_initial_points": 4, "n_candidates": 100, "n_local_search": 2, "multi_fidelity": true}),
+            json!({"type": "gp", "n_initial_points": 4, "n_candidates": 100, "n_local_search": 2, "multi_fidelity": true, "cost_exponent": 0.5}),
         ] {
             let s: SearchSpec = serde_json::from_value(value.clone()).unwrap();
             assert_eq!(serde_json::to_value(&s).unwrap(), value);
