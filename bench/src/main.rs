@@ -147,6 +147,8 @@ struct Args {
     write: bool,
     note: Option<String>,
     file: Option<PathBuf>,
+    /// The `search` scenario's settings, read when it is asked for.
+    search: Option<search::Settings>,
 }
 
 fn parse(args: &[String]) -> Result<Args, String> {
@@ -156,6 +158,7 @@ fn parse(args: &[String]) -> Result<Args, String> {
         write: false,
         note: None,
         file: None,
+        search: None,
     };
     let mut rest = args.iter();
     while let Some(arg) = rest.next() {
@@ -194,6 +197,9 @@ fn parse(args: &[String]) -> Result<Args, String> {
         seen.retain(|s| *s != "compute-gpu");
     }
     parsed.scenarios = seen;
+    if parsed.scenarios.contains(&"search") {
+        parsed.search = Some(search::Settings::from_env()?);
+    }
     Ok(parsed)
 }
 
@@ -239,6 +245,20 @@ fn host_math(root: &Path, example: &Path) -> Vec<(String, Program)> {
         loaded.push((label, sandbox.load(example).expect("the digits example")));
     }
     loaded
+}
+
+/// `value` as one shell word: as it is when it holds only characters no
+/// shell treats specially, else in single quotes.
+fn shell_word(value: &str) -> String {
+    let plain = !value.is_empty()
+        && value
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || ",._-/=:+".contains(c));
+    if plain {
+        value.to_string()
+    } else {
+        format!("'{}'", value.replace('\'', r"'\''"))
+    }
 }
 
 /// Runs `scenario`; a panic becomes a "not measured" note in the output.
@@ -325,15 +345,31 @@ fn main() {
                 compare::replay();
                 compare::digits(&root, &guest("digits_mlp"));
             }
-            "search" => search::run(&root),
+            "search" => search::run(
+                &root,
+                parsed.search.as_ref().expect("read with the scenario list"),
+            ),
             "search-curves" => search::learning_curves(&root),
             other => unreachable!("scenario {other} is in SCENARIOS"),
         });
     }
 
     if parsed.write {
-        // The command as given, without the note's text.
-        let mut command = String::from("cargo run --release -p wtune-bench --");
+        // The command as given, without the note's text, after the bench's
+        // settings from the environment.
+        let mut settings: Vec<String> = std::env::vars_os()
+            .filter_map(|(name, value)| {
+                let name = name.into_string().ok()?;
+                name.starts_with("WTUNE_BENCH_")
+                    .then(|| format!("{name}={}", shell_word(&value.to_string_lossy())))
+            })
+            .collect();
+        settings.sort();
+        let mut command = settings.join(" ");
+        if !command.is_empty() {
+            command.push(' ');
+        }
+        command.push_str("cargo run --release -p wtune-bench --");
         let mut given = args.iter();
         while let Some(arg) = given.next() {
             if arg == "--note" {

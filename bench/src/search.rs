@@ -46,48 +46,75 @@ const OPTUNA: &str = "optuna==5.0.0";
 /// What Optuna's `GPSampler` needs besides Optuna, pinned likewise.
 const OPTUNA_GP: [&str; 2] = ["torch==2.15.0", "scipy==1.17.1"];
 /// The functions Optuna's `GPSampler` runs on, by name.
-const GP_FUNCTIONS: [&str; 3] = [
-    "branin (2-d)",
-    "rotated quadratic (4-d)",
-    "hartmann-6 (6-d)",
-];
+const GP_FUNCTIONS: [&str; 3] = ["branin (2-d)", "rotated quadratic (4-d)", HARTMANN6];
+/// The function suggestion times are measured on.
+const HARTMANN6: &str = "hartmann-6 (6-d)";
 
-/// Seeds per searcher: `WTUNE_BENCH_SEEDS`, or [`SEEDS`].
-fn seeds() -> u64 {
-    match std::env::var("WTUNE_BENCH_SEEDS") {
-        Err(_) => SEEDS,
-        Ok(v) => match v.trim().parse::<u64>() {
-            Ok(n) if n > 0 => n,
-            _ => {
-                eprintln!("WTUNE_BENCH_SEEDS must be a whole number above 0, got {v:?}");
-                std::process::exit(2);
+/// What the `search` scenario runs: `seeds` seeds per searcher (from
+/// `WTUNE_BENCH_SEEDS`, default [`SEEDS`]) on the functions named in
+/// `functions` (from `WTUNE_BENCH_FUNCTIONS`, comma-separated starts of
+/// their names; default all).
+pub struct Settings {
+    seeds: u64,
+    functions: Vec<&'static str>,
+}
+
+impl Settings {
+    /// The settings the environment asks for; a bad value is an error
+    /// naming it, so that the bench stops before it runs anything.
+    pub fn from_env() -> Result<Self, String> {
+        let seeds = match env("WTUNE_BENCH_SEEDS")? {
+            None => SEEDS,
+            Some(v) => match v.trim().parse::<u64>() {
+                Ok(n) if n > 0 => n,
+                _ => {
+                    return Err(format!(
+                        "WTUNE_BENCH_SEEDS must be a whole number above 0, got {v:?}"
+                    ));
+                }
+            },
+        };
+        let names: Vec<&'static str> = functions().iter().map(|f| f.name).collect();
+        let functions = match env("WTUNE_BENCH_FUNCTIONS")? {
+            None => names,
+            Some(wanted) => {
+                let wanted: Vec<&str> = wanted.split(',').map(str::trim).collect();
+                let listed = || format!("the functions: {}", names.join(", "));
+                if let Some(unknown) = wanted
+                    .iter()
+                    .find(|w| w.is_empty() || !names.iter().any(|n| n.starts_with(*w)))
+                {
+                    return Err(if unknown.is_empty() {
+                        format!(
+                            "WTUNE_BENCH_FUNCTIONS names an empty function; unset it to run \
+                             them all, or give the starts of their names, comma-separated; {}",
+                            listed()
+                        )
+                    } else {
+                        format!(
+                            "WTUNE_BENCH_FUNCTIONS: no function's name starts with {unknown:?}; {}",
+                            listed()
+                        )
+                    });
+                }
+                names
+                    .iter()
+                    .copied()
+                    .filter(|n| wanted.iter().any(|w| n.starts_with(w)))
+                    .collect()
             }
-        },
+        };
+        Ok(Self { seeds, functions })
     }
 }
 
-/// The functions `WTUNE_BENCH_FUNCTIONS` (comma-separated starts of their
-/// names) selects, or all of them.
-fn selected_functions() -> Vec<Function> {
-    let all = functions();
-    let Ok(wanted) = std::env::var("WTUNE_BENCH_FUNCTIONS") else {
-        return all;
-    };
-    let wanted: Vec<&str> = wanted.split(',').map(str::trim).collect();
-    if let Some(unknown) = wanted
-        .iter()
-        .find(|w| w.is_empty() || !all.iter().any(|f| f.name.starts_with(*w)))
-    {
-        let names: Vec<&str> = all.iter().map(|f| f.name).collect();
-        eprintln!(
-            "WTUNE_BENCH_FUNCTIONS: no function's name starts with {unknown:?}; the names: {}",
-            names.join(", ")
-        );
-        std::process::exit(2);
+/// An environment variable's value; `None` where it is not set.
+fn env(name: &str) -> Result<Option<String>, String> {
+    match std::env::var(name) {
+        Ok(v) => Ok(Some(v)),
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(_)) => Err(format!("{name} is not valid UTF-8")),
     }
-    all.into_iter()
-        .filter(|f| wanted.iter().any(|w| f.name.starts_with(w)))
-        .collect()
 }
 
 /// Whether Optuna's `GPSampler` rows were asked for.
@@ -237,7 +264,7 @@ fn functions() -> Vec<Function> {
             value: mixed,
         },
         Function {
-            name: "hartmann-6 (6-d)",
+            name: HARTMANN6,
             space: box_space(6, 0.0, 1.0),
             value: hartmann6,
         },
@@ -338,7 +365,10 @@ fn row(runs: &[Vec<f64>]) -> String {
 /// Milliseconds one suggestion takes after `observations` completed
 /// trials (on Hartmann-6), median of 5.
 fn suggestion_ms(spec: &Value, observations: usize) -> f64 {
-    let function = &functions()[3];
+    let function = functions()
+        .into_iter()
+        .find(|f| f.name == HARTMANN6)
+        .expect("hartmann-6 is a function");
     let space = SearchSpace::from_json(&function.space).expect("a valid space");
     let total = observations as u64 + 5;
     let mut searcher: Box<dyn Searcher> = SearchSpec::from_json(spec)
@@ -504,9 +534,12 @@ pub fn learning_curves(root: &Path) {
     }
 }
 
-pub fn run(root: &Path) {
-    // Read first, so that a bad setting stops the run before any output.
-    let (seeds, functions) = (seeds(), selected_functions());
+pub fn run(root: &Path, settings: &Settings) {
+    let seeds = settings.seeds;
+    let functions: Vec<Function> = functions()
+        .into_iter()
+        .filter(|f| settings.functions.contains(&f.name))
+        .collect();
     out!("### Search quality: regret after 25 / 50 / 100 trials, beside Optuna");
     out!();
     out!(
@@ -545,10 +578,7 @@ pub fn run(root: &Path) {
         }
     }
     out!();
-    if !functions
-        .iter()
-        .any(|f| f.name == self::functions()[3].name)
-    {
+    if !settings.functions.contains(&HARTMANN6) {
         return;
     }
     out!("Time per suggestion on Hartmann-6 (median of 5 suggestions):");
