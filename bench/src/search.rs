@@ -63,7 +63,15 @@ impl Settings {
     /// The settings the environment asks for; a bad value is an error
     /// naming it, so that the bench stops before it runs anything.
     pub fn from_env() -> Result<Self, String> {
-        let seeds = match env("WTUNE_BENCH_SEEDS")? {
+        Self::from_values(
+            env("WTUNE_BENCH_SEEDS")?.as_deref(),
+            env("WTUNE_BENCH_FUNCTIONS")?.as_deref(),
+        )
+    }
+
+    /// The settings for the two variables' values (`None`: not set).
+    fn from_values(seeds: Option<&str>, wanted: Option<&str>) -> Result<Self, String> {
+        let seeds = match seeds {
             None => SEEDS,
             Some(v) => match v.trim().parse::<u64>() {
                 Ok(n) if n > 0 => n,
@@ -75,7 +83,7 @@ impl Settings {
             },
         };
         let names: Vec<&'static str> = functions().iter().map(|f| f.name).collect();
-        let functions = match env("WTUNE_BENCH_FUNCTIONS")? {
+        let functions = match wanted {
             None => names,
             Some(wanted) => {
                 let wanted: Vec<&str> = wanted.split(',').map(str::trim).collect();
@@ -609,4 +617,39 @@ pub fn run(root: &Path, settings: &Settings) {
         }
     }
     out!();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_default_select_and_refuse_clearly() {
+        let all = Settings::from_values(None, None).unwrap();
+        assert_eq!((all.seeds, all.functions.len()), (SEEDS, functions().len()));
+
+        let some = Settings::from_values(Some(" 120 "), Some("hartmann, bran")).unwrap();
+        assert_eq!(some.seeds, 120);
+        assert_eq!(some.functions, vec!["branin (2-d)", HARTMANN6]);
+
+        for bad in ["0", "-1", "many", ""] {
+            let e = Settings::from_values(Some(bad), None).err().unwrap();
+            assert!(
+                e.contains("WTUNE_BENCH_SEEDS") && e.contains(&format!("{bad:?}")),
+                "{e}"
+            );
+        }
+        let e = Settings::from_values(None, Some("bran,tsp")).err().unwrap();
+        assert!(
+            e.contains("\"tsp\"") && e.contains("rosenbrock (8-d)"),
+            "{e}"
+        );
+        for empty in ["", "bran,", " , hartmann"] {
+            let e = Settings::from_values(None, Some(empty)).err().unwrap();
+            assert!(
+                e.contains("empty") && e.contains("branin (2-d)"),
+                "{empty:?}: {e}"
+            );
+        }
+    }
 }
