@@ -53,23 +53,28 @@ const HARTMANN6: &str = "hartmann-6 (6-d)";
 /// What the `search` scenario runs: `seeds` seeds per searcher (from
 /// `WTUNE_BENCH_SEEDS`, default [`SEEDS`]) on the functions named in
 /// `functions` (from `WTUNE_BENCH_FUNCTIONS`, comma-separated starts of
-/// their names; default all).
+/// their names; default all), with Optuna's `GPSampler` rows when
+/// `optuna_gp` (`WTUNE_BENCH_OPTUNA_GP=1`).
 pub struct Settings {
     seeds: u64,
     functions: Vec<&'static str>,
+    optuna_gp: bool,
 }
 
 impl Settings {
     /// The settings the environment asks for; a bad value is an error
     /// naming it, so that the bench stops before it runs anything.
     pub fn from_env() -> Result<Self, String> {
-        Self::from_values(
+        let mut settings = Self::from_values(
             env("WTUNE_BENCH_SEEDS")?.as_deref(),
             env("WTUNE_BENCH_FUNCTIONS")?.as_deref(),
-        )
+        )?;
+        settings.optuna_gp = std::env::var_os("WTUNE_BENCH_OPTUNA_GP").is_some_and(|v| v == "1");
+        Ok(settings)
     }
 
-    /// The settings for the two variables' values (`None`: not set).
+    /// The settings for the seed and function variables' values (`None`:
+    /// not set), without Optuna's `GPSampler`.
     fn from_values(seeds: Option<&str>, wanted: Option<&str>) -> Result<Self, String> {
         let seeds = match seeds {
             None => SEEDS,
@@ -112,7 +117,11 @@ impl Settings {
                     .collect()
             }
         };
-        Ok(Self { seeds, functions })
+        Ok(Self {
+            seeds,
+            functions,
+            optuna_gp: false,
+        })
     }
 }
 
@@ -123,11 +132,6 @@ fn env(name: &str) -> Result<Option<String>, String> {
         Err(std::env::VarError::NotPresent) => Ok(None),
         Err(std::env::VarError::NotUnicode(_)) => Err(format!("{name} is not valid UTF-8")),
     }
-}
-
-/// Whether Optuna's `GPSampler` rows were asked for.
-fn with_optuna_gp() -> bool {
-    std::env::var_os("WTUNE_BENCH_OPTUNA_GP").is_some_and(|v| v == "1")
 }
 
 /// A test function: its search space (as `param_space` writes it) and its
@@ -398,12 +402,11 @@ fn suggestion_ms(spec: &Value, observations: usize) -> f64 {
     median(&mut times)
 }
 
-/// A venv under `target/` with Optuna; `None` (said) where it cannot be
-/// made, e.g. offline.
-fn optuna_python(root: &Path) -> Option<PathBuf> {
+/// A venv under `target/` with Optuna, and with what its `GPSampler` needs
+/// when `gp`; `None` (said) where it cannot be made, e.g. offline.
+fn optuna_python(root: &Path, gp: bool) -> Option<PathBuf> {
     let venv = root.join("target/bench-optuna-venv");
     let python = venv.join("bin/python");
-    let gp = with_optuna_gp();
     let import = if gp {
         "import optuna, torch, scipy"
     } else {
@@ -445,11 +448,11 @@ fn optuna_python(root: &Path) -> Option<PathBuf> {
     }
 }
 
-/// Optuna's rows for `functions` over `seeds` seeds, by function name:
+/// Optuna's rows for `functions` as `settings` ask, by function name:
 /// `(sampler, cells)`; and its suggestion times. Checks first that the
 /// script's functions match these.
-fn optuna(root: &Path, functions: &[Function], seeds: u64) -> Option<Value> {
-    let python = optuna_python(root)?;
+fn optuna(root: &Path, functions: &[Function], settings: &Settings) -> Option<Value> {
+    let python = optuna_python(root, settings.optuna_gp)?;
     // Each function's value at a few seeded random configurations.
     let checks: Vec<Value> = functions
         .iter()
@@ -469,9 +472,14 @@ fn optuna(root: &Path, functions: &[Function], seeds: u64) -> Option<Value> {
             json!({"name": f.name, "space": f.space, "points": points})
         })
         .collect();
-    let gp: &[&str] = if with_optuna_gp() { &GP_FUNCTIONS } else { &[] };
+    let gp: &[&str] = if settings.optuna_gp {
+        &GP_FUNCTIONS
+    } else {
+        &[]
+    };
     let input = json!({
-        "functions": checks, "trials": TRIALS, "seeds": seeds, "at": AT, "gp_functions": gp,
+        "functions": checks, "trials": TRIALS, "seeds": settings.seeds, "at": AT,
+        "gp_functions": gp,
     });
     let script = root.join("bench/search/optuna_suite.py");
     let output = Command::new(&python)
@@ -561,7 +569,7 @@ pub fn run(root: &Path, settings: &Settings) {
         OPTUNA.trim_start_matches("optuna==")
     );
     out!();
-    let optuna = optuna(root, &functions, seeds);
+    let optuna = optuna(root, &functions, settings);
     out!(
         "| function | searcher | median @25 | median @50 | median @100 | mean @100 | solved @100 |"
     );
