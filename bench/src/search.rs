@@ -501,9 +501,10 @@ fn optuna(root: &Path, functions: &[Function], settings: &Settings) -> Option<Va
 /// learning from the rungs (`multi_fidelity`, as BOHB) beats learning from
 /// finished trials only, and both beat random search, at equal fuel, for
 /// TPE and GP; and whether weighing each configuration's cost
-/// (`cost_exponent`) buys GP more trials worth having. On
-/// `CurveSet::synthetic()`, whose curves cross, and on the tabulated
-/// curves of the digits CNN (`examples/replay/curves/digits-cnn.json`).
+/// (`cost_exponent`) buys GP more trials worth having, alone and with
+/// `multi_fidelity`. On `CurveSet::synthetic()`, whose curves cross, and on
+/// the tabulated curves of the digits CNN
+/// (`examples/replay/curves/digits-cnn.json`).
 pub fn learning_curves(root: &Path) {
     let tabulated = root.join("examples/replay/curves/digits-cnn.json");
     let sets = [
@@ -544,6 +545,11 @@ pub fn learning_curves(root: &Path) {
                     "ASHA + gp, cost_exponent 1".into(),
                     asha(),
                     json!({"type": "gp", "cost_exponent": 1.0}),
+                ),
+                (
+                    "ASHA + gp, multi_fidelity, cost_exponent 1".into(),
+                    asha(),
+                    json!({"type": "gp", "multi_fidelity": true, "cost_exponent": 1.0}),
                 ),
             ],
         );

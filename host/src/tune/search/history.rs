@@ -230,6 +230,40 @@ impl History {
             .map(|(_, values)| values)
     }
 
+    /// Model values of the trials that ended without error before
+    /// reaching iteration `rung` and, at the last iteration they reported,
+    /// trailed a trial that went on to reach it: those a scheduler such as
+    /// ASHA stopped for ranking low there, not those a stop criterion ended
+    /// for doing well. In trial-id order.
+    pub(super) fn stopped_below(&self, rung: u64, mode: Mode) -> Vec<&Vec<f64>> {
+        let reached: Vec<&Curve> = self
+            .curves
+            .values()
+            .filter(|c| c.metrics.contains_key(&rung))
+            .collect();
+        let better = |a: f64, b: f64| match mode {
+            Mode::Min => a < b,
+            Mode::Max => a > b,
+        };
+        self.curves
+            .iter()
+            .filter(|(id, curve)| {
+                !self.pending.contains_key(*id)
+                    && !self.failed.contains_key(*id)
+                    && curve
+                        .metrics
+                        .last_key_value()
+                        .is_some_and(|(&last, &metric)| {
+                            last < rung
+                                && reached.iter().any(|r| {
+                                    r.metrics.get(&last).is_some_and(|&m| better(m, metric))
+                                })
+                        })
+            })
+            .map(|(_, curve)| &curve.values)
+            .collect()
+    }
+
     /// A failed trial runs again: it is pending once more.
     pub(super) fn retry(&mut self, trial_id: &str) {
         if let Some(values) = self.failed.remove(trial_id) {
