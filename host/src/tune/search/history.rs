@@ -241,10 +241,6 @@ impl History {
             .values()
             .filter(|c| c.metrics.contains_key(&rung))
             .collect();
-        let better = |a: f64, b: f64| match mode {
-            Mode::Min => a < b,
-            Mode::Max => a > b,
-        };
         self.curves
             .iter()
             .filter(|(id, curve)| {
@@ -256,7 +252,9 @@ impl History {
                         .is_some_and(|(&last, &metric)| {
                             last < rung
                                 && reached.iter().any(|r| {
-                                    r.metrics.get(&last).is_some_and(|&m| better(m, metric))
+                                    r.metrics
+                                        .get(&last)
+                                        .is_some_and(|&m| mode.better(m, metric))
                                 })
                         })
             })
