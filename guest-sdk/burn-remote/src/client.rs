@@ -8,7 +8,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use burn_backend::{DType, DTypeUsage, DTypeUsageSet, ExecutionError, Shape, TensorData};
 use burn_ir::{GraphBindings, GraphId, OperationIr, TensorId, TensorIr};
 use burn_router::{MultiBackendBridge, RouterChannel, RouterClient, RouterTensor};
-use burn_std::BoolStore;
 use burn_std::future::DynFut;
 
 use crate::RemoteDevice;
@@ -116,12 +115,13 @@ impl RouterClient for WtuneClient {
         queue(Command::Seed(seed));
     }
 
-    /// What the host's backends support: every float, integer and bool
-    /// type, stored and computed with; no quantized tensors, and bools as
-    /// native bytes.
+    /// What the host's backends support: every float and integer type,
+    /// stored and computed with; bools as the host's backend stores them
+    /// ([`Transport::bools`]); no quantized tensors.
     fn dtype_usage(&self, dtype: DType) -> DTypeUsageSet {
         match dtype {
-            DType::QFloat(_) | DType::Bool(BoolStore::U32) => DTypeUsageSet::empty(),
+            DType::QFloat(_) => DTypeUsageSet::empty(),
+            DType::Bool(store) if store != crate::transport::bools() => DTypeUsageSet::empty(),
             _ => DTypeUsage::Storage | DTypeUsage::Arithmetic,
         }
     }

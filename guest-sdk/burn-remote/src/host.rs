@@ -2,10 +2,10 @@
 //! trainable's burn operations go to the host's `wtune:trainable/burn`
 //! interface through `wtune_guest::burn`.
 
-use std::sync::Once;
+use std::sync::{Once, OnceLock};
 
 use burn_ir::TensorIr;
-use burn_std::{ExecutionError, TensorData};
+use burn_std::{BoolStore, ExecutionError, TensorData};
 
 use crate::{RemoteDevice, Transport};
 
@@ -28,6 +28,16 @@ impl Transport for WtuneHost {
 
     fn sync(&self, frame: &[u8]) -> Result<(), ExecutionError> {
         wtune_guest::burn::sync(frame).map_err(ExecutionError::generic)
+    }
+
+    /// The host runs a trial's burn operations where its compute runs:
+    /// on a GPU there, bools are 32-bit words.
+    fn bools(&self) -> BoolStore {
+        static BOOLS: OnceLock<BoolStore> = OnceLock::new();
+        *BOOLS.get_or_init(|| match wtune_guest::compute::info().kind.as_str() {
+            "gpu" => BoolStore::U32,
+            _ => BoolStore::Native,
+        })
     }
 }
 

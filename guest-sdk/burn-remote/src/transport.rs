@@ -3,7 +3,7 @@
 use std::sync::OnceLock;
 
 use burn_ir::TensorIr;
-use burn_std::{ExecutionError, TensorData};
+use burn_std::{BoolStore, ExecutionError, TensorData};
 
 /// How queued commands reach the host. In a wtune guest this is the host's
 /// burn interface; a native program (a test, a benchmark) installs its own
@@ -22,6 +22,13 @@ pub trait Transport: Send + Sync + 'static {
 
     /// Runs `frame` and waits until every command sent so far has run.
     fn sync(&self, frame: &[u8]) -> Result<(), ExecutionError>;
+
+    /// How the host's backend stores bool tensors, which the client's
+    /// tensors then use: native bytes on burn's CPU backend (the default),
+    /// 32-bit words on a GPU, whose kernels have no narrower type.
+    fn bools(&self) -> BoolStore {
+        BoolStore::Native
+    }
 }
 
 static TRANSPORT: OnceLock<Box<dyn Transport>> = OnceLock::new();
@@ -31,6 +38,12 @@ static TRANSPORT: OnceLock<Box<dyn Transport>> = OnceLock::new();
 /// false when one was already installed.
 pub fn install(transport: impl Transport) -> bool {
     TRANSPORT.set(Box::new(transport)).is_ok()
+}
+
+/// How the installed transport's host stores bools ([`Transport::bools`]);
+/// native bytes before one is installed.
+pub(crate) fn bools() -> BoolStore {
+    installed().map_or(BoolStore::Native, Transport::bools)
 }
 
 /// The installed transport, if any.

@@ -12,18 +12,36 @@
 //! anything else (opening a file, a socket, starting a process, mapping
 //! executable memory) kills it with `SIGSYS`, and wtune reports the
 //! trial's worker as died. Linux only (x86-64 and aarch64); elsewhere the
-//! worker runs unconfined.
+//! worker runs unconfined. A worker on a GPU gets a looser filter
+//! ([`confine_gpu`]), since the Vulkan driver needs much of what the CPU
+//! worker's forbids.
 
 /// Runs burn's matmul once, so that it learns the machine while it may
 /// still look: the CPU kernels read the caches' sizes from
 /// `/sys/devices/system/cpu` the first time they multiply, which the filter
 /// would forbid. Call before [`confine`].
 pub fn warm_up() -> Result<(), String> {
-    use burn_ir::{FloatOperationIr, MatmulOpIr, OperationIr, TensorId, TensorIr, TensorStatus};
+    once::<burn_flex::Flex>(burn_flex::FlexDevice, 256, true)
+}
+
+/// [`warm_up`] on a GPU: one addition, so that the driver has loaded its
+/// shader compiler and started its threads before [`confine_gpu`], and a
+/// device that cannot run a kernel fails here, with the reason. Not a
+/// matmul: autotuning it compiles several kernels, seconds on software
+/// Vulkan.
+pub fn warm_up_gpu(device: crate::gpu::Device) -> Result<(), String> {
+    once::<crate::gpu::Gpu>(device, 8, false)
+}
+
+/// Squares (`multiply`) or doubles an `n` x `n` matrix of ones on `device`.
+fn once<B: burn_ir::BackendIr>(device: B::Device, n: usize, multiply: bool) -> Result<(), String> {
+    use burn_ir::{
+        BinaryOpIr, FloatOperationIr, MatmulOpIr, NumericOperationIr, OperationIr, TensorId,
+        TensorIr, TensorStatus,
+    };
     use burn_remote::wire::{Command, Frame};
     use burn_std::{DType, Shape, TensorData};
 
-    let n = 256;
     let tensor = |id, status| TensorIr {
         id: TensorId::new(id),
         shape: Shape::from(vec![n, n]),
@@ -35,15 +53,23 @@ pub fn warm_up() -> Result<(), String> {
         id: TensorId::new(1),
         data: TensorData::new(vec![1.0f32; n * n], [n, n]),
     });
-    frame.push(&Command::Operation(OperationIr::Float(
-        DType::F32,
-        FloatOperationIr::Matmul(MatmulOpIr {
-            lhs: tensor(1, TensorStatus::ReadOnly),
-            rhs: tensor(1, TensorStatus::ReadWrite),
-            out: tensor(2, TensorStatus::NotInit),
-        }),
-    )));
-    let mut session = crate::Session::new(1 << 20, u64::MAX);
+    let (lhs, rhs, out) = (
+        tensor(1, TensorStatus::ReadOnly),
+        tensor(1, TensorStatus::ReadWrite),
+        tensor(2, TensorStatus::NotInit),
+    );
+    frame.push(&Command::Operation(if multiply {
+        OperationIr::Float(
+            DType::F32,
+            FloatOperationIr::Matmul(MatmulOpIr { lhs, rhs, out }),
+        )
+    } else {
+        OperationIr::NumericFloat(
+            DType::F32,
+            NumericOperationIr::Add(BinaryOpIr { lhs, rhs, out }),
+        )
+    }));
+    let mut session = crate::Session::<B>::on(device, 1 << 20, u64::MAX);
     session
         .read(frame.bytes(), tensor(2, TensorStatus::ReadWrite))
         .map(drop)
@@ -119,5 +145,102 @@ pub fn confine() -> Result<(), String> {
 /// Elsewhere the worker runs unconfined.
 #[cfg(not(target_os = "linux"))]
 pub fn confine() -> Result<(), String> {
+    Ok(())
+}
+
+/// Installs the filter of a worker on a GPU, on every thread. Call once
+/// the device is open and [`warm_up_on`] has run.
+///
+/// The Vulkan driver cannot be given [`confine`]'s list: it opens device
+/// files, issues `ioctl`s and maps memory executable for its shader
+/// compiler whenever a kernel is first used. So this filter is a list of
+/// what is refused instead (with `EPERM`, so that a driver that asks gets
+/// an error, not a dead worker): starting a process or program, the
+/// network, reaching into other processes, and the kernel's namespace,
+/// mount, BPF and key interfaces. Files stay open to the worker, as they
+/// are to the host compute GPU worker (see SECURITY.md).
+#[cfg(target_os = "linux")]
+pub fn confine_gpu() -> Result<(), String> {
+    use std::collections::BTreeMap;
+
+    use seccompiler::{
+        BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
+        SeccompRule, TargetArch,
+    };
+
+    let arch = TargetArch::try_from(std::env::consts::ARCH)
+        .map_err(|e| format!("no system call filter for this machine: {e}"))?;
+    let install = |rules: BTreeMap<i64, Vec<SeccompRule>>, errno: i32| {
+        let filter = SeccompFilter::new(
+            rules,
+            SeccompAction::Allow,
+            SeccompAction::Errno(errno as u32),
+            arch,
+        )
+        .map_err(|e| format!("building the system call filter: {e}"))?;
+        let program: BpfProgram = filter
+            .try_into()
+            .map_err(|e| format!("compiling the system call filter: {e}"))?;
+        seccompiler::apply_filter_all_threads(&program)
+            .map_err(|e| format!("installing the system call filter: {e}"))
+    };
+    let mut refused: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
+    // A new thread is allowed, a new process is not.
+    let not_a_thread = SeccompCondition::new(
+        0,
+        SeccompCmpArgLen::Qword,
+        SeccompCmpOp::MaskedEq(libc::CLONE_THREAD as u64),
+        0,
+    )
+    .and_then(|c| SeccompRule::new(vec![c]))
+    .map_err(|e| e.to_string())?;
+    refused.insert(libc::SYS_clone, vec![not_a_thread]);
+    #[cfg(target_arch = "x86_64")]
+    for call in [libc::SYS_fork, libc::SYS_vfork] {
+        refused.insert(call, Vec::new());
+    }
+    for call in [
+        libc::SYS_execve,
+        libc::SYS_execveat,
+        libc::SYS_socket,
+        libc::SYS_socketpair,
+        libc::SYS_connect,
+        libc::SYS_bind,
+        libc::SYS_listen,
+        libc::SYS_accept,
+        libc::SYS_accept4,
+        libc::SYS_ptrace,
+        libc::SYS_process_vm_readv,
+        libc::SYS_process_vm_writev,
+        libc::SYS_pidfd_open,
+        libc::SYS_pidfd_getfd,
+        libc::SYS_mount,
+        libc::SYS_umount2,
+        libc::SYS_unshare,
+        libc::SYS_setns,
+        libc::SYS_chroot,
+        libc::SYS_pivot_root,
+        libc::SYS_bpf,
+        libc::SYS_perf_event_open,
+        libc::SYS_keyctl,
+        libc::SYS_add_key,
+        libc::SYS_request_key,
+        libc::SYS_userfaultfd,
+        libc::SYS_io_uring_setup,
+    ] {
+        refused.insert(call, Vec::new());
+    }
+    install(refused, libc::EPERM)?;
+    // clone3's flags sit in memory a filter cannot read: refused as
+    // unknown, the C library falls back to clone, which is checked above.
+    install(
+        BTreeMap::from([(libc::SYS_clone3, Vec::new())]),
+        libc::ENOSYS,
+    )
+}
+
+/// Elsewhere the worker runs unconfined.
+#[cfg(not(target_os = "linux"))]
+pub fn confine_gpu() -> Result<(), String> {
     Ok(())
 }

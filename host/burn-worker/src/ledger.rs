@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::fmt;
 
 use burn_ir::{TensorId, TensorIr, TensorStatus};
-use burn_std::{BoolStore, DType, Shape};
+use burn_std::{DType, Shape};
 
 /// Most dimensions a tensor may have: burn's models use up to 6.
 pub const MAX_RANK: usize = 16;
@@ -75,9 +75,10 @@ pub fn shown(shape: &Shape) -> String {
 }
 
 /// Whether the host's backends hold `dtype`: every float, integer and
-/// native bool type; not quantized tensors, nor bools stored as `u32`.
+/// bool type, not quantized tensors. How bools are stored depends on the
+/// backend, which the session checks.
 pub fn supported(dtype: DType) -> bool {
-    !matches!(dtype, DType::QFloat(_) | DType::Bool(BoolStore::U32))
+    !matches!(dtype, DType::QFloat(_))
 }
 
 /// The bytes a tensor of `shape` and `dtype` takes, if that is a tensor

@@ -2,7 +2,8 @@
 //!
 //! A guest built with burn and wtune's `burn-remote` client sends its
 //! tensor operations as frames of burn-ir commands (`burn_remote::wire`).
-//! This crate runs them on burn's CPU backend (`flex`) for one trial,
+//! This crate runs them on burn's CPU backend (`flex`), or on a GPU
+//! through burn's wgpu backend ([`gpu`]), for one trial,
 //! after checking each one: that it names only tensors the trial holds, as
 //! they are; that its outputs have the shapes its inputs make
 //! ([`shapes`]); that they fit the trial's memory quota ([`ledger`]); and
@@ -17,11 +18,11 @@
 //! [`Session::image`] and [`Session::restore`] carry a session through the
 //! host's snapshots.
 //!
-//! Not covered yet: the GPU (burn's wgpu backend), and the operations
-//! [`shapes`] does not list.
+//! Not covered: the operations [`shapes`] does not list.
 
 pub mod confine;
 pub mod cost;
+pub mod gpu;
 pub mod ledger;
 pub mod protocol;
 mod session;

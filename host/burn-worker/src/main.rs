@@ -1,66 +1,148 @@
-//! `wtune-burn-worker --memory-bytes N`: serves one trial's burn session
-//! on stdin and stdout (see `wtune_burn_worker::protocol`). wtune starts
-//! it; it is not meant to be run by hand.
+//! `wtune-burn-worker --memory-bytes N [--gpu-pci BUS | --gpu NAME]`:
+//! serves one trial's burn session on stdin and stdout (see
+//! `wtune_burn_worker::protocol`), on burn's CPU backend or on the GPU
+//! named (see `wtune_burn_worker::gpu`). wtune starts it; it is not meant
+//! to be run by hand.
 
 use std::io::{self, BufReader, BufWriter};
 use std::process::ExitCode;
 
+use burn_ir::BackendIr;
+use wtune_burn_worker::gpu::{self, Adapter};
 use wtune_burn_worker::{Session, confine, protocol};
 
-const USAGE: &str = "usage: wtune-burn-worker --memory-bytes N\n       \
-     wtune-burn-worker --check-confinement";
+const USAGE: &str = "usage: wtune-burn-worker --memory-bytes N [--gpu-pci BUS | --gpu NAME]\n       \
+     wtune-burn-worker --check-confinement [--gpu-pci BUS | --gpu NAME]";
 
 /// What the command line asks for.
-enum Mode {
-    /// Serve a session whose tensors may take this many bytes.
-    Serve(u64),
-    /// Confine this process, then try to open a file: a confined worker is
-    /// killed by `SIGSYS` before the open returns.
-    CheckConfinement,
+struct Args {
+    /// Serve a session whose tensors may take this many bytes; `None`:
+    /// confine this process, then try to open a file (a confined worker is
+    /// killed by `SIGSYS`, or refused on a GPU, before the open returns).
+    memory: Option<u64>,
+    /// The GPU to run on; else burn's CPU backend.
+    gpu: Option<Adapter>,
 }
 
-fn mode() -> Result<Mode, String> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    match args.as_slice() {
-        [flag, n] if flag == "--memory-bytes" => n
-            .parse()
-            .map(Mode::Serve)
-            .map_err(|_| format!("--memory-bytes takes a number of bytes, not {n:?}\n{USAGE}")),
-        [flag] if flag == "--check-confinement" => Ok(Mode::CheckConfinement),
-        _ => Err(USAGE.into()),
+fn args() -> Result<Args, String> {
+    let mut args = Args {
+        memory: None,
+        gpu: None,
+    };
+    let mut check = false;
+    let mut words = std::env::args().skip(1);
+    while let Some(flag) = words.next() {
+        let mut value = || {
+            words
+                .next()
+                .ok_or_else(|| format!("{flag} takes a value\n{USAGE}"))
+        };
+        match flag.as_str() {
+            "--memory-bytes" => {
+                let n = value()?;
+                let bytes = n.parse().map_err(|_| {
+                    format!("--memory-bytes takes a number of bytes, not {n:?}\n{USAGE}")
+                })?;
+                args.memory = Some(bytes);
+            }
+            "--gpu-pci" => args.gpu = Some(Adapter::Pci(value()?)),
+            "--gpu" => args.gpu = Some(Adapter::Described(value()?)),
+            "--check-confinement" => check = true,
+            _ => return Err(USAGE.into()),
+        }
     }
+    if check == args.memory.is_some() {
+        return Err(USAGE.into());
+    }
+    Ok(args)
 }
 
 fn main() -> ExitCode {
-    let mode = match mode() {
-        Ok(mode) => mode,
+    let args = match args() {
+        Ok(args) => args,
         Err(why) => {
             eprintln!("{why}");
             return ExitCode::from(2);
         }
     };
-    if let Err(why) = confine::warm_up().and_then(|()| confine::confine()) {
-        eprintln!("wtune-burn-worker: could not confine itself: {why}");
-        return ExitCode::FAILURE;
-    }
-    let memory = match mode {
-        Mode::Serve(memory) => memory,
-        Mode::CheckConfinement => {
-            let opened = std::fs::File::open("/dev/null");
-            eprintln!("wtune-burn-worker: not confined: opening a file gave {opened:?}");
-            return ExitCode::FAILURE;
-        }
-    };
     // A kernel's panic is the trial's error, reported in its reply; the
     // default hook would also print it to wtune's log of this worker.
     std::panic::set_hook(Box::new(|_| {}));
-    let mut session = Session::new(memory, 0);
+    match &args.gpu {
+        None => {
+            let confined = confine::warm_up().and_then(|()| confine::confine());
+            run(confined, &args, |memory| Session::new(memory, 0))
+        }
+        Some(adapter) => {
+            let opened = gpu::open(adapter);
+            let confined = opened
+                .as_ref()
+                .map_err(Clone::clone)
+                .and_then(|(device, _)| {
+                    confine::warm_up_gpu(device.clone()).and_then(|()| confine::confine_gpu())
+                });
+            match opened {
+                Ok((device, _)) => run(confined, &args, |memory| {
+                    Session::<gpu::Gpu>::on(device, memory, 0)
+                }),
+                Err(why) => {
+                    eprintln!("wtune-burn-worker: {why}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+    }
+}
+
+/// Serves a session made by `session`, once the worker is `confined`.
+fn run<B: BackendIr>(
+    confined: Result<(), String>,
+    args: &Args,
+    session: impl FnOnce(u64) -> Session<B>,
+) -> ExitCode {
+    if let Err(why) = confined {
+        eprintln!("wtune-burn-worker: could not confine itself: {why}");
+        return ExitCode::FAILURE;
+    }
+    let Some(memory) = args.memory else {
+        return check_confinement(args.gpu.is_some());
+    };
+    let mut session = session(memory);
     let mut input = BufReader::new(io::stdin().lock());
     let mut output = BufWriter::new(io::stdout().lock());
     match protocol::serve(&mut session, &mut input, &mut output) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("wtune-burn-worker: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `--check-confinement`, once confined: on the CPU, opening a file gets
+/// the worker killed by `SIGSYS`; on a GPU, where files stay open, it
+/// succeeds only if starting a program and opening a socket are refused.
+fn check_confinement(gpu: bool) -> ExitCode {
+    if !gpu {
+        let opened = std::fs::File::open("/dev/null");
+        eprintln!("wtune-burn-worker: not confined: opening a file gave {opened:?}");
+        return ExitCode::FAILURE;
+    }
+    let started = std::process::Command::new("/bin/true").status();
+    let listened = std::net::TcpListener::bind("127.0.0.1:0");
+    match (started, listened) {
+        (Err(started), Err(listened)) => {
+            eprintln!(
+                "wtune-burn-worker: confined: starting a program gave {started}; \
+                 opening a socket gave {listened}"
+            );
+            ExitCode::SUCCESS
+        }
+        (started, listened) => {
+            eprintln!(
+                "wtune-burn-worker: not confined: starting a program gave {started:?}; \
+                 opening a socket gave {listened:?}"
+            );
             ExitCode::FAILURE
         }
     }

@@ -22,6 +22,8 @@
 
 use std::io::{self, Read, Write};
 
+use burn_ir::BackendIr;
+
 use crate::{Session, Usage};
 
 /// What the host asks.
@@ -155,8 +157,8 @@ impl Reply {
 }
 
 /// Serves `session` until wtune closes `input`.
-pub fn serve(
-    session: &mut Session,
+pub fn serve<B: BackendIr>(
+    session: &mut Session<B>,
     input: &mut impl Read,
     output: &mut impl Write,
 ) -> io::Result<()> {

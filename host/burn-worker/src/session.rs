@@ -19,13 +19,14 @@ pub use image::{MAX_DRAW_RUNS, MAX_REPLAY_ELEMENTS};
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
-use burn_backend::TensorMetadata;
+use burn_backend::{DTypeUsage, TensorMetadata};
 use burn_flex::{Flex, FlexDevice};
-use burn_ir::{HandleKind, OperationIr, TensorId, TensorIr, TensorStatus};
+use burn_ir::{BackendIr, HandleKind, OperationIr, TensorId, TensorIr, TensorStatus};
 use burn_remote::wire::{self, Command};
 use burn_router::TensorInterpreter;
+use burn_std::DType;
 use burn_std::TensorData;
-use burn_std::reader::try_read_sync;
+use burn_std::reader::read_sync;
 
 use crate::cost;
 use crate::ledger::{Entry, Id, Ledger, bytes_of, shown};
@@ -40,9 +41,12 @@ pub struct Usage {
     pub tensors: u64,
 }
 
-/// One trial's tensors and the burn backend that computes them.
-pub struct Session {
-    interpreter: TensorInterpreter<Flex>,
+/// One trial's tensors and the burn backend that computes them: burn's
+/// CPU backend (`Flex`, the default) or a GPU through burn's wgpu backend
+/// ([`crate::gpu`]).
+pub struct Session<B: BackendIr = Flex> {
+    interpreter: TensorInterpreter<B>,
+    device: B::Device,
     ledger: Ledger,
     /// Fuel the trial may still spend, as the host last granted it.
     fuel_left: u64,
@@ -59,11 +63,20 @@ pub struct Session {
 }
 
 impl Session {
-    /// A session whose tensors may take `memory_bytes` together and which
-    /// may spend `fuel` until [`Session::grant`] says otherwise.
+    /// A session on burn's CPU backend whose tensors may take
+    /// `memory_bytes` together and which may spend `fuel` until
+    /// [`Session::grant`] says otherwise.
     pub fn new(memory_bytes: u64, fuel: u64) -> Self {
+        Session::on(FlexDevice, memory_bytes, fuel)
+    }
+}
+
+impl<B: BackendIr> Session<B> {
+    /// A session like [`Session::new`] whose tensors live on `device`.
+    pub fn on(device: B::Device, memory_bytes: u64, fuel: u64) -> Self {
         Self {
-            interpreter: TensorInterpreter::new(FlexDevice),
+            interpreter: TensorInterpreter::new(device.clone()),
+            device,
             ledger: Ledger::new(memory_bytes),
             fuel_left: fuel,
             fuel_spent: 0,
@@ -141,10 +154,7 @@ impl Session {
         let id = tensor.id;
         let frees = matches!(tensor.status, TensorStatus::ReadWrite);
         let interpreter = &mut self.interpreter;
-        let read = guarded(|| try_read_sync(interpreter.read_tensor_async(tensor)))
-            .and_then(|read| {
-                read.ok_or_else(|| "the CPU backend did not read synchronously".into())
-            })
+        let read = guarded(|| read_sync(interpreter.read_tensor_async(tensor)))
             .and_then(|read| read.map_err(|e| format!("reading {}: {e}", Id(id))));
         if frees {
             self.ledger.free(id);
@@ -207,8 +217,22 @@ impl Session {
         self.admit(id, data, bytes)
     }
 
+    /// Refuses a type the backend cannot store (bools as native bytes on a
+    /// GPU, as 32-bit words on the CPU: the guest's SDK asks the host
+    /// which), rather than letting a kernel fail on it.
+    fn check_dtype(&self, dtype: DType) -> Result<(), String> {
+        if B::dtype_usage(&self.device, dtype).contains(DTypeUsage::Storage) {
+            return Ok(());
+        }
+        Err(format!(
+            "this backend ({}) has no {dtype:?} tensors",
+            B::name(&self.device)
+        ))
+    }
+
     /// The bytes `data` would take as tensor `id`, if it may be made.
     fn check_data(&self, id: TensorId, data: &TensorData) -> Result<u64, String> {
+        self.check_dtype(data.dtype())?;
         self.ledger.check_fresh(id)?;
         self.ledger.check_count(1)?;
         let bytes = bytes_of(data.shape(), data.dtype())?;
@@ -255,6 +279,7 @@ impl Session {
             ));
         }
         for (tensor, shape) in declared.iter().zip(&expected) {
+            self.check_dtype(tensor.dtype)?;
             if tensor.shape != *shape {
                 return Err(format!(
                     "{} must be {}, and was declared {}",
@@ -289,7 +314,7 @@ impl Session {
         self.pay(cost::fuel(&op))?;
         let draw = image::Draw::of(&op);
         if let Some(draw) = &draw {
-            self.draws.before(draw);
+            self.draws.before::<B>(draw, &self.device);
         }
         let interpreter = &mut self.interpreter;
         guarded(|| interpreter.register_op(op))?;
@@ -311,9 +336,9 @@ impl Session {
         };
         let interpreter = &mut self.interpreter;
         let made = guarded(|| match interpreter.get_tensor(&look) {
-            HandleKind::Float(t) | HandleKind::Int(t) | HandleKind::Bool(t) => {
-                (t.shape(), t.dtype())
-            }
+            HandleKind::Float(t) => (t.shape(), t.dtype()),
+            HandleKind::Int(t) => (t.shape(), t.dtype()),
+            HandleKind::Bool(t) => (t.shape(), t.dtype()),
             HandleKind::Quantized(t) => (t.shape(), t.dtype()),
         })?;
         if made != (tensor.shape.clone(), tensor.dtype) {

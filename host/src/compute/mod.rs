@@ -260,6 +260,21 @@ impl Compute {
         choice.resolve(&adapters)
     }
 
+    /// Where a burn worker for a session on GPU `gpu` runs
+    /// ([`Compute::session_on`]): on that GPU on the GPU backend, else on
+    /// the CPU. A `gpu` that does not exist is named to the worker all the
+    /// same, which then fails to start, with the reason.
+    pub fn burn_device(&self, gpu: usize) -> burn::BurnDevice {
+        let Some(pool) = &self.shared.gpu else {
+            return burn::BurnDevice::Cpu;
+        };
+        let adapter = pool.adapter();
+        burn::BurnDevice::Gpu {
+            described: adapter.all.get(gpu).cloned().unwrap_or_default(),
+            pci_bus: adapter.pci_buses.get(gpu).cloned().unwrap_or_default(),
+        }
+    }
+
     /// Where kernels run: on the GPU backend, the first GPU.
     pub fn info(&self) -> BackendInfo {
         self.shared.info.clone()

@@ -578,7 +578,7 @@ impl ComputeSession {
             return;
         }
         let memory = self.set_aside_for_burn();
-        self.burn.start(memory);
+        self.burn.start(memory, &self.compute.burn_device(self.gpu));
     }
 
     /// Sets the rest of the trial's quota aside for its burn tensors.
@@ -648,7 +648,8 @@ impl ComputeSession {
         }
         if let Some(burn) = &image.burn {
             let memory = self.set_aside_for_burn();
-            self.burn.restore(memory, burn).map_err(|why| {
+            let device = self.compute.burn_device(self.gpu);
+            self.burn.restore(memory, &device, burn).map_err(|why| {
                 ComputeError::Device(format!("restoring the trial's burn tensors: {why}"))
             })?;
         }

@@ -9,6 +9,8 @@ use burn::optim::{AdamConfig, GradientsParams};
 use burn::tensor::activation::relu;
 use burn::tensor::{Device, Distribution, Int, Tensor, TensorData};
 
+use super::cases::drawn;
+
 /// A CNN like the digits example's: convolutions, max pooling, dropout
 /// and linear layers, on 8x8 single-channel images.
 #[derive(Module, Debug)]
@@ -22,7 +24,7 @@ pub struct Cnn {
 }
 
 impl Cnn {
-    fn new(device: &Device) -> Self {
+    fn new(device: &Device, dropout: f64) -> Self {
         let conv = |from, to| {
             Conv2dConfig::new([from, to], [3, 3])
                 .with_padding(PaddingConfig2d::Same)
@@ -32,7 +34,7 @@ impl Cnn {
             conv1: conv(1, 4),
             conv2: conv(4, 8),
             pool: MaxPool2dConfig::new([2, 2]).init(),
-            dropout: DropoutConfig::new(0.25).init(),
+            dropout: DropoutConfig::new(dropout).init(),
             fc1: LinearConfig::new(8 * 16, 32).init(device),
             fc2: LinearConfig::new(32, 10).init(device),
         }
@@ -50,10 +52,25 @@ impl Cnn {
 /// Seeds `device`, builds the CNN, takes `steps` Adam steps on a fixed
 /// batch; returns each step's loss and the trained weights.
 pub fn train(device: &Device, steps: usize) -> (Vec<TensorData>, Vec<TensorData>) {
-    device.seed(7);
-    let mut model = Cnn::new(device);
+    train_drawn(device, device, 0.25, steps)
+}
+
+/// [`train`] with the weights and the batch drawn on `draw` (seeded)
+/// and moved to `device`, and dropout `dropout`: without dropout, the
+/// training draws nothing on `device`, so a device whose generator
+/// differs trains the same model on the same batch.
+pub fn train_drawn(
+    device: &Device,
+    draw: &Device,
+    dropout: f64,
+    steps: usize,
+) -> (Vec<TensorData>, Vec<TensorData>) {
+    draw.seed(7);
+    let mut model = drawn(Cnn::new(draw, dropout)).fork(device);
     let mut optim = AdamConfig::new().init();
-    let images = Tensor::<4>::random([16, 1, 8, 8], Distribution::Uniform(0.0, 1.0), device);
+    let images = Tensor::<4>::random([16, 1, 8, 8], Distribution::Uniform(0.0, 1.0), draw)
+        .to_device(device)
+        .detach();
     let labels =
         Tensor::<1, Int>::from_ints([0, 7, 4, 1, 8, 5, 2, 9, 6, 3, 0, 7, 4, 1, 8, 5], device);
     let loss_fn = CrossEntropyLossConfig::new().init(device);

@@ -5,6 +5,7 @@
 // Each test file uses some of these helpers.
 #![allow(dead_code)]
 
+pub mod cases;
 pub mod cnn;
 pub mod worker;
 

@@ -9,7 +9,7 @@ use std::sync::{Mutex, OnceLock};
 
 use burn_ir::TensorIr;
 use burn_remote::Transport;
-use burn_std::{ExecutionError, TensorData};
+use burn_std::{BoolStore, ExecutionError, TensorData};
 use wtune_burn_worker::protocol::{Kind, Reply, Request};
 
 /// The worker executable cargo built beside this test (`--workspace`
@@ -30,8 +30,8 @@ fn executable() -> PathBuf {
     worker
 }
 
-/// The pipes of a running worker.
-pub struct WorkerProcess(Mutex<(ChildStdin, BufReader<ChildStdout>)>);
+/// The pipes of a running worker, and how its backend stores bools.
+pub struct WorkerProcess(Mutex<(ChildStdin, BufReader<ChildStdout>)>, BoolStore);
 
 impl WorkerProcess {
     fn request(&self, kind: Kind, frame: &[u8], tensor: Vec<u8>) -> Option<Reply> {
@@ -54,10 +54,27 @@ impl WorkerProcess {
 /// Starts the worker with a quota of 256 MiB and makes it this process's
 /// transport, once.
 pub fn install() {
+    install_with(&[], BoolStore::Native);
+}
+
+/// [`install`] on the first GPU Vulkan lists (lavapipe, where there is no
+/// other), which the worker opens and confines itself around.
+pub fn install_on_gpu() {
+    let adapter = wtune_burn_worker::gpu::adapters()
+        .into_iter()
+        .next()
+        .expect("a Vulkan adapter: install mesa-vulkan-drivers for software Vulkan");
+    install_with(&adapter.args(), BoolStore::U32);
+}
+
+/// [`install`], the worker started with `args` as well, once per process;
+/// its backend stores bools as `bools`.
+fn install_with(args: &[String], bools: BoolStore) {
     static STARTED: OnceLock<()> = OnceLock::new();
     STARTED.get_or_init(|| {
         let mut child = Command::new(executable())
             .args(["--memory-bytes", &(256u64 << 20).to_string()])
+            .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -68,7 +85,10 @@ pub fn install() {
         );
         // The worker ends when this process does and its input closes.
         std::thread::spawn(move || child.wait());
-        assert!(burn_remote::install(WorkerProcess(Mutex::new(pipes))));
+        assert!(burn_remote::install(WorkerProcess(
+            Mutex::new(pipes),
+            bools
+        )));
     });
 }
 
@@ -89,5 +109,9 @@ impl Transport for WorkerProcess {
             .request(Kind::Sync, frame, Vec::new())
             .expect("a reply");
         reply.outcome.map(drop).map_err(ExecutionError::generic)
+    }
+
+    fn bools(&self) -> BoolStore {
+        self.1
     }
 }

@@ -1,8 +1,9 @@
 //! A session as bytes, for the host's snapshots of a trial: its tensors,
 //! and where its random generator stands.
 //!
-//! burn-flex keeps its generator in a private global, so its state cannot
-//! be read out. It is a function of the last seed and of the draws since,
+//! burn's backends keep their generators in private globals (burn-flex's,
+//! and for the GPU the host-side generator that seeds cubecl's kernels),
+//! so their state cannot be read out. It is a function of the last seed and of the draws since,
 //! though, so the session records those ([`Draws`]): a restored session
 //! seeds the generator again and draws the same tensors again (thrown
 //! away), which leaves it exactly where the snapshot's stood. Draws of the
@@ -17,12 +18,11 @@
 //! A session that never seeded draws from the system's entropy, and a
 //! restored one does so afresh: nothing is recorded or replayed.
 
-use burn_backend::ops::{FloatTensorOps, IntTensorOps};
-use burn_flex::{Flex, FlexDevice};
+use burn_backend::Backend;
 use burn_ir::{
-    FloatOperationIr, NumericOperationIr, OperationIr, TensorId, TensorIr, TensorStatus,
+    BackendIr, FloatOperationIr, NumericOperationIr, OperationIr, TensorId, TensorIr, TensorStatus,
 };
-use burn_std::reader::try_read_sync;
+use burn_std::reader::read_sync;
 use burn_std::{DType, Distribution, Shape, TensorData};
 use serde::{Deserialize, Serialize};
 
@@ -68,21 +68,21 @@ impl Draw {
             .fold(1u64, |n, &d| n.saturating_mul(d as u64))
     }
 
-    /// Draws it again from burn-flex's generator, as the interpreter did.
-    fn replay(&self) {
+    /// Draws it again from the backend's generator, as the interpreter did.
+    fn replay<B: Backend>(&self, device: &B::Device) {
         let shape = self.shape.clone();
         if self.int {
-            drop(Flex::int_random(
+            drop(B::int_random(
                 shape,
                 self.distribution,
-                &FlexDevice,
+                device,
                 self.dtype.into(),
             ));
         } else {
-            drop(Flex::float_random(
+            drop(B::float_random(
                 shape,
                 self.distribution,
-                &FlexDevice,
+                device,
                 self.dtype.into(),
             ));
         }
@@ -110,14 +110,14 @@ impl Draws {
     /// `draw` is about to be drawn: when recording it would pass the
     /// record's bounds, seeds the generator from the last seed and starts a
     /// new record, which the draw then begins.
-    pub(super) fn before(&mut self, draw: &Draw) {
+    pub(super) fn before<B: Backend>(&mut self, draw: &Draw, device: &B::Device) {
         let Some(seed) = self.seed else { return };
         let joins = self.runs.last().is_some_and(|(last, _)| last == draw);
         let runs_full = !joins && self.runs.len() >= MAX_DRAW_RUNS;
         let elements_full = self.elements.saturating_add(draw.elements()) > MAX_REPLAY_ELEMENTS;
         if runs_full || elements_full {
             let next = next_seed(seed);
-            <Flex as burn_backend::Backend>::seed(&FlexDevice, next);
+            B::seed(device, next);
             self.seeded(next);
         }
     }
@@ -163,13 +163,13 @@ impl Draws {
         Ok(())
     }
 
-    /// Seeds burn-flex's generator again and draws everything again.
-    fn replay(&self) {
+    /// Seeds the backend's generator again and draws everything again.
+    fn replay<B: Backend>(&self, device: &B::Device) {
         let Some(seed) = self.seed else { return };
-        <Flex as burn_backend::Backend>::seed(&FlexDevice, seed);
+        B::seed(device, seed);
         for (draw, count) in &self.runs {
             for _ in 0..*count {
-                draw.replay();
+                draw.replay::<B>(device);
             }
         }
     }
@@ -193,7 +193,7 @@ struct Image {
     draws: Draws,
 }
 
-impl Session {
+impl<B: BackendIr> Session<B> {
     /// The session as bytes: its tensors' data and its random generator's
     /// record. Charges no fuel: the host takes snapshots, not the guest. A
     /// failed session has no exact state to give.
@@ -214,10 +214,7 @@ impl Session {
         for tensor in held {
             let id = tensor.id;
             let interpreter = &mut self.interpreter;
-            let data = guarded(|| try_read_sync(interpreter.read_tensor_async(tensor)))
-                .and_then(|read| {
-                    read.ok_or_else(|| "the CPU backend did not read synchronously".to_owned())
-                })
+            let data = guarded(|| read_sync(interpreter.read_tensor_async(tensor)))
                 .and_then(|read| read.map_err(|e| format!("reading {}: {e}", Id(id))))
                 .map_err(|why| self.refuse(format!("taking a snapshot: {why}")))?;
             tensors.push((id.value(), data));
@@ -251,7 +248,8 @@ impl Session {
             self.admit(id, data, bytes)?;
         }
         image.draws.check(self.ledger.quota())?;
-        guarded(|| image.draws.replay())?;
+        let device = &self.device;
+        guarded(|| image.draws.replay::<B>(device))?;
         self.draws = image.draws;
         Ok(())
     }

@@ -2,8 +2,8 @@
 //! them: a worker started at the first call, fuel settled through the
 //! session's [`Meter`], waits bounded by the guest call's deadline.
 
-use super::BurnWorker;
 use super::protocol::Reply;
+use super::{BurnDevice, BurnWorker};
 use crate::compute::ComputeError;
 use crate::compute::cost::{self, Meter, Stop};
 
@@ -43,9 +43,9 @@ impl BurnLane {
         self.worker.is_some() || self.refused.is_some() || self.failed.is_some()
     }
 
-    /// Starts the worker, with `memory` the bytes its tensors may take, or
-    /// why the trial may have none.
-    pub fn start(&mut self, memory: Result<u64, String>) {
+    /// Starts the worker on `device`, with `memory` the bytes its tensors
+    /// may take, or why the trial may have none.
+    pub fn start(&mut self, memory: Result<u64, String>, device: &BurnDevice) {
         let memory = match memory {
             Ok(memory) => memory,
             Err(why) => {
@@ -54,7 +54,7 @@ impl BurnLane {
             }
         };
         let started = crate::process::burn_worker_program()
-            .and_then(|program| BurnWorker::start(&program, memory));
+            .and_then(|program| BurnWorker::start(&program, memory, device));
         match started {
             Ok(worker) => self.worker = Some(worker),
             Err(why) => self.failed = Some(why),
@@ -152,8 +152,13 @@ impl BurnLane {
 
     /// Starts the worker as [`BurnLane::start`] does and has it take over
     /// `image`, from a [`BurnLane::image`].
-    pub fn restore(&mut self, memory: Result<u64, String>, image: &[u8]) -> Result<(), String> {
-        self.start(memory);
+    pub fn restore(
+        &mut self,
+        memory: Result<u64, String>,
+        device: &BurnDevice,
+        image: &[u8],
+    ) -> Result<(), String> {
+        self.start(memory, device);
         if let Some(why) = self.refused.as_ref().or(self.failed.as_ref()) {
             return Err(why.clone());
         }
@@ -212,7 +217,7 @@ mod tests {
     /// which `scripts/test.sh` runs first) and a call in progress.
     fn lane(meter: &mut Meter) -> BurnLane {
         let mut lane = BurnLane::default();
-        lane.start(Ok(1 << 20));
+        lane.start(Ok(1 << 20), &BurnDevice::Cpu);
         meter.begin_call(None);
         meter.enter(Some(1 << 40));
         lane
@@ -245,7 +250,7 @@ mod tests {
         meter.begin_call(None);
         meter.enter(Some(1 << 40));
         let mut lane = BurnLane::default();
-        lane.start(Err("no room".into()));
+        lane.start(Err("no room".into()), &BurnDevice::Cpu);
         assert_eq!(lane.sync(&mut meter, &[0; 1600]), Err("no room".into()));
         lane.submit(&mut meter, &[0; 1600]);
         assert_eq!(meter.settle(), Ok(2 * cost::fuel(0, 1600)));

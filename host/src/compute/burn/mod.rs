@@ -12,9 +12,7 @@
 //!   first call with the rest of the trial's quota, its fuel settled
 //!   through the session's meter. The sandbox offers it to guests as the
 //!   WIT `burn` interface.
-//!
-//! Not built yet: host snapshots of the trial's tensors (refused, with the
-//! reason; see ARCHITECTURE.md, "burn on the host").
+//! - [`BurnDevice`]: where the worker runs the trial's operations.
 
 pub mod lane;
 pub mod protocol;
@@ -23,3 +21,51 @@ pub mod worker;
 pub use lane::BurnLane;
 
 pub use worker::BurnWorker;
+
+/// Where a trial's burn worker keeps its tensors and runs its operations:
+/// burn's CPU backend on the CPU backend of host compute, else burn's wgpu
+/// backend on the GPU host compute placed the trial on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BurnDevice {
+    Cpu,
+    /// A Vulkan adapter, as host compute names it.
+    Gpu {
+        /// Its description (`compute::gpu::protocol::described`), which
+        /// the worker matches when there is no PCI address.
+        described: String,
+        /// Its PCI address; empty where the driver reports none.
+        pci_bus: String,
+    },
+}
+
+impl BurnDevice {
+    /// The worker's arguments that choose this device.
+    pub fn args(&self) -> Vec<String> {
+        match self {
+            BurnDevice::Cpu => Vec::new(),
+            BurnDevice::Gpu { pci_bus, .. } if !pci_bus.is_empty() => {
+                vec!["--gpu-pci".into(), pci_bus.clone()]
+            }
+            BurnDevice::Gpu { described, .. } => vec!["--gpu".into(), described.clone()],
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::BurnDevice;
+
+    #[test]
+    fn the_worker_is_told_its_gpu_by_pci_address_else_by_description() {
+        assert!(BurnDevice::Cpu.args().is_empty());
+        let gpu = |pci_bus: &str| BurnDevice::Gpu {
+            described: "llvmpipe (Vulkan, llvmpipe Mesa 22.3.6)".into(),
+            pci_bus: pci_bus.into(),
+        };
+        assert_eq!(gpu("0000:19:00.0").args(), ["--gpu-pci", "0000:19:00.0"]);
+        assert_eq!(
+            gpu("").args(),
+            ["--gpu", "llvmpipe (Vulkan, llvmpipe Mesa 22.3.6)"]
+        );
+    }
+}

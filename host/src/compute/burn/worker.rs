@@ -3,6 +3,7 @@
 
 use std::time::{Duration, Instant};
 
+use super::BurnDevice;
 use super::protocol::{self, Kind, Reply};
 use crate::process::{Failure, Supervised, WorkerProgram, earlier};
 
@@ -24,10 +25,16 @@ pub struct BurnWorker {
 }
 
 impl BurnWorker {
-    /// Starts `program` for a trial whose tensors may take `memory_bytes`.
-    pub fn start(program: &WorkerProgram, memory_bytes: u64) -> Result<Self, String> {
+    /// Starts `program` for a trial whose tensors may take `memory_bytes`
+    /// on `device`.
+    pub fn start(
+        program: &WorkerProgram,
+        memory_bytes: u64,
+        device: &BurnDevice,
+    ) -> Result<Self, String> {
         let mut command = program.command();
         command.arg("--memory-bytes").arg(memory_bytes.to_string());
+        command.args(device.args());
         let max_payload = memory_bytes.saturating_add(protocol::PAYLOAD_OVERHEAD);
         let process = Supervised::spawn("the burn worker", command, move |stdout| {
             protocol::read_reply(stdout, max_payload)
@@ -153,7 +160,7 @@ mod tests {
     /// runs them first).
     fn worker() -> BurnWorker {
         let program = crate::process::burn_worker_program().expect("wtune-burn-worker is built");
-        BurnWorker::start(&program, 1 << 20).expect("the worker starts")
+        BurnWorker::start(&program, 1 << 20, &BurnDevice::Cpu).expect("the worker starts")
     }
 
     fn deadline() -> Option<Instant> {
@@ -206,7 +213,7 @@ mod tests {
             program: "/bin/sh".into(),
             prefix: ["-c", "exec sleep 30", "mute"].map(Into::into).to_vec(),
         };
-        let mut worker = BurnWorker::start(&mute, 1 << 20).unwrap();
+        let mut worker = BurnWorker::start(&mute, 1 << 20, &BurnDevice::Cpu).unwrap();
         let began = Instant::now();
         let soon = Some(began + Duration::from_millis(200));
         let error = worker.sync(1_000, &[], soon).unwrap_err();
@@ -232,7 +239,7 @@ mod tests {
             prefix: vec!["--frobnicate".into()],
             ..program
         };
-        let mut worker = BurnWorker::start(&confused, 1 << 20).unwrap();
+        let mut worker = BurnWorker::start(&confused, 1 << 20, &BurnDevice::Cpu).unwrap();
         let error = worker.sync(1_000, &[], deadline()).unwrap_err();
         assert!(
             error.starts_with("the burn worker failed: it exited"),
