@@ -78,30 +78,18 @@ fn once<B: burn_ir::BackendIr>(device: B::Device, n: usize, multiply: bool) -> R
 /// Installs the filter for this process. Call before reading any input.
 #[cfg(target_os = "linux")]
 pub fn confine() -> Result<(), String> {
-    use std::collections::BTreeMap;
+    use filter::{Action, Op, Rules, install, when};
 
-    use seccompiler::{
-        BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
-        SeccompRule, TargetArch,
-    };
-
-    let arch = TargetArch::try_from(std::env::consts::ARCH)
-        .map_err(|e| format!("no system call filter for this machine: {e}"))?;
-    let when = |arg: u8, op: SeccompCmpOp, value: u64| {
-        SeccompCondition::new(arg, SeccompCmpArgLen::Qword, op, value)
-            .and_then(|c| SeccompRule::new(vec![c]))
-            .map_err(|e| e.to_string())
-    };
-    let no_exec = || when(2, SeccompCmpOp::MaskedEq(libc::PROT_EXEC as u64), 0);
-    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
-    rules.insert(libc::SYS_read, vec![when(0, SeccompCmpOp::Eq, 0)?]);
+    let no_exec = || when(2, Op::MaskedEq(libc::PROT_EXEC as u64), 0);
+    let mut rules = Rules::new();
+    rules.insert(libc::SYS_read, vec![when(0, Op::Eq, 0)?]);
     rules.insert(
         libc::SYS_write,
-        vec![when(0, SeccompCmpOp::Eq, 1)?, when(0, SeccompCmpOp::Eq, 2)?],
+        vec![when(0, Op::Eq, 1)?, when(0, Op::Eq, 2)?],
     );
     // abort() (an allocation that fails) raises SIGABRT at itself.
     let me = u64::from(std::process::id());
-    rules.insert(libc::SYS_tgkill, vec![when(0, SeccompCmpOp::Eq, me)?]);
+    rules.insert(libc::SYS_tgkill, vec![when(0, Op::Eq, me)?]);
     rules.insert(libc::SYS_mmap, vec![no_exec()?]);
     rules.insert(libc::SYS_mprotect, vec![no_exec()?]);
     // Unconditional: memory, waiting on locks, signals' returns, the
@@ -128,18 +116,8 @@ pub fn confine() -> Result<(), String> {
     ] {
         rules.insert(call, Vec::new());
     }
-    let filter = SeccompFilter::new(
-        rules,
-        SeccompAction::KillProcess,
-        SeccompAction::Allow,
-        arch,
-    )
-    .map_err(|e| format!("building the system call filter: {e}"))?;
-    let program: BpfProgram = filter
-        .try_into()
-        .map_err(|e| format!("compiling the system call filter: {e}"))?;
-    seccompiler::apply_filter(&program)
-        .map_err(|e| format!("installing the system call filter: {e}"))
+    // burn-flex starts no threads: this one is the worker.
+    install(rules, Action::KillProcess, Action::Allow, false)
 }
 
 /// Elsewhere the worker runs unconfined.
@@ -149,57 +127,43 @@ pub fn confine() -> Result<(), String> {
 }
 
 /// Installs the filter of a worker on a GPU, on every thread. Call once
-/// the device is open and [`warm_up_on`] has run.
+/// the device is open and [`warm_up_gpu`] has run.
 ///
 /// The Vulkan driver cannot be given [`confine`]'s list: it opens device
 /// files, issues `ioctl`s and maps memory executable for its shader
 /// compiler whenever a kernel is first used. So this filter is a list of
 /// what is refused instead (with `EPERM`, so that a driver that asks gets
 /// an error, not a dead worker): starting a process or program, the
-/// network, reaching into other processes, and the kernel's namespace,
-/// mount, BPF and key interfaces. Files stay open to the worker, as they
-/// are to the host compute GPU worker (see SECURITY.md).
+/// network, signals to other processes and their limits, tracing or
+/// reading them, and the kernel's namespace, mount, BPF and key
+/// interfaces. Files stay open to the worker, as they are to the host
+/// compute GPU worker (see SECURITY.md): what a process of the user
+/// running wtune may write, it may (`/proc/<pid>/mem` of another
+/// included where the kernel allows it that).
 #[cfg(target_os = "linux")]
 pub fn confine_gpu() -> Result<(), String> {
-    use std::collections::BTreeMap;
+    use filter::{Action, Op, Rules, install, when};
 
-    use seccompiler::{
-        BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
-        SeccompRule, TargetArch,
-    };
-
-    let arch = TargetArch::try_from(std::env::consts::ARCH)
-        .map_err(|e| format!("no system call filter for this machine: {e}"))?;
-    let install = |rules: BTreeMap<i64, Vec<SeccompRule>>, errno: i32| {
-        let filter = SeccompFilter::new(
-            rules,
-            SeccompAction::Allow,
-            SeccompAction::Errno(errno as u32),
-            arch,
-        )
-        .map_err(|e| format!("building the system call filter: {e}"))?;
-        let program: BpfProgram = filter
-            .try_into()
-            .map_err(|e| format!("compiling the system call filter: {e}"))?;
-        seccompiler::apply_filter_all_threads(&program)
-            .map_err(|e| format!("installing the system call filter: {e}"))
-    };
-    let mut refused: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
+    let mut refused = Rules::new();
     // A new thread is allowed, a new process is not.
-    let not_a_thread = SeccompCondition::new(
-        0,
-        SeccompCmpArgLen::Qword,
-        SeccompCmpOp::MaskedEq(libc::CLONE_THREAD as u64),
-        0,
-    )
-    .and_then(|c| SeccompRule::new(vec![c]))
-    .map_err(|e| e.to_string())?;
-    refused.insert(libc::SYS_clone, vec![not_a_thread]);
+    refused.insert(
+        libc::SYS_clone,
+        vec![when(0, Op::MaskedEq(libc::CLONE_THREAD as u64), 0)?],
+    );
     #[cfg(target_arch = "x86_64")]
     for call in [libc::SYS_fork, libc::SYS_vfork] {
         refused.insert(call, Vec::new());
     }
+    // Signals only to itself (abort, and the threads of the driver).
+    let me = u64::from(std::process::id());
+    refused.insert(libc::SYS_tgkill, vec![when(0, Op::Ne, me)?]);
     for call in [
+        libc::SYS_kill,
+        libc::SYS_tkill,
+        libc::SYS_rt_sigqueueinfo,
+        libc::SYS_rt_tgsigqueueinfo,
+        libc::SYS_pidfd_send_signal,
+        libc::SYS_prlimit64,
         libc::SYS_execve,
         libc::SYS_execveat,
         libc::SYS_socket,
@@ -230,17 +194,71 @@ pub fn confine_gpu() -> Result<(), String> {
     ] {
         refused.insert(call, Vec::new());
     }
-    install(refused, libc::EPERM)?;
+    // The same calls by their x32 numbers, which a filter for x86-64
+    // would otherwise let through where the kernel offers x32.
+    #[cfg(target_arch = "x86_64")]
+    {
+        const X32: i64 = 0x4000_0000;
+        let x32: Vec<_> = refused.iter().map(|(&n, r)| (n | X32, r.clone())).collect();
+        refused.extend(x32);
+    }
+    // The driver and cubecl have started threads by now.
+    let eperm = Action::Errno(libc::EPERM as u32);
+    install(refused, Action::Allow, eperm, true)?;
     // clone3's flags sit in memory a filter cannot read: refused as
     // unknown, the C library falls back to clone, which is checked above.
-    install(
-        BTreeMap::from([(libc::SYS_clone3, Vec::new())]),
-        libc::ENOSYS,
-    )
+    let unknown = Action::Errno(libc::ENOSYS as u32);
+    let clone3 = Rules::from([(libc::SYS_clone3, Vec::new())]);
+    install(clone3, Action::Allow, unknown, true)
 }
 
 /// Elsewhere the worker runs unconfined.
 #[cfg(not(target_os = "linux"))]
 pub fn confine_gpu() -> Result<(), String> {
     Ok(())
+}
+
+/// The two filters' shared parts, over seccompiler.
+#[cfg(target_os = "linux")]
+mod filter {
+    use std::collections::BTreeMap;
+
+    use seccompiler::{
+        BpfProgram, SeccompCmpArgLen, SeccompCondition, SeccompFilter, SeccompRule, TargetArch,
+    };
+    pub use seccompiler::{SeccompAction as Action, SeccompCmpOp as Op};
+
+    /// System calls and the rules under which a filter matches them (none:
+    /// always).
+    pub type Rules = BTreeMap<i64, Vec<SeccompRule>>;
+
+    /// A rule that holds when argument `arg` compares with `value` by `op`.
+    pub fn when(arg: u8, op: Op, value: u64) -> Result<SeccompRule, String> {
+        SeccompCondition::new(arg, SeccompCmpArgLen::Qword, op, value)
+            .and_then(|c| SeccompRule::new(vec![c]))
+            .map_err(|e| e.to_string())
+    }
+
+    /// Installs a filter that takes `matched` for the calls `rules` match
+    /// and `mismatch` for every other, on this thread or on `every_thread`
+    /// of the process.
+    pub fn install(
+        rules: Rules,
+        mismatch: Action,
+        matched: Action,
+        every_thread: bool,
+    ) -> Result<(), String> {
+        let arch = TargetArch::try_from(std::env::consts::ARCH)
+            .map_err(|e| format!("no system call filter for this machine: {e}"))?;
+        let filter = SeccompFilter::new(rules, mismatch, matched, arch)
+            .map_err(|e| format!("building the system call filter: {e}"))?;
+        let program: BpfProgram = filter
+            .try_into()
+            .map_err(|e| format!("compiling the system call filter: {e}"))?;
+        let installed = match every_thread {
+            true => seccompiler::apply_filter_all_threads(&program),
+            false => seccompiler::apply_filter(&program),
+        };
+        installed.map_err(|e| format!("installing the system call filter: {e}"))
+    }
 }

@@ -11,6 +11,7 @@
 
 use burn_std::future::block_on;
 use cubecl::config::autotune::AutotuneLevel;
+use cubecl::config::compilation::BoundsCheckMode;
 use cubecl::config::{CubeClRuntimeConfig, RuntimeConfig};
 use cubecl::wgpu::{self as cubecl_wgpu, RuntimeOptions, WgpuSetup, wgpu};
 
@@ -75,12 +76,17 @@ fn enumerate() -> (wgpu::Instance, Vec<wgpu::Adapter>) {
 
 /// Sets cubecl's settings for the worker rather than letting cubecl read
 /// them from a `cubecl.toml` in the worker's directory or its parents, or
-/// from the environment: no autotune results kept on disk, and on software
+/// from the environment: bounds checks in every kernel, no autotune
+/// results kept on disk, and on software
 /// Vulkan the least autotuning, timed once (LLVM compiles every candidate
 /// kernel there, and their timings say little). Settings read before (a second device in
 /// a test's process) stay.
 fn configure(software: bool) {
     let mut config = CubeClRuntimeConfig::default();
+    // cubecl compiles its WGSL without wgpu's bounds checks and skips its
+    // own for the launches it marks unchecked: on, for every launch. On
+    // software Vulkan the kernels run as code in this process.
+    config.compilation.check_mode = BoundsCheckMode::Enforce;
     config.autotune.disable_cache = true;
     if software {
         config.autotune.level = AutotuneLevel::Minimal;
@@ -90,12 +96,11 @@ fn configure(software: bool) {
     CubeClRuntimeConfig::try_set(config);
 }
 
-/// An adapter as host compute describes it.
+/// An adapter as host compute describes it (`compute::gpu::protocol::
+/// described` in wtune, with its driver's two fields trimmed as one).
 fn described(info: &wgpu::AdapterInfo) -> String {
-    format!(
-        "{} (Vulkan, {} {})",
-        info.name, info.driver, info.driver_info
-    )
+    let driver = format!("{} {}", info.driver, info.driver_info);
+    format!("{} (Vulkan, {})", info.name, driver.trim())
 }
 
 /// Opens `adapter` for burn, or says why it cannot: the device burn's

@@ -12,8 +12,10 @@
 //! The `wtune-burn-worker` executable serves one [`Session`] over its
 //! stdin and stdout ([`protocol`]): wtune starts one per trial, so a burn
 //! kernel that misbehaves on hostile input takes down that trial's worker,
-//! never wtune or another trial, and the worker runs under a system call
-//! filter that leaves it its pipes and its memory ([`confine`]).
+//! not wtune or another trial. On the CPU the worker runs under a system
+//! call filter that leaves it its pipes and its memory; on a GPU, whose
+//! driver needs files and executable memory, under one that refuses new
+//! processes, sockets and signals to others ([`confine`]).
 //!
 //! [`Session::image`] and [`Session::restore`] carry a session through the
 //! host's snapshots.

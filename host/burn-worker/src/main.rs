@@ -17,8 +17,8 @@ const USAGE: &str = "usage: wtune-burn-worker --memory-bytes N [--gpu-pci BUS | 
 /// What the command line asks for.
 struct Args {
     /// Serve a session whose tensors may take this many bytes; `None`:
-    /// confine this process, then try to open a file (a confined worker is
-    /// killed by `SIGSYS`, or refused on a GPU, before the open returns).
+    /// confine this process, then try what its filter forbids
+    /// ([`check_confinement`]).
     memory: Option<u64>,
     /// The GPU to run on; else burn's CPU backend.
     gpu: Option<Adapter>,
@@ -65,9 +65,6 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    // A kernel's panic is the trial's error, reported in its reply; the
-    // default hook would also print it to wtune's log of this worker.
-    std::panic::set_hook(Box::new(|_| {}));
     match &args.gpu {
         None => {
             let confined = confine::warm_up().and_then(|()| confine::confine());
@@ -107,6 +104,10 @@ fn run<B: BackendIr>(
     let Some(memory) = args.memory else {
         return check_confinement(args.gpu.is_some());
     };
+    // A kernel's panic is the trial's error, reported in its reply; the
+    // default hook would also print it to wtune's log of this worker.
+    // Installed only now: a panic while the worker starts is its last word.
+    std::panic::set_hook(Box::new(|_| {}));
     let mut session = session(memory);
     let mut input = BufReader::new(io::stdin().lock());
     let mut output = BufWriter::new(io::stdout().lock());
@@ -121,29 +122,48 @@ fn run<B: BackendIr>(
 
 /// `--check-confinement`, once confined: on the CPU, opening a file gets
 /// the worker killed by `SIGSYS`; on a GPU, where files stay open, it
-/// succeeds only if starting a program and opening a socket are refused.
+/// succeeds only if starting a program, opening a socket and signalling
+/// another process are refused as not permitted.
 fn check_confinement(gpu: bool) -> ExitCode {
     if !gpu {
         let opened = std::fs::File::open("/dev/null");
         eprintln!("wtune-burn-worker: not confined: opening a file gave {opened:?}");
         return ExitCode::FAILURE;
     }
-    let started = std::process::Command::new("/bin/true").status();
-    let listened = std::net::TcpListener::bind("127.0.0.1:0");
-    match (started, listened) {
-        (Err(started), Err(listened)) => {
-            eprintln!(
-                "wtune-burn-worker: confined: starting a program gave {started}; \
-                 opening a socket gave {listened}"
-            );
-            ExitCode::SUCCESS
-        }
-        (started, listened) => {
-            eprintln!(
-                "wtune-burn-worker: not confined: starting a program gave {started:?}; \
-                 opening a socket gave {listened:?}"
-            );
-            ExitCode::FAILURE
-        }
+    gpu_refusals()
+}
+
+/// What a GPU worker's filter must refuse ([`check_confinement`]).
+#[cfg(target_os = "linux")]
+fn gpu_refusals() -> ExitCode {
+    use std::io::ErrorKind::PermissionDenied;
+    let started = std::process::Command::new("/bin/true").status().map(drop);
+    let listened = std::net::TcpListener::bind("127.0.0.1:0").map(drop);
+    // The parent: wtune, or whoever checks.
+    let parent = std::os::unix::process::parent_id() as libc::pid_t;
+    // SAFETY: signal 0 sends nothing; it only asks whether one may.
+    let signalled = match unsafe { libc::kill(parent, 0) } {
+        0 => Ok(()),
+        _ => Err(std::io::Error::last_os_error()),
+    };
+    let said = format!(
+        "starting a program gave {started:?}; opening a socket gave {listened:?}; \
+         signalling the parent gave {signalled:?}"
+    );
+    let refused = [started, listened, signalled]
+        .iter()
+        .all(|r| r.as_ref().is_err_and(|e| e.kind() == PermissionDenied));
+    if refused {
+        eprintln!("wtune-burn-worker: confined: {said}");
+        ExitCode::SUCCESS
+    } else {
+        eprintln!("wtune-burn-worker: not confined: {said}");
+        ExitCode::FAILURE
     }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn gpu_refusals() -> ExitCode {
+    eprintln!("wtune-burn-worker: not confined: no system call filter here");
+    ExitCode::FAILURE
 }
