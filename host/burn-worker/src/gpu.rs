@@ -77,10 +77,10 @@ fn enumerate() -> (wgpu::Instance, Vec<wgpu::Adapter>) {
 /// Sets cubecl's settings for the worker rather than letting cubecl read
 /// them from a `cubecl.toml` in the worker's directory or its parents, or
 /// from the environment: bounds checks in every kernel, no autotune
-/// results kept on disk, and on software
-/// Vulkan the least autotuning, timed once (LLVM compiles every candidate
-/// kernel there, and their timings say little). Settings read before (a second device in
-/// a test's process) stay.
+/// results kept on disk, and on software Vulkan the least autotuning,
+/// timed once (LLVM compiles every candidate kernel there, and their
+/// timings say little). Settings read before (a second device in a test's
+/// process) stay.
 fn configure(software: bool) {
     let mut config = CubeClRuntimeConfig::default();
     // cubecl compiles its WGSL without wgpu's bounds checks and skips its
@@ -103,9 +103,9 @@ fn described(info: &wgpu::AdapterInfo) -> String {
     format!("{} (Vulkan, {})", info.name, driver.trim())
 }
 
-/// Opens `adapter` for burn, or says why it cannot: the device burn's
-/// tensors are made on, and the adapter's description.
-pub fn open(adapter: &Adapter) -> Result<(Device, String), String> {
+/// Opens `adapter` for burn (the device burn's tensors are made on), or
+/// says why it cannot.
+pub fn open(adapter: &Adapter) -> Result<Device, String> {
     let (instance, all) = enumerate();
     let infos: Vec<wgpu::AdapterInfo> = all.iter().map(wgpu::Adapter::get_info).collect();
     let chosen = infos.iter().position(|info| match adapter {
@@ -152,5 +152,5 @@ pub fn open(adapter: &Adapter) -> Result<(Device, String), String> {
     let device = RuntimeOptions::try_default()
         .and_then(|options| cubecl_wgpu::try_init_device(setup, options))
         .map_err(|e| format!("burn could not use {name}: {e}"))?;
-    Ok((Device::from(device), name))
+    Ok(Device::from(device))
 }

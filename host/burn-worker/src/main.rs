@@ -70,24 +70,19 @@ fn main() -> ExitCode {
             let confined = confine::warm_up().and_then(|()| confine::confine());
             run(confined, &args, |memory| Session::new(memory, 0))
         }
-        Some(adapter) => {
-            let opened = gpu::open(adapter);
-            let confined = opened
-                .as_ref()
-                .map_err(Clone::clone)
-                .and_then(|(device, _)| {
-                    confine::warm_up_gpu(device.clone()).and_then(|()| confine::confine_gpu())
-                });
-            match opened {
-                Ok((device, _)) => run(confined, &args, |memory| {
+        Some(adapter) => match gpu::open(adapter) {
+            Ok(device) => {
+                let confined =
+                    confine::warm_up_gpu(device.clone()).and_then(|()| confine::confine_gpu());
+                run(confined, &args, |memory| {
                     Session::<gpu::Gpu>::on(device, memory, 0)
-                }),
-                Err(why) => {
-                    eprintln!("wtune-burn-worker: {why}");
-                    ExitCode::FAILURE
-                }
+                })
             }
-        }
+            Err(why) => {
+                eprintln!("wtune-burn-worker: {why}");
+                ExitCode::FAILURE
+            }
+        },
     }
 }
 

@@ -37,7 +37,7 @@ fn adapter() -> Adapter {
 /// A fresh session on the first GPU; the device is opened once.
 fn session() -> Session<Gpu> {
     static DEVICE: OnceLock<gpu::Device> = OnceLock::new();
-    let device = DEVICE.get_or_init(|| gpu::open(&adapter()).expect("the GPU opens").0);
+    let device = DEVICE.get_or_init(|| gpu::open(&adapter()).expect("the GPU opens"));
     Session::on(device.clone(), 1 << 20, u64::MAX)
 }
 
