@@ -4,12 +4,14 @@
 //! (`burn_remote::host()`).
 //!
 //! - `examples/burn-hostile` attacks the interface, one attack per trial,
-//!   beside a benign trial training on the host in the same experiment;
+//!   beside a benign trial training on the host in the same experiment,
+//!   on the CPU worker and on the GPU one;
 //! - `examples/digits-cnn` with `backend = "host"` trains the same CNN as
 //!   with `backend = "wasm"`, to float tolerance, and continues bit for bit
 //!   from a host snapshot that carries its host tensors; with
 //!   `compute = "gpu"` it trains on the GPU and continues from a snapshot
-//!   to float tolerance.
+//!   to float tolerance; a snapshot of its CPU worker's tensors is refused
+//!   on a GPU, with the flag that resumes it, and is kept.
 
 mod common;
 
@@ -58,7 +60,28 @@ attack = { grid_search = ["benign", "foreign", "after-free", "overflow", "gigant
 
 #[test]
 fn hostile_burn_guests_get_errors_and_their_neighbour_trains_as_if_alone() {
-    let run = common::run_cli("burn_hostile", HOSTILE, &[]);
+    hostile_beside_benign(HOSTILE, 0.0);
+}
+
+#[test]
+fn hostile_burn_guests_on_a_gpu_get_the_same_errors() {
+    // The same attacks against a worker running burn's wgpu backend
+    // (lavapipe where there is no hardware GPU), whose checks are the
+    // CPU's. Autotuning may pick another kernel in another process, so the
+    // benign trial alone agrees to float tolerance.
+    let gpu = HOSTILE.replacen(
+        "max_concurrent_trials = 2",
+        "max_concurrent_trials = 2\ncompute = \"gpu\"",
+        1,
+    );
+    hostile_beside_benign(&gpu, 1e-4);
+}
+
+/// Runs the attacks of `toml` (HOSTILE's, perhaps on another backend), checks
+/// each fails its own trial with its error, and that the benign trial's
+/// losses are those it has alone, to `tolerance` (relative).
+fn hostile_beside_benign(toml: &str, tolerance: f64) {
+    let run = common::run_cli("burn_hostile", toml, &[]);
     // Every attack fails its own trial; the experiment goes on.
     assert!(run.output.status.success(), "{}", run.stderr());
     let trials = by_attack(&run.out());
@@ -111,7 +134,7 @@ fn hostile_burn_guests_get_errors_and_their_neighbour_trains_as_if_alone() {
     let benign = trials.iter().position(|(a, _, _)| a == "benign").unwrap();
     let alone = common::run_cli(
         "burn_hostile",
-        &HOSTILE.replace(
+        &toml.replace(
             r#"attack = { grid_search = ["benign", "foreign", "after-free", "overflow", "gigantic", "garbage", "ignore-errors", "fuel"] }"#,
             r#"attack = "benign""#,
         ),
@@ -121,7 +144,14 @@ fn hostile_burn_guests_get_errors_and_their_neighbour_trains_as_if_alone() {
     let together = losses(&run.out(), &format!("trial_{benign:04}"));
     assert_eq!(together.len(), 5);
     assert!(together[4] < together[0] / 10.0, "{together:?}");
-    assert_eq!(losses(&alone.out(), "trial_0000"), together);
+    let by_itself = losses(&alone.out(), "trial_0000");
+    assert_eq!(by_itself.len(), together.len());
+    for (a, b) in by_itself.iter().zip(&together) {
+        assert!(
+            (a - b).abs() <= tolerance * b.abs(),
+            "{by_itself:?} vs {together:?}"
+        );
+    }
 }
 
 #[test]
@@ -244,6 +274,43 @@ fn a_cnn_on_the_host_gpu_learns_and_continues_from_a_host_snapshot() {
             "{resumed:?} vs {expected:?}"
         );
     }
+}
+
+#[test]
+fn a_snapshot_of_burn_tensors_resumes_only_on_the_kind_of_backend_that_held_them() {
+    // burn's CPU backend stores bools as bytes and its GPU backend as
+    // words, and the guest's burn client chose one when it connected: a
+    // session cannot move between them. Resumed onto a GPU, the trial is
+    // refused with the flag that puts it back; the checkpoint stays, and
+    // resuming with that flag continues bit for bit.
+    let cpu = "compute = \"cpu\"\ncheckpoint_at_end = true";
+    let (whole, expected) = cnn_curve("host", cpu, 3);
+    assert!(whole.output.status.success(), "{}", whole.stderr());
+    let (split, _) = cnn_curve("host", cpu, 2);
+    assert!(split.output.status.success(), "{}", split.stderr());
+    let moved = common::wtune()
+        .arg("resume")
+        .arg(split.out())
+        .args(["--stop", "training_iteration=3", "--compute", "gpu"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&moved.stderr);
+    assert!(
+        stderr.contains("from now on, compute = \"gpu\" (was \"cpu\")"),
+        "{stderr}"
+    );
+    let trials = common::experiment_trials(&split.out());
+    assert_eq!(trials[0]["status"], "ERROR", "{stderr}");
+    let error = trials[0]["error"].as_str().unwrap();
+    assert!(
+        error.contains("burn tensors kept by the CPU (burn's CPU backend)")
+            && error
+                .contains("compute = \"cpu\" (`wtune resume DIR --retry-errored --compute cpu`)"),
+        "{error}"
+    );
+    assert_eq!(curve(&split.out()).len(), 2);
+    common::resume_ok(&split.out(), &["--retry-errored", "--compute", "cpu"]);
+    assert_eq!(curve(&split.out()), expected);
 }
 
 #[test]

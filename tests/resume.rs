@@ -702,6 +702,10 @@ fn resume_refuses_flags_for_what_the_experiment_keeps_and_says_why() {
             &["--max-concurrent", "0"][..],
             "--max-concurrent must be at least 1",
         ),
+        (
+            &["--compute", "tpu"][..],
+            "--compute \"tpu\" is not a backend; use auto, cpu or gpu",
+        ),
     ] {
         refused(&resume(&out, flags), why);
         assert!(

@@ -12,13 +12,10 @@ mod common;
 use std::process::Command as Process;
 use std::sync::{Mutex, OnceLock};
 
-use burn_ir::{
-    BinaryOpIr, FloatOperationIr, NumericOperationIr, OperationIr, RandomOpIr, TensorId,
-    TensorStatus,
-};
+use burn_ir::{BinaryOpIr, NumericOperationIr, OperationIr, TensorId, TensorStatus};
 use burn_remote::wire::Command;
 use burn_std::{BoolStore, DType, Distribution, TensorData};
-use common::{frame, tensor};
+use common::{data, frame, random, tensor, values};
 use wtune_burn_worker::Session;
 use wtune_burn_worker::gpu::{self, Adapter, Gpu};
 
@@ -41,13 +38,7 @@ fn session() -> Session<Gpu> {
     Session::on(device.clone(), 1 << 20, u64::MAX)
 }
 
-fn data(id: u64, values: Vec<f32>) -> Command {
-    let n = values.len();
-    Command::Data {
-        id: TensorId::new(id),
-        data: TensorData::new(values, [n]),
-    }
-}
+const DRAW: Distribution = Distribution::Uniform(0.0, 1.0);
 
 fn add(lhs: u64, rhs: u64, out: u64, n: usize) -> Command {
     Command::Operation(OperationIr::NumericFloat(
@@ -60,23 +51,6 @@ fn add(lhs: u64, rhs: u64, out: u64, n: usize) -> Command {
     ))
 }
 
-fn random(id: u64, n: usize) -> Command {
-    Command::Operation(OperationIr::Float(
-        DType::F32,
-        FloatOperationIr::Random(RandomOpIr {
-            out: tensor(id, &[n], TensorStatus::NotInit),
-            distribution: Distribution::Uniform(0.0, 1.0),
-        }),
-    ))
-}
-
-fn values(session: &mut Session<Gpu>, id: u64, n: usize) -> Vec<f32> {
-    let data = session
-        .read(&[], tensor(id, &[n], TensorStatus::ReadOnly))
-        .expect("the read");
-    data.try_to_vec::<f32>().unwrap()
-}
-
 #[test]
 fn a_gpu_session_computes_and_its_snapshot_continues_drawing_where_it_stood() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -85,11 +59,11 @@ fn a_gpu_session_computes_and_its_snapshot_continues_drawing_where_it_stood() {
         data(1, vec![1.0, 2.0, 3.0]),
         add(1, 1, 2, 3),
         Command::Seed(5),
-        random(3, 64),
+        random(3, 64, DRAW),
     ]));
     assert_eq!(values(&mut original, 2, 3), [2.0, 4.0, 6.0]);
     let image = original.image().expect("an image");
-    original.run(&frame([random(4, 64)]));
+    original.run(&frame([random(4, 64, DRAW)]));
     let next = values(&mut original, 4, 64);
     assert!(next.iter().all(|v| (0.0..1.0).contains(v)), "{next:?}");
 
@@ -97,7 +71,7 @@ fn a_gpu_session_computes_and_its_snapshot_continues_drawing_where_it_stood() {
     restored.restore(&image).expect("the image restores");
     assert_eq!(values(&mut restored, 2, 3), [2.0, 4.0, 6.0]);
     assert_eq!(values(&mut restored, 3, 64), values(&mut original, 3, 64));
-    restored.run(&frame([random(4, 64)]));
+    restored.run(&frame([random(4, 64, DRAW)]));
     assert_eq!(values(&mut restored, 4, 64), next);
 }
 

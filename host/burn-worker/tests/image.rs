@@ -9,40 +9,18 @@ mod common;
 
 use std::sync::Mutex;
 
-use burn_ir::{FloatOperationIr, OperationIr, RandomOpIr, TensorId, TensorStatus};
+use burn_ir::{OperationIr, TensorStatus};
 use burn_remote::wire::Command;
-use burn_std::{DType, Distribution, TensorData};
-use common::{frame, tensor};
+use burn_std::Distribution;
+use common::{data, frame, random, tensor, values};
 use wtune_burn_worker::{Session, Usage};
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
 const QUOTA: u64 = 1 << 20;
 
-fn data(id: u64, values: Vec<f32>) -> Command {
-    let n = values.len();
-    Command::Data {
-        id: TensorId::new(id),
-        data: TensorData::new(values, [n]),
-    }
-}
-
-fn random(id: u64, n: usize) -> Command {
-    Command::Operation(OperationIr::Float(
-        DType::F32,
-        FloatOperationIr::Random(RandomOpIr {
-            out: tensor(id, &[n], TensorStatus::NotInit),
-            distribution: Distribution::Bernoulli(0.5),
-        }),
-    ))
-}
-
-fn values(session: &mut Session, id: u64, n: usize) -> Vec<f32> {
-    let data = session
-        .read(&[], tensor(id, &[n], TensorStatus::ReadOnly))
-        .expect("the read");
-    data.try_to_vec::<f32>().unwrap()
-}
+/// Dropout's draw.
+const DRAW: Distribution = Distribution::Bernoulli(0.5);
 
 #[test]
 fn a_restored_session_holds_the_tensors_and_draws_what_the_original_draws_next() {
@@ -51,9 +29,9 @@ fn a_restored_session_holds_the_tensors_and_draws_what_the_original_draws_next()
     original.run(&frame([
         data(1, vec![1.0, 2.0, 3.0]),
         Command::Seed(7),
-        random(2, 64),
-        random(3, 64),
-        random(4, 32),
+        random(2, 64, DRAW),
+        random(3, 64, DRAW),
+        random(4, 32, DRAW),
     ]));
     assert_eq!(original.error(), None);
     let image = original.image().expect("an image");
@@ -62,7 +40,7 @@ fn a_restored_session_holds_the_tensors_and_draws_what_the_original_draws_next()
         .iter()
         .map(|&(id, n)| values(&mut original, id, n))
         .collect();
-    original.run(&frame([random(5, 256)]));
+    original.run(&frame([random(5, 256, DRAW)]));
     let next = values(&mut original, 5, 256);
 
     let mut restored = Session::new(QUOTA, u64::MAX);
@@ -73,7 +51,7 @@ fn a_restored_session_holds_the_tensors_and_draws_what_the_original_draws_next()
         .map(|&(id, n)| values(&mut restored, id, n))
         .collect();
     assert_eq!(got, kept);
-    restored.run(&frame([random(5, 256)]));
+    restored.run(&frame([random(5, 256, DRAW)]));
     assert_eq!(values(&mut restored, 5, 256), next);
     // A mask of 256 fair coins that repeats by chance is no test at all.
     assert!(next.contains(&0.0) && next.contains(&1.0));
@@ -127,7 +105,7 @@ fn past_its_bounds_the_record_starts_over_alike_in_the_original_and_the_restored
     let draw = |session: &mut Session, id: &mut u64, n: usize| {
         *id += 1;
         session.run(&frame([
-            random(*id, n),
+            random(*id, n, DRAW),
             Command::Operation(OperationIr::Drop(tensor(
                 *id,
                 &[n],
@@ -147,7 +125,7 @@ fn past_its_bounds_the_record_starts_over_alike_in_the_original_and_the_restored
     for i in 0..20 {
         draw(&mut original, &mut id, 1 + (i % 2) as usize);
     }
-    original.run(&frame([random(1, 256)]));
+    original.run(&frame([random(1, 256, DRAW)]));
     let expected = values(&mut original, 1, 256);
     let mut restored = Session::new(QUOTA, u64::MAX);
     restored.restore(&image).unwrap();
@@ -155,7 +133,7 @@ fn past_its_bounds_the_record_starts_over_alike_in_the_original_and_the_restored
     for i in 0..20 {
         draw(&mut restored, &mut id, 1 + (i % 2) as usize);
     }
-    restored.run(&frame([random(1, 256)]));
+    restored.run(&frame([random(1, 256, DRAW)]));
     assert_eq!(values(&mut restored, 1, 256), expected);
 }
 

@@ -180,6 +180,10 @@ pub(super) struct ChangeArgs {
     /// Most trials running at once from now on.
     #[arg(long, value_name = "N")]
     pub(super) max_concurrent: Option<usize>,
+    /// Where the guests' compute kernels run from now on: auto, cpu or gpu. A trial whose
+    /// snapshot holds burn tensors continues only on the kind of backend that held them.
+    #[arg(long, value_name = "BACKEND")]
+    pub(super) compute: Option<String>,
     // --fuel, --memory, ... apply from now on; with --retry-errored,
     // trials that ran out of fuel go on under the new budget.
     #[command(flatten)]

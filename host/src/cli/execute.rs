@@ -22,7 +22,8 @@ use super::setup::Setup;
 pub(super) struct Resumed {
     pub(super) trials: Vec<Trial>,
     pub(super) decisions: DecisionState,
-    /// Finished trials that new stopping criteria let go on.
+    /// Trials whose checkpoint's `done` does not end them: finished trials
+    /// that new stopping criteria let go on, and errored ones run again.
     pub(super) extended: Vec<String>,
 }
 

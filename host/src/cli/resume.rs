@@ -40,6 +40,7 @@ pub(super) fn resume_experiment(args: ResumeArgs) -> Result<(), Failure> {
     let more_trials = changes.resample(&mut setup, trials.len())?;
     let extended = changes.extend_stops(&mut setup, &mut trials)?;
     changes.relimit(&mut setup)?;
+    changes.move_compute(&mut setup);
     let backend = admitted_backend(&mut setup, model, args.cache)?;
     let decisions = &state.decisions;
     let (mut scheduler, mut searcher) = restored_deciders(&setup, decisions)?;
@@ -94,6 +95,12 @@ pub(super) fn resume_experiment(args: ResumeArgs) -> Result<(), Failure> {
         scheduler.on_trial_retry(trial);
         searcher.on_trial_retry(&trial.trial_id);
     }
+    // A trial that ended in ERROR and runs again from a result that says
+    // `done` was being extended under new stopping criteria when it failed
+    // (nothing else runs a finished trial again): that result does not end
+    // it now either.
+    let mut extended = extended;
+    extended.extend(plan.retried.iter().cloned());
     setup.spec.output_dir = output_dir;
     let spec = setup.spec.clone();
     let decisions = decisions.clone();

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use super::burn::lane::BurnLane;
+use super::burn::{BurnBackend, BurnImage};
 use super::cost::{self, Meter, Stop};
 use super::device::{Device, Fill, Kernel, PipelineInfo};
 use super::error::{ComputeError, invalid};
@@ -28,7 +29,7 @@ pub struct ComputeImage {
     pub buffers: Vec<(u32, Vec<f32>)>,
     /// The trial's burn session, as its worker encoded it (its tensors and
     /// its random generator's state); `None` when it has none.
-    pub burn: Option<Vec<u8>>,
+    pub burn: Option<BurnImage>,
 }
 
 /// Bit for bit, so that NaNs compare equal to themselves: an image equals
@@ -56,7 +57,7 @@ impl ComputeImage {
     /// Total size of the buffers and the burn session in bytes.
     pub fn byte_len(&self) -> u64 {
         let buffers: u64 = self.buffers.iter().map(|(_, b)| b.len() as u64 * 4).sum();
-        buffers + self.burn.as_ref().map_or(0, |b| b.len() as u64)
+        buffers + self.burn.as_ref().map_or(0, |b| b.bytes.len() as u64)
     }
 
     /// Whether there is nothing to carry: no buffers, none ever made, and no
@@ -602,7 +603,10 @@ impl ComputeSession {
     /// The buffers as plain data, for a host snapshot. Custom pipelines are
     /// not carried: a trial holding one cannot be snapshotted exactly.
     pub fn image(&mut self) -> Result<ComputeImage, ComputeError> {
-        let burn = self.burn.image()?;
+        let burn = self.burn.image()?.map(|bytes| BurnImage {
+            backend: self.compute.burn_device(self.gpu).backend(),
+            bytes,
+        });
         if !self.pipelines.is_empty() {
             return Err(ComputeError::Unsupported(format!(
                 "the trial holds {} custom WGSL pipeline(s), which snapshots do not carry; \
@@ -635,6 +639,7 @@ impl ComputeSession {
                 "compute state can only be restored into a fresh trial"
             ));
         }
+        self.check_burn_backend(image.burn.as_ref().map(|b| b.backend))?;
         self.device.begin_call(None);
         for (id, buffer) in &image.buffers {
             if let Err(err) = self.restore_one(*id, buffer, image.next_buffer) {
@@ -649,13 +654,35 @@ impl ComputeSession {
         if let Some(burn) = &image.burn {
             let memory = self.set_aside_for_burn();
             let device = self.compute.burn_device(self.gpu);
-            self.burn.restore(memory, &device, burn).map_err(|why| {
-                ComputeError::Device(format!("restoring the trial's burn tensors: {why}"))
-            })?;
+            self.burn
+                .restore(memory, &device, &burn.bytes)
+                .map_err(|why| {
+                    ComputeError::Device(format!("restoring the trial's burn tensors: {why}"))
+                })?;
         }
         self.next_buffer = image.next_buffer.max(1);
         self.next_pipeline = image.next_pipeline.max(1);
         Ok(())
+    }
+
+    /// Refuses a snapshot whose burn session (held on `backend`) this
+    /// trial cannot take: one from the other kind of backend (see
+    /// [`BurnBackend`]). Restores call it before they write anything.
+    pub fn check_burn_backend(&self, backend: Option<BurnBackend>) -> Result<(), ComputeError> {
+        let here = self.compute.burn_device(self.gpu).backend();
+        let Some(there) = backend.filter(|&there| there != here) else {
+            return Ok(());
+        };
+        Err(ComputeError::Unsupported(format!(
+            "the snapshot holds burn tensors kept by {}, and here burn runs on {}; a trial \
+             cannot move between the two (they store bools differently and draw other \
+             random numbers). Continue it with compute = \"{}\" (`wtune resume DIR \
+             --retry-errored --compute {}`)",
+            there.described(),
+            here.described(),
+            there.compute_flag(),
+            there.compute_flag()
+        )))
     }
 
     fn restore_one(&mut self, id: u32, buffer: &[f32], next: u32) -> Result<(), ComputeError> {

@@ -347,6 +347,11 @@ impl Access<'_> {
     /// piece at a time, then globals and compute buffers.
     pub(crate) fn restore(&mut self, source: &mut dyn SnapshotSource) -> Result<(), SnapshotError> {
         self.check_fits(source.layout())?;
+        self.store
+            .data()
+            .compute
+            .check_burn_backend(source.burn_backend())
+            .map_err(|e| SnapshotError::Failed(format!("restoring compute buffers: {e}")))?;
         // The ledger is read first and whole: the handles it lists are
         // re-acquired before any memory is written. It is one page at most.
         let ledger = match self.index.layout.replay.ledger_memory {

@@ -10,6 +10,7 @@ use std::io::{Read, Seek};
 use super::format::{FormatError, PIECE, ReadError, SnapshotFile};
 use super::image::GuestImage;
 use crate::compute::ComputeImage;
+use crate::compute::burn::BurnBackend;
 
 /// A host snapshot to restore, read a memory at a time.
 pub trait SnapshotSource {
@@ -30,6 +31,11 @@ pub trait SnapshotSource {
 
     /// The trial's host compute buffers.
     fn compute(&mut self) -> Result<ComputeImage, ReadError>;
+
+    /// The kind of backend that held the trial's burn session, if it has
+    /// one: known before anything is read, so that a restore can refuse a
+    /// session its host cannot take before it writes any memory.
+    fn burn_backend(&self) -> Option<BurnBackend>;
 }
 
 impl<R: Read + Seek> SnapshotSource for SnapshotFile<R> {
@@ -47,6 +53,10 @@ impl<R: Read + Seek> SnapshotSource for SnapshotFile<R> {
 
     fn compute(&mut self) -> Result<ComputeImage, ReadError> {
         SnapshotFile::compute(self)
+    }
+
+    fn burn_backend(&self) -> Option<BurnBackend> {
+        SnapshotFile::burn_backend(self)
     }
 }
 
@@ -117,6 +127,10 @@ impl SnapshotSource for ImageSource<'_> {
 
     fn compute(&mut self) -> Result<ComputeImage, ReadError> {
         Ok(self.image.compute.clone())
+    }
+
+    fn burn_backend(&self) -> Option<BurnBackend> {
+        self.image.compute.burn.as_ref().map(|b| b.backend)
     }
 }
 

@@ -1,10 +1,11 @@
 //! What `wtune resume` may change of a saved experiment, and why the rest
-//! stays. New stopping criteria, a new sample count, the trials' limits and
-//! the concurrency change how far the experiment goes and what each trial
-//! may use; the metric, seed, algorithms, checkpoint mode, data and
-//! directory are what its saved decisions and checkpoints rest on, so the
-//! flags for them are refused with the reason.
+//! stays. New stopping criteria, a new sample count, the trials' limits,
+//! the concurrency and where compute runs change how far the experiment
+//! goes and what each trial may use; the metric, seed, algorithms,
+//! checkpoint mode, data and directory are what its saved decisions and
+//! checkpoints rest on, so the flags for them are refused with the reason.
 
+use crate::compute::ComputeMode;
 use crate::config::{self, Overrides};
 use crate::tune::{StopCriteria, Trial, TrialStatus};
 
@@ -18,6 +19,7 @@ pub(super) struct Changes {
     stop: Vec<String>,
     num_samples: Option<u64>,
     limits: Overrides,
+    compute: Option<ComputeMode>,
 }
 
 impl Changes {
@@ -29,7 +31,16 @@ impl Changes {
         setup: &Setup,
     ) -> Result<Self, Failure> {
         refuse_fixed(fixed, setup)?;
+        let compute = match args.compute.as_deref() {
+            None => None,
+            Some(text) => Some(text.parse::<ComputeMode>().map_err(|_| {
+                Failure::user(format!(
+                    "--compute {text:?} is not a backend; use auto, cpu or gpu"
+                ))
+            })?),
+        };
         Ok(Self {
+            compute,
             stop: args.stop,
             num_samples: args.num_samples,
             limits: Overrides {
@@ -68,6 +79,18 @@ impl Changes {
             );
         }
         Ok(())
+    }
+
+    /// Puts `--compute` over the saved backend, saying so when it changed.
+    /// A GPU that is not there is found when the sandbox opens compute.
+    pub(super) fn move_compute(&self, setup: &mut Setup) {
+        let Some(mode) = self.compute else {
+            return;
+        };
+        let saved = std::mem::replace(&mut setup.compute.mode, mode);
+        if saved != mode {
+            eprintln!("from now on, compute = \"{mode}\" (was \"{saved}\")");
+        }
     }
 
     /// A new sample count, which must make at least the `created` trials
@@ -154,7 +177,8 @@ fn refuse_fixed(fixed: &FixedOnResume, setup: &Setup) -> Result<(), Failure> {
         Some(
             "`wtune resume` continues with the setup saved in the experiment directory and \
              reads no experiment file; what may change is given as flags: --stop, \
-             --num-samples, --max-concurrent, --fuel, --fuel-per-call, --memory, --timeout"
+             --num-samples, --max-concurrent, --fuel, --fuel-per-call, --memory, --timeout, \
+             --compute"
                 .to_owned(),
         )
     } else if fixed.name.is_some() || fixed.output_dir.is_some() {

@@ -12,7 +12,9 @@
 //!   first call with the rest of the trial's quota, its fuel settled
 //!   through the session's meter. The sandbox offers it to guests as the
 //!   WIT `burn` interface.
-//! - [`BurnDevice`]: where the worker runs the trial's operations.
+//! - [`BurnDevice`]: where the worker runs the trial's operations;
+//!   [`BurnImage`]: its session in a host snapshot, with the kind of
+//!   backend that held it.
 
 pub mod lane;
 pub mod protocol;
@@ -21,6 +23,8 @@ pub mod worker;
 pub use lane::BurnLane;
 
 pub use worker::BurnWorker;
+
+use serde::{Deserialize, Serialize};
 
 /// Where a trial's burn worker keeps its tensors and runs its operations:
 /// burn's CPU backend on the CPU backend of host compute, else burn's wgpu
@@ -39,6 +43,14 @@ pub enum BurnDevice {
 }
 
 impl BurnDevice {
+    /// The kind of burn backend the worker runs here.
+    pub fn backend(&self) -> BurnBackend {
+        match self {
+            BurnDevice::Cpu => BurnBackend::Cpu,
+            BurnDevice::Gpu { .. } => BurnBackend::Gpu,
+        }
+    }
+
     /// The worker's arguments that choose this device.
     pub fn args(&self) -> Vec<String> {
         match self {
@@ -49,6 +61,45 @@ impl BurnDevice {
             BurnDevice::Gpu { described, .. } => vec!["--gpu".into(), described.clone()],
         }
     }
+}
+
+/// The kind of burn backend that holds a trial's tensors. A snapshot's
+/// burn session goes back only to the kind it came from: burn's CPU
+/// backend stores bools as bytes and its wgpu backend as 32-bit words,
+/// which the guest's burn client chose when it connected and keeps in the
+/// guest memory the snapshot restores, and the two draw different random
+/// numbers from the same seed. Any GPU restores a GPU's session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BurnBackend {
+    Cpu,
+    Gpu,
+}
+
+impl BurnBackend {
+    /// As errors name it.
+    pub fn described(self) -> &'static str {
+        match self {
+            BurnBackend::Cpu => "the CPU (burn's CPU backend)",
+            BurnBackend::Gpu => "a GPU (burn's wgpu backend)",
+        }
+    }
+
+    /// The `compute` setting that puts a resumed trial back on this kind.
+    pub fn compute_flag(self) -> &'static str {
+        match self {
+            BurnBackend::Cpu => "cpu",
+            BurnBackend::Gpu => "gpu",
+        }
+    }
+}
+
+/// A trial's burn session in a host snapshot: the worker's image of it
+/// (opaque to wtune) and the kind of backend that held it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BurnImage {
+    pub backend: BurnBackend,
+    pub bytes: Vec<u8>,
 }
 
 #[cfg(test)]

@@ -33,6 +33,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::image::GuestImage;
+use crate::compute::burn::BurnBackend;
 
 pub use read::{PIECE, SnapshotFile};
 pub use write::{encode, write, write_spooled};
@@ -240,6 +241,10 @@ struct ComputeHeader {
     /// buffers' (format version 3).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     burn: Option<u64>,
+    /// The kind of backend that held it; absent from files written before
+    /// burn ran on GPUs, whose sessions were all on the CPU backend.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    burn_backend: Option<BurnBackend>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -321,6 +326,7 @@ pub fn read(
 mod tests {
     use super::*;
     use crate::compute::ComputeImage;
+    use crate::compute::burn::BurnImage;
     use crate::snapshot::image::{GlobalValue, MemoryImage};
 
     fn sample() -> (SnapshotMeta, Payload) {
@@ -389,6 +395,22 @@ mod tests {
             decode(&forged, &meta.component, None).unwrap_err(),
             FormatError::Malformed("compute buffers: numbers out of order or out of range".into())
         );
+
+        // Nor may it name a burn backend without a burn session.
+        let named = b"[[2,1000],[7,2]],\"burn_backend\":\"cpu\"";
+        let mut forged = bytes[..at].to_vec();
+        forged.extend_from_slice(named);
+        forged.extend_from_slice(&bytes[at + 16..]);
+        let header_len = u32::from_le_bytes(forged[16..20].try_into().unwrap());
+        let longer = (named.len() - 16) as u32;
+        forged[16..20].copy_from_slice(&(header_len + longer).to_le_bytes());
+        rechecksum(&mut forged);
+        assert_eq!(
+            decode(&forged, &meta.component, None).unwrap_err(),
+            FormatError::Malformed(
+                "compute buffers: a burn backend named without a burn session".into()
+            )
+        );
     }
 
     #[test]
@@ -401,7 +423,10 @@ mod tests {
             next_buffer: 3,
             next_pipeline: 1,
             buffers: vec![(2, vec![0.5; 10])],
-            burn: Some(b"the worker's image".to_vec()),
+            burn: Some(BurnImage {
+                backend: BurnBackend::Gpu,
+                bytes: b"the worker's image".to_vec(),
+            }),
         };
         let payload = Payload::Memory(image);
         let bytes = encode(&meta, &payload, None);
@@ -417,6 +442,22 @@ mod tests {
             decode(&forged, &meta.component, None).unwrap_err(),
             FormatError::Malformed("a burn session in a version 2 file".into())
         );
+
+        // Files from before burn ran on GPUs name no backend: their
+        // sessions were all on burn's CPU backend.
+        let tag = b",\"burn_backend\":\"gpu\"";
+        let at = bytes.windows(tag.len()).position(|w| w == tag).unwrap();
+        let mut older = bytes.clone();
+        older.drain(at..at + tag.len());
+        let header_len = u32::from_le_bytes(older[16..20].try_into().unwrap());
+        older[16..20].copy_from_slice(&(header_len - tag.len() as u32).to_le_bytes());
+        rechecksum(&mut older);
+        let (_, Payload::Memory(read)) = decode(&older, &meta.component, None).unwrap() else {
+            unreachable!()
+        };
+        let burn = read.compute.burn.unwrap();
+        assert_eq!(burn.backend, BurnBackend::Cpu);
+        assert_eq!(burn.bytes, b"the worker's image");
     }
 
     #[test]

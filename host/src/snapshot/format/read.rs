@@ -21,6 +21,7 @@ use super::{
     TRAILER, ZSTD_MAX_RATIO,
 };
 use crate::compute::ComputeImage;
+use crate::compute::burn::{BurnBackend, BurnImage};
 use crate::snapshot::image::{GlobalValue, GuestImage, MemoryImage, PAGE};
 
 /// Most bytes of memory [`SnapshotFile::next_piece`] hands over at once.
@@ -60,8 +61,9 @@ struct ComputeFrames {
     next_pipeline: u32,
     /// `(number, elements, frame)` of each buffer.
     buffers: Vec<(u32, u64, Frame)>,
-    /// `(bytes, frame)` of the trial's burn session.
-    burn: Option<(u64, Frame)>,
+    /// `(bytes, frame)` of the trial's burn session, and the kind of
+    /// backend that held it.
+    burn: Option<(u64, Frame, BurnBackend)>,
 }
 
 /// Where one payload frame's bytes lie, and their hash as verified.
@@ -365,6 +367,18 @@ impl<R: Read + Seek> SnapshotFile<R> {
         Ok(Some((at, &self.piece[..n])))
     }
 
+    /// The kind of backend that held the trial's burn session, if it has
+    /// one (from the header: nothing is read).
+    pub fn burn_backend(&self) -> Option<BurnBackend> {
+        match &self.contents {
+            Contents::Memory {
+                compute: Some(compute),
+                ..
+            } => compute.burn.map(|(_, _, backend)| backend),
+            _ => None,
+        }
+    }
+
     /// The trial's host compute buffers.
     pub fn compute(&mut self) -> Result<ComputeImage, ReadError> {
         let Contents::Memory {
@@ -389,14 +403,14 @@ impl<R: Read + Seek> SnapshotFile<R> {
             buffers.push((id, bytemuck::pod_collect_to_vec::<u8, f32>(&bytes)));
         }
         let burn = match burn_frame {
-            Some((len, frame)) => {
+            Some((len, frame, backend)) => {
                 let bytes = self.read_frame(frame, len as usize, "the burn session")?;
                 if bytes.len() as u64 != len {
                     return Err(malformed(
                         "the burn session: its length differs from the header".into(),
                     ));
                 }
-                Some(bytes)
+                Some(BurnImage { backend, bytes })
             }
             None => None,
         };
@@ -696,13 +710,17 @@ fn compute_frames(
         }
         buffers.push((id, elements, next_frame()?));
     }
+    if header.burn.is_none() && header.burn_backend.is_some() {
+        return Err(bad("a burn backend named without a burn session"));
+    }
     let burn = match header.burn {
         Some(len) => {
             total = total.saturating_add(len);
             if total > MAX_COMPUTE {
                 return Err(bad("too large"));
             }
-            Some((len, next_frame()?))
+            let backend = header.burn_backend.unwrap_or(BurnBackend::Cpu);
+            Some((len, next_frame()?, backend))
         }
         None => None,
     };

@@ -70,7 +70,7 @@ fn memory_parts<S: SpoolStorage>(
         spool.frame(bytemuck::cast_slice::<f32, u8>(buffer))?;
     }
     if let Some(burn) = &image.compute.burn {
-        spool.frame(burn)?;
+        spool.frame(&burn.bytes)?;
     }
     let data_len = image.memories.iter().map(MemoryImage::run_bytes).sum();
     let version = if image.compute.burn.is_some() {
@@ -126,7 +126,8 @@ fn header_bytes(meta: &SnapshotMeta, image: &GuestImage, data_len: u64) -> Vec<u
                 .iter()
                 .map(|(id, b)| (*id, b.len() as u64))
                 .collect(),
-            burn: image.compute.burn.as_ref().map(|b| b.len() as u64),
+            burn: image.compute.burn.as_ref().map(|b| b.bytes.len() as u64),
+            burn_backend: image.compute.burn.as_ref().map(|b| b.backend),
         }),
     };
     serde_json::to_vec(&header).expect("snapshot headers always serialize")
