@@ -543,19 +543,25 @@ fn random_kills_and_resumes_end_with_the_uninterrupted_results_once_each() {
     assert_eq!(digests(&out), expected, "after {kills} kills");
 }
 
+/// The experiment run to iteration 3 in `dir/extended`, each trial
+/// checkpointed at its end, and the digests a run to 6 ends with.
+fn ended_at_3_and_digests_at_6(dir: &Path) -> (PathBuf, Vec<f64>) {
+    let longer = experiment(dir, "", 64, 6);
+    ok(&run(&longer, &dir.join("longer")));
+    let expected = digests(&dir.join("longer"));
+    let config = experiment(dir, "checkpoint_at_end = true", 64, 3);
+    let out = dir.join("extended");
+    ok(&run(&config, &out));
+    (out, expected)
+}
+
 #[test]
 fn resume_with_new_stopping_criteria_extends_a_finished_run() {
     // Four trials end at iteration 3 (checkpointed at their end); resumed
     // with `--stop training_iteration=6` they continue from those
     // checkpoints to 6, ending where a run to 6 ends, each iteration once.
     let dir = tempfile::tempdir().unwrap();
-    let longer = experiment(dir.path(), "", 64, 6);
-    ok(&run(&longer, &dir.path().join("longer")));
-    let expected = digests(&dir.path().join("longer"));
-
-    let config = experiment(dir.path(), "checkpoint_at_end = true", 64, 3);
-    let out = dir.path().join("extended");
-    ok(&run(&config, &out));
+    let (out, expected) = ended_at_3_and_digests_at_6(dir.path());
     assert!(outcomes(&out).iter().all(|o| o.3 == 3));
     let resumed = common::wtune()
         .arg("resume")
@@ -590,6 +596,28 @@ fn resume_with_new_stopping_criteria_extends_a_finished_run() {
         String::from_utf8_lossy(&refused.stderr)
     );
     assert!(outcomes(&out).iter().all(|o| o.3 == 6));
+}
+
+#[test]
+fn an_extended_trial_that_fails_goes_on_when_retried() {
+    // Extended under new criteria with a fuel budget they have already
+    // spent, the trials end in ERROR before their next checkpoint: their
+    // newest one is still the result that ended them, which says `done`.
+    // Retried under a larger budget, they go on to the new criteria from
+    // it, as the extension would have, rather than ending there again.
+    let dir = tempfile::tempdir().unwrap();
+    let (out, expected) = ended_at_3_and_digests_at_6(dir.path());
+    resume(&out, &["--stop", "training_iteration=6", "--fuel", "1"]);
+    for (id, status, _, iterations, _) in outcomes(&out) {
+        assert_eq!((status.as_str(), iterations), ("ERROR", 3), "{id}");
+    }
+    ok(&resume(&out, &["--retry-errored", "--fuel", "1e12"]));
+    for (id, status, _, iterations, _) in outcomes(&out) {
+        assert_eq!((status.as_str(), iterations), ("TERMINATED", 6), "{id}");
+        let (jsonl, _) = iterations_in_files(&out.join(&id));
+        assert_eq!(jsonl, (1..=6).collect::<Vec<u64>>(), "{id}");
+    }
+    assert_eq!(digests(&out), expected);
 }
 
 /// Each trial's config, in trial order, from `experiment.json`.
