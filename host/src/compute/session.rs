@@ -676,12 +676,11 @@ impl ComputeSession {
         Err(ComputeError::Unsupported(format!(
             "the snapshot holds burn tensors kept by {}, and here burn runs on {}; a trial \
              cannot move between the two (they store bools differently and draw other \
-             random numbers). Continue it with compute = \"{}\" (`wtune resume DIR \
-             --retry-errored --compute {}`)",
+             random numbers). Continue it with compute = \"{mode}\" (`wtune resume DIR \
+             --retry-errored --compute {mode}`)",
             there.described(),
             here.described(),
-            there.compute_flag(),
-            there.compute_flag()
+            mode = there.compute_mode(),
         )))
     }
 

@@ -26,6 +26,8 @@ pub use worker::BurnWorker;
 
 use serde::{Deserialize, Serialize};
 
+use super::ComputeMode;
+
 /// Where a trial's burn worker keeps its tensors and runs its operations:
 /// burn's CPU backend on the CPU backend of host compute, else burn's wgpu
 /// backend on the GPU host compute placed the trial on.
@@ -86,10 +88,10 @@ impl BurnBackend {
     }
 
     /// The `compute` setting that puts a resumed trial back on this kind.
-    pub fn compute_flag(self) -> &'static str {
+    pub fn compute_mode(self) -> ComputeMode {
         match self {
-            BurnBackend::Cpu => "cpu",
-            BurnBackend::Gpu => "gpu",
+            BurnBackend::Cpu => ComputeMode::Cpu,
+            BurnBackend::Gpu => ComputeMode::Gpu,
         }
     }
 }

@@ -355,6 +355,21 @@ mod tests {
         (meta, Payload::Memory(image))
     }
 
+    /// `file` with the first `from` in its header replaced by `to`, its
+    /// header length and plain checksum made to fit, as someone forging it
+    /// would.
+    fn with_header_edited(file: &[u8], from: &[u8], to: &[u8]) -> Vec<u8> {
+        let at = file.windows(from.len()).position(|w| w == from).unwrap();
+        let mut edited = file[..at].to_vec();
+        edited.extend_from_slice(to);
+        edited.extend_from_slice(&file[at + from.len()..]);
+        let header_len = u32::from_le_bytes(edited[16..20].try_into().unwrap());
+        let header_len = header_len as usize + to.len() - from.len();
+        edited[16..20].copy_from_slice(&(header_len as u32).to_le_bytes());
+        rechecksum(&mut edited);
+        edited
+    }
+
     /// Recomputes a file's plain checksum after its bytes were changed, as
     /// someone forging it would.
     fn rechecksum(file: &mut [u8]) {
@@ -384,27 +399,18 @@ mod tests {
         assert_eq!(read, payload);
 
         // Numbers out of order, behind a valid checksum, are refused.
-        let at = bytes
-            .windows(16)
-            .position(|w| w == b"[[2,1000],[7,2]]")
-            .unwrap();
-        let mut forged = bytes.clone();
-        forged[at..at + 16].copy_from_slice(b"[[7,1000],[2,2]]");
-        rechecksum(&mut forged);
+        let forged = with_header_edited(&bytes, b"[[2,1000],[7,2]]", b"[[7,1000],[2,2]]");
         assert_eq!(
             decode(&forged, &meta.component, None).unwrap_err(),
             FormatError::Malformed("compute buffers: numbers out of order or out of range".into())
         );
 
         // Nor may it name a burn backend without a burn session.
-        let named = b"[[2,1000],[7,2]],\"burn_backend\":\"cpu\"";
-        let mut forged = bytes[..at].to_vec();
-        forged.extend_from_slice(named);
-        forged.extend_from_slice(&bytes[at + 16..]);
-        let header_len = u32::from_le_bytes(forged[16..20].try_into().unwrap());
-        let longer = (named.len() - 16) as u32;
-        forged[16..20].copy_from_slice(&(header_len + longer).to_le_bytes());
-        rechecksum(&mut forged);
+        let forged = with_header_edited(
+            &bytes,
+            b"[[2,1000],[7,2]]",
+            b"[[2,1000],[7,2]],\"burn_backend\":\"cpu\"",
+        );
         assert_eq!(
             decode(&forged, &meta.component, None).unwrap_err(),
             FormatError::Malformed(
@@ -445,13 +451,7 @@ mod tests {
 
         // Files from before burn ran on GPUs name no backend: their
         // sessions were all on burn's CPU backend.
-        let tag = b",\"burn_backend\":\"gpu\"";
-        let at = bytes.windows(tag.len()).position(|w| w == tag).unwrap();
-        let mut older = bytes.clone();
-        older.drain(at..at + tag.len());
-        let header_len = u32::from_le_bytes(older[16..20].try_into().unwrap());
-        older[16..20].copy_from_slice(&(header_len - tag.len() as u32).to_le_bytes());
-        rechecksum(&mut older);
+        let older = with_header_edited(&bytes, b",\"burn_backend\":\"gpu\"", b"");
         let (_, Payload::Memory(read)) = decode(&older, &meta.component, None).unwrap() else {
             unreachable!()
         };
