@@ -312,6 +312,7 @@ fn trials_are_runs_on_a_real_mlflow_server() {
     a_run_logs_every_trial(&server);
     a_failed_trial_is_a_failed_run(&server);
     a_killed_and_resumed_run_logs_each_step_once(&server);
+    steps_a_killed_run_never_sent_are_sent_on_resume(&server);
     an_outage_in_the_middle_loses_nothing_and_is_said_once(&server);
     an_outage_past_the_end_is_counted(&server);
     a_server_stopped_for_good_is_said_once_and_counted(server);
@@ -393,6 +394,42 @@ fn a_killed_and_resumed_run_logs_each_step_once(server: &MlflowServer) {
         let logged: Vec<f64> = server.history(run, "digest").iter().map(|p| p.1).collect();
         assert_eq!(logged, digests, "{id}");
     }
+}
+
+/// Killed while the server was away: nothing reached it, and the resumed
+/// trials restore checkpoints whose steps no launch reports again. They
+/// come from the trials' `result.jsonl`, so every run still has every step.
+fn steps_a_killed_run_never_sent_are_sent_on_resume(server: &MlflowServer) {
+    let proxy = Proxy::start(&server.url);
+    let dir = tempfile::tempdir().unwrap();
+    let toml =
+        experiment(&proxy.url, "unsent", 12, "").replace("buffer_kib = 1024", "buffer_kib = 4096");
+    let out = dir.path().join("out");
+    proxy.set_down(true);
+    let mut child = common::wtune_run("stateful", &write_config(dir.path(), &toml), &out)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let checkpoints = out.join("trial_0000/checkpoints");
+    common::wait_while_running(&mut child, || {
+        std::fs::read_dir(&checkpoints).is_ok_and(|entries| {
+            entries.filter_map(Result::ok).any(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .starts_with("checkpoint_000004.")
+            })
+        })
+    });
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(!out.join("trial_0000/mlflow_run.json").exists());
+    proxy.set_down(false);
+    let resumed = common::wtune().arg("resume").arg(&out).output().unwrap();
+    let stderr = String::from_utf8_lossy(&resumed.stderr);
+    assert!(resumed.status.success(), "{stderr}");
+    assert!(mlflow_warnings(&stderr).is_empty(), "{stderr}");
+    check_runs(server, "unsent", &out, "FINISHED");
 }
 
 fn an_outage_in_the_middle_loses_nothing_and_is_said_once(server: &MlflowServer) {

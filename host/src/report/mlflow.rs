@@ -19,6 +19,9 @@
 //! `wtune resume` and a paused trial's next launch log to the same run and
 //! steps the server already has are not sent again (the first values sent
 //! for a step stay, where TensorBoard shows a redone step's newer ones).
+//! Steps a killed process never sent (still queued, or the server away)
+//! and that the restored checkpoint covers, so that no launch reports them
+//! again, are sent from the trial's `result.jsonl` when it launches again.
 //!
 //! Plain `http://` only: this build has no TLS. Credentials, if any, come
 //! from MLflow's own environment variables (`client::authorization`).
@@ -137,6 +140,8 @@ impl Callback for MlflowLogger {
             trial_id: trial.trial_id.clone(),
             dir: std::path::absolute(&trial.dir).unwrap_or_else(|_| trial.dir.clone()),
             config: trial.config.clone(),
+            continues_after: trial.latest_checkpoint().map_or(0, |c| c.iteration),
+            config_metrics: self.config_metrics,
         });
         Ok(())
     }
@@ -151,17 +156,11 @@ impl Callback for MlflowLogger {
             return Ok(());
         };
         self.scalars.fill(result, self.config_metrics);
-        let values = self
-            .scalars
-            .as_slice()
-            .iter()
-            .map(|(tag, value)| (key(tag), *value))
-            .collect();
         self.send(Op::Metrics {
             trial: index,
             step,
             timestamp_ms: now_ms(),
-            values,
+            values: metric_values(&self.scalars),
         });
         Ok(())
     }
@@ -191,6 +190,15 @@ impl Callback for MlflowLogger {
         self.finish();
         Ok(())
     }
+}
+
+/// A result's metrics under MLflow's keys.
+fn metric_values(scalars: &Scalars) -> Vec<(String, f64)> {
+    scalars
+        .as_slice()
+        .iter()
+        .map(|(tag, value)| (key(tag), *value))
+        .collect()
 }
 
 /// `name` as MLflow takes it for a key: letters, digits, `_ - . / space`

@@ -5,14 +5,16 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::mem;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use super::client::{CallError, Client};
+use super::metric_values;
+use crate::report::scalars::Scalars;
 
 /// Most metric values waiting while the server is away; past it the oldest
 /// are dropped (and counted): a long outage costs no unbounded memory.
@@ -29,6 +31,8 @@ const FINISH_GRACE: Duration = Duration::from_secs(5);
 /// The file in a trial's directory that names its run, so that `wtune
 /// resume` logs to the same run and does not send a step twice.
 pub(super) const RUN_FILE: &str = "mlflow_run.json";
+/// The trial's own record of its results, read for steps the server lacks.
+const RESULT_FILE: &str = "result.jsonl";
 
 /// What the callback asks for, in the order the runner saw it.
 pub(super) enum Op {
@@ -39,6 +43,13 @@ pub(super) enum Op {
         trial_id: String,
         dir: PathBuf,
         config: Value,
+        /// The step of the checkpoint the launch restores (0 for none):
+        /// its results up to there are not reported again, they are in
+        /// the trial's `result.jsonl`.
+        continues_after: u64,
+        /// Whether results' configuration values are metrics too
+        /// ([`super::MlflowLogger::config_metrics`]).
+        config_metrics: bool,
     },
     /// One result's metrics.
     Metrics {
@@ -90,6 +101,10 @@ struct Run {
     params_logged: bool,
     /// Found in `mlflow_run.json`: marked running again at its start.
     found_again: bool,
+    /// Steps the server lacks from before this process were queued from
+    /// the trial's `result.jsonl` (once per process: later launches of
+    /// the trial in it find their results still queued or sent).
+    caught_up: bool,
 }
 
 /// What happened to what was queued, told at the end.
@@ -304,11 +319,15 @@ impl Worker {
                 trial_id,
                 dir,
                 config,
+                continues_after,
+                config_metrics,
             } => {
                 let (trial, trial_id, dir, config) =
                     (*trial, trial_id.clone(), dir.clone(), config.clone());
+                let (continues_after, config_metrics) = (*continues_after, *config_metrics);
                 self.start(&experiment_id, trial, &trial_id, dir, &config)?;
                 self.queue.pop_front();
+                self.catch_up(trial, continues_after, config_metrics);
             }
             Op::Metrics { trial, .. } => {
                 let trial = *trial;
@@ -372,6 +391,7 @@ impl Worker {
                         sent_through: saved.sent_through.max(on_server),
                         params_logged: false,
                         found_again: true,
+                        caught_up: false,
                     }
                 }
                 None => {
@@ -394,6 +414,7 @@ impl Worker {
                         sent_through: 0,
                         params_logged: false,
                         found_again: false,
+                        caught_up: false,
                     };
                     // Named in the trial's directory before anything else
                     // is sent, so a process killed now leaves no second run.
@@ -426,6 +447,47 @@ impl Worker {
             run.found_again = false;
         }
         Ok(())
+    }
+
+    /// Queues, ahead of everything else, the trial's results from before
+    /// this process that the server lacks: those after the run's last sent
+    /// step up to the checkpoint this launch restores, which no launch
+    /// reports again. A process killed with results still queued (or a
+    /// server away until the kill) would otherwise leave those steps out
+    /// of the run for good. They are read from `result.jsonl`, which holds
+    /// every result up to a checkpoint before the checkpoint exists.
+    fn catch_up(&mut self, trial: usize, continues_after: u64, config_metrics: bool) {
+        let Some(run) = self.runs.get_mut(&trial) else {
+            return;
+        };
+        if mem::replace(&mut run.caught_up, true) || continues_after <= run.sent_through {
+            return;
+        }
+        let ops = match saved_results(
+            &run.dir,
+            trial,
+            run.sent_through,
+            continues_after,
+            config_metrics,
+        ) {
+            Ok(ops) => ops,
+            Err(message) => {
+                tracing::warn!(
+                    "MLflow at {}: steps {} to {continues_after} of {} are not sent: {message}",
+                    self.uri,
+                    run.sent_through + 1,
+                    run.dir.display()
+                );
+                return;
+            }
+        };
+        for op in ops.into_iter().rev() {
+            if let Op::Metrics { values, .. } = &op {
+                self.waiting_values += values.len();
+            }
+            self.queue.push_front(op);
+        }
+        self.drop_oldest();
     }
 
     /// Counts a refused request; says the first.
@@ -518,6 +580,44 @@ impl Worker {
             tracing::warn!("writing {}: {e}", path.display());
         }
     }
+}
+
+/// The results of `dir`'s `result.jsonl` of steps after `after` up to
+/// `through`, as the metrics ops their reports made.
+fn saved_results(
+    dir: &Path,
+    trial: usize,
+    after: u64,
+    through: u64,
+    config_metrics: bool,
+) -> Result<Vec<Op>, String> {
+    let path = dir.join(RESULT_FILE);
+    let text = std::fs::read(&path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+    let mut scalars = Scalars::default();
+    let mut ops = Vec::new();
+    // Whole lines only: a launch appending now writes steps past `through`.
+    for line in text.split(|&b| b == b'\n') {
+        let Ok(result) = serde_json::from_slice::<Map<String, Value>>(line) else {
+            continue;
+        };
+        let Some(step) = result.get("training_iteration").and_then(Value::as_u64) else {
+            continue;
+        };
+        if step <= after || step > through {
+            continue;
+        }
+        scalars.fill(&result, config_metrics);
+        ops.push(Op::Metrics {
+            trial,
+            step,
+            timestamp_ms: result
+                .get("timestamp")
+                .and_then(Value::as_u64)
+                .map_or_else(now_ms, |seconds| seconds * 1000),
+            values: metric_values(&scalars),
+        });
+    }
+    Ok(ops)
 }
 
 pub(super) fn now_ms() -> u64 {
