@@ -429,6 +429,14 @@ fn steps_a_killed_run_never_sent_are_sent_on_resume(server: &MlflowServer) {
     let stderr = String::from_utf8_lossy(&resumed.stderr);
     assert!(resumed.status.success(), "{stderr}");
     assert!(mlflow_warnings(&stderr).is_empty(), "{stderr}");
+    // It continued from a checkpoint: started over, it would have reported
+    // every step again and proved nothing here.
+    let last = results(&out.join("trial_0000")).pop().unwrap();
+    assert_eq!(last["training_iteration"], 12);
+    assert!(
+        last["iterations_since_restore"].as_u64().unwrap() <= 8,
+        "{last:?}"
+    );
     check_runs(server, "unsent", &out, "FINISHED");
 }
 

@@ -4,6 +4,8 @@
 //! bound and counts them.
 
 use std::collections::{HashMap, VecDeque};
+use std::fs::File;
+use std::io::{BufRead, BufReader};
 use std::mem;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
@@ -529,7 +531,9 @@ impl Worker {
             else {
                 break;
             };
-            if *step > run.sent_through {
+            // A step queued twice (redone after a recovery) keeps its
+            // first values, as the server would had the first been sent.
+            if *step > last_step {
                 if !batch.is_empty() && batch.len() + values.len() > BATCH_METRICS {
                     break;
                 }
@@ -583,7 +587,11 @@ impl Worker {
 }
 
 /// The results of `dir`'s `result.jsonl` of steps after `after` up to
-/// `through`, as the metrics ops their reports made.
+/// `through`, as the metrics ops their reports made: the first line of each
+/// step (a trial that recovered from a failure reported its redone steps
+/// again, and the first values sent for a step are the ones that stay).
+/// Read a line at a time: the file may be as large as the trial's result
+/// limit.
 fn saved_results(
     dir: &Path,
     trial: usize,
@@ -592,20 +600,31 @@ fn saved_results(
     config_metrics: bool,
 ) -> Result<Vec<Op>, String> {
     let path = dir.join(RESULT_FILE);
-    let text = std::fs::read(&path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+    let unreadable = |e: std::io::Error| format!("reading {}: {e}", path.display());
+    let mut reader = BufReader::new(File::open(&path).map_err(unreadable)?);
+    let mut line = Vec::new();
     let mut scalars = Scalars::default();
     let mut ops = Vec::new();
-    // Whole lines only: a launch appending now writes steps past `through`.
-    for line in text.split(|&b| b == b'\n') {
-        let Ok(result) = serde_json::from_slice::<Map<String, Value>>(line) else {
+    let mut last = after;
+    loop {
+        line.clear();
+        if reader.read_until(b'\n', &mut line).map_err(unreadable)? == 0 {
+            break;
+        }
+        // A line still being written belongs to a step past `through`.
+        if line.last() != Some(&b'\n') {
+            break;
+        }
+        let Ok(result) = serde_json::from_slice::<Map<String, Value>>(&line) else {
             continue;
         };
         let Some(step) = result.get("training_iteration").and_then(Value::as_u64) else {
             continue;
         };
-        if step <= after || step > through {
+        if step <= last || step > through {
             continue;
         }
+        last = step;
         scalars.fill(&result, config_metrics);
         ops.push(Op::Metrics {
             trial,
@@ -613,7 +632,7 @@ fn saved_results(
             timestamp_ms: result
                 .get("timestamp")
                 .and_then(Value::as_u64)
-                .map_or_else(now_ms, |seconds| seconds * 1000),
+                .map_or_else(now_ms, |seconds| seconds.saturating_mul(1000)),
             values: metric_values(&scalars),
         });
     }
@@ -622,4 +641,84 @@ fn saved_results(
 
 pub(super) fn now_ms() -> u64 {
     crate::report::unix_time().as_millis() as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A metrics op as (step, timestamp in ms, values).
+    type Sent = (u64, u64, Vec<(String, f64)>);
+
+    fn steps_and_values(ops: &[Op]) -> Vec<Sent> {
+        ops.iter()
+            .map(|op| match op {
+                Op::Metrics {
+                    trial: 7,
+                    step,
+                    timestamp_ms,
+                    values,
+                } => (*step, *timestamp_ms, values.clone()),
+                _ => panic!("not trial 7's metrics"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn saved_results_are_the_first_line_of_each_step_in_range() {
+        let dir = tempfile::tempdir().unwrap();
+        let line = |step: u64, loss: f64| {
+            format!(
+                r#"{{"loss": {loss}, "training_iteration": {step}, "timestamp": {}, "config": {{"lr": 0.5}}, "done": false}}"#,
+                1_700_000_000 + step
+            )
+        };
+        let text = [
+            line(1, 1.0),
+            line(2, 0.9),
+            line(3, 0.8),
+            // Redone after a recovery: the first values stay.
+            line(2, 0.7),
+            line(3, 0.6),
+            "not json".into(),
+            r#"{"loss": 1.0}"#.into(),
+            line(4, 0.5),
+        ]
+        .join("\n");
+        // A line still being written when the file is read.
+        let text = format!("{text}\n{}", &line(5, 0.4)[..20]);
+        std::fs::write(dir.path().join(RESULT_FILE), text).unwrap();
+
+        let ops = saved_results(dir.path(), 7, 1, 3, false).unwrap();
+        assert_eq!(
+            steps_and_values(&ops),
+            [
+                (2, 1_700_000_002_000, vec![("loss".into(), 0.9)]),
+                (3, 1_700_000_003_000, vec![("loss".into(), 0.8)]),
+            ]
+        );
+        let ops = saved_results(dir.path(), 7, 3, 9, true).unwrap();
+        assert_eq!(
+            steps_and_values(&ops),
+            [(
+                4,
+                1_700_000_004_000,
+                vec![("loss".into(), 0.5), ("config/lr".into(), 0.5)]
+            )]
+        );
+        assert!(
+            saved_results(dir.path(), 7, 4, 9, false)
+                .unwrap()
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn a_missing_result_file_is_an_error_that_names_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let Err(message) = saved_results(dir.path(), 0, 0, 5, false) else {
+            panic!("read a file that is not there");
+        };
+        assert!(message.contains("result.jsonl"), "{message}");
+    }
 }
