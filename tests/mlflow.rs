@@ -314,7 +314,7 @@ fn trials_are_runs_on_a_real_mlflow_server() {
     a_killed_and_resumed_run_logs_each_step_once(&server);
     steps_a_killed_run_never_sent_are_sent_on_resume(&server);
     an_outage_in_the_middle_loses_nothing_and_is_said_once(&server);
-    an_outage_past_the_end_is_counted(&server);
+    an_outage_past_the_end_is_counted_and_sent_on_resume(&server);
     a_server_stopped_for_good_is_said_once_and_counted(server);
 }
 
@@ -471,7 +471,7 @@ fn an_outage_in_the_middle_loses_nothing_and_is_said_once(server: &MlflowServer)
     check_runs(server, "outage", &out, "FINISHED");
 }
 
-fn an_outage_past_the_end_is_counted(server: &MlflowServer) {
+fn an_outage_past_the_end_is_counted_and_sent_on_resume(server: &MlflowServer) {
     let proxy = Proxy::start(&server.url);
     let dir = tempfile::tempdir().unwrap();
     let toml = experiment(&proxy.url, "gone", 6, "");
@@ -487,6 +487,16 @@ fn an_outage_past_the_end_is_counted(server: &MlflowServer) {
     let out = dir.path().join("out");
     for i in 0..4 {
         assert_eq!(results(&out.join(format!("trial_{i:04}"))).len(), 6);
+    }
+    // Every trial had ended, so `wtune resume` launches none of them: it
+    // sends each run whole from the trial files, and then nothing more.
+    proxy.set_down(false);
+    for _ in 0..2 {
+        let resumed = common::wtune().arg("resume").arg(&out).output().unwrap();
+        let stderr = String::from_utf8_lossy(&resumed.stderr);
+        assert!(resumed.status.success(), "{stderr}");
+        assert!(mlflow_warnings(&stderr).is_empty(), "{stderr}");
+        check_runs(server, "gone", &out, "FINISHED");
     }
 }
 

@@ -21,7 +21,10 @@
 //! for a step stay, where TensorBoard shows a redone step's newer ones).
 //! Steps a killed process never sent (still queued, or the server away)
 //! and that the restored checkpoint covers, so that no launch reports them
-//! again, are sent from the trial's `result.jsonl` when it launches again.
+//! again, are sent from the trial's `result.jsonl` when it launches again;
+//! a trial that had ended is not launched again, so `wtune resume` sends
+//! what its run lacks (steps, its end) at its start, unless the trial's
+//! file says the server has all of it.
 //!
 //! Plain `http://` only: this build has no TLS. Credentials, if any, come
 //! from MLflow's own environment variables (`client::authorization`).
@@ -35,7 +38,7 @@ use std::thread::JoinHandle;
 use serde_json::{Map, Value};
 
 use super::scalars::Scalars;
-use crate::tune::{Callback, ExperimentSummary, Trial, TrialStatus};
+use crate::tune::{Callback, ExperimentSummary, RunSpec, Trial, TrialStatus};
 use worker::{Op, Outcome, Worker, now_ms};
 
 /// Longest key MLflow takes for a metric, param or tag.
@@ -133,6 +136,34 @@ impl Drop for MlflowLogger {
 }
 
 impl Callback for MlflowLogger {
+    fn on_experiment_start(&mut self, _spec: &RunSpec, trials: &[Trial]) -> Result<(), String> {
+        // Trials that ended before a `wtune resume` are not launched
+        // again: what a killed process never sent of them goes now.
+        for (index, trial) in trials.iter().enumerate() {
+            let status = match trial.status {
+                TrialStatus::Terminated => "FINISHED",
+                TrialStatus::Error => "FAILED",
+                _ => continue,
+            };
+            let end_ms = trial
+                .last_result
+                .as_ref()
+                .and_then(|r| r.get("timestamp")?.as_u64())
+                .map_or_else(now_ms, |seconds| seconds.saturating_mul(1000));
+            self.send(Op::Settle {
+                trial: index,
+                trial_id: trial.trial_id.clone(),
+                dir: std::path::absolute(&trial.dir).unwrap_or_else(|_| trial.dir.clone()),
+                config: trial.config.clone(),
+                iterations: trial.iterations,
+                status,
+                end_ms,
+                config_metrics: self.config_metrics,
+            });
+        }
+        Ok(())
+    }
+
     fn on_trial_start(&mut self, trials: &[Trial], index: usize) -> Result<(), String> {
         let trial = &trials[index];
         self.send(Op::Start {

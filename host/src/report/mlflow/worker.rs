@@ -53,6 +53,23 @@ pub(super) enum Op {
         /// ([`super::MlflowLogger::config_metrics`]).
         config_metrics: bool,
     },
+    /// A trial that had ended when this process started (`wtune
+    /// resume`): if its run may lack steps or its end (a process killed
+    /// while they waited), its run is made or found, the steps the server
+    /// lacks are sent from `result.jsonl` and the run is ended with
+    /// `status`. A trial whose `mlflow_run.json` says all of it was sent
+    /// costs no request.
+    Settle {
+        trial: usize,
+        trial_id: String,
+        dir: PathBuf,
+        config: Value,
+        /// Its last step.
+        iterations: u64,
+        status: &'static str,
+        end_ms: u64,
+        config_metrics: bool,
+    },
     /// One result's metrics.
     Metrics {
         trial: usize,
@@ -76,6 +93,7 @@ impl Op {
     fn trial(&self) -> Option<usize> {
         match self {
             Op::Start { trial, .. }
+            | Op::Settle { trial, .. }
             | Op::Metrics { trial, .. }
             | Op::End { trial, .. }
             | Op::Best { trial } => Some(*trial),
@@ -92,6 +110,9 @@ struct RunFile {
     run_id: String,
     /// The last step whose metrics the server has.
     sent_through: u64,
+    /// The server has the run's end (absent in files of older builds).
+    #[serde(default)]
+    ended: bool,
 }
 
 /// A trial's run, as far as the thread knows it.
@@ -103,6 +124,8 @@ struct Run {
     params_logged: bool,
     /// Found in `mlflow_run.json`: marked running again at its start.
     found_again: bool,
+    /// The server has its end (kept in `mlflow_run.json`).
+    ended: bool,
     /// Steps the server lacks from before this process were queued from
     /// the trial's `result.jsonl` (once per process: later launches of
     /// the trial in it find their results still queued or sent).
@@ -340,10 +363,44 @@ impl Worker {
                 status,
                 end_ms,
             } => {
-                if let Some(run) = self.runs.get(trial) {
+                let trial = *trial;
+                if let Some(run) = self.runs.get(&trial) {
                     self.client.update_run(&run.run_id, status, Some(*end_ms))?;
                 }
                 self.queue.pop_front();
+                if let Some(run) = self.runs.get_mut(&trial) {
+                    run.ended = true;
+                    let run = &self.runs[&trial];
+                    self.save(run, &experiment_id);
+                }
+            }
+            Op::Settle {
+                trial,
+                trial_id,
+                dir,
+                config,
+                iterations,
+                status,
+                end_ms,
+                config_metrics,
+            } => {
+                let (trial, trial_id, dir, config) =
+                    (*trial, trial_id.clone(), dir.clone(), config.clone());
+                let (iterations, status, end_ms, config_metrics) =
+                    (*iterations, *status, *end_ms, *config_metrics);
+                if self.all_sent(&dir, &experiment_id, iterations) {
+                    self.queue.pop_front();
+                    return Ok(());
+                }
+                self.start(&experiment_id, trial, &trial_id, dir, &config)?;
+                // In its place: the steps the server lacks, then the end.
+                self.queue.pop_front();
+                self.queue.push_front(Op::End {
+                    trial,
+                    status,
+                    end_ms,
+                });
+                self.catch_up(trial, iterations, config_metrics);
             }
             Op::Best { trial } => {
                 if let Some(run) = self.runs.get(trial) {
@@ -393,6 +450,7 @@ impl Worker {
                         sent_through: saved.sent_through.max(on_server),
                         params_logged: false,
                         found_again: true,
+                        ended: false,
                         caught_up: false,
                     }
                 }
@@ -416,6 +474,7 @@ impl Worker {
                         sent_through: 0,
                         params_logged: false,
                         found_again: false,
+                        ended: false,
                         caught_up: false,
                     };
                     // Named in the trial's directory before anything else
@@ -449,6 +508,20 @@ impl Worker {
             run.found_again = false;
         }
         Ok(())
+    }
+
+    /// Whether the trial's `mlflow_run.json` (in `dir`) says that the
+    /// server has its steps through `iterations` and its end.
+    fn all_sent(&self, dir: &Path, experiment_id: &str, iterations: u64) -> bool {
+        std::fs::read(dir.join(RUN_FILE))
+            .ok()
+            .and_then(|bytes| serde_json::from_slice::<RunFile>(&bytes).ok())
+            .is_some_and(|f| {
+                f.tracking_uri == self.uri
+                    && f.experiment_id == experiment_id
+                    && f.ended
+                    && f.sent_through >= iterations
+            })
     }
 
     /// Queues, ahead of everything else, the trial's results from before
@@ -574,6 +647,7 @@ impl Worker {
             experiment_id: experiment_id.to_string(),
             run_id: run.run_id.clone(),
             sent_through: run.sent_through,
+            ended: run.ended,
         };
         let path = run.dir.join(RUN_FILE);
         let temp = run.dir.join(format!(".{RUN_FILE}.tmp"));
