@@ -58,8 +58,9 @@ pub struct MlflowLogger {
 impl MlflowLogger {
     /// Logs to the server at `uri` (`http://host:port`), into the MLflow
     /// experiment called `experiment` (made when there is none), from a
-    /// background thread started now. Nothing is sent before the first
-    /// trial starts.
+    /// background thread started now. Nothing is sent before the
+    /// experiment starts: then what `wtune resume` finds unsent of trials
+    /// that had ended, then each trial as it starts.
     pub fn start(uri: &str, experiment: &str) -> std::io::Result<Self> {
         let (ops, receiver) = channel();
         let worker = Worker::new(uri, experiment);

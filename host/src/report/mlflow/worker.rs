@@ -350,7 +350,7 @@ impl Worker {
                 let (trial, trial_id, dir, config) =
                     (*trial, trial_id.clone(), dir.clone(), config.clone());
                 let (continues_after, config_metrics) = (*continues_after, *config_metrics);
-                self.start(&experiment_id, trial, &trial_id, dir, &config)?;
+                self.start(&experiment_id, trial, &trial_id, dir, &config, false)?;
                 self.queue.pop_front();
                 self.catch_up(trial, continues_after, config_metrics);
             }
@@ -392,7 +392,7 @@ impl Worker {
                     self.queue.pop_front();
                     return Ok(());
                 }
-                self.start(&experiment_id, trial, &trial_id, dir, &config)?;
+                self.start(&experiment_id, trial, &trial_id, dir, &config, true)?;
                 // In its place: the steps the server lacks, then the end.
                 self.queue.pop_front();
                 self.queue.push_front(Op::End {
@@ -419,7 +419,9 @@ impl Worker {
     /// Makes the trial's run, or finds the one an earlier launch (or an
     /// earlier `wtune run` of this experiment) made, logs its params the
     /// first time this process sees it, and marks a run found again as
-    /// running. Safe to try again after any failure: each step is kept.
+    /// running unless it is only being settled (`settling`: the trial had
+    /// ended; a run made then starts at its first result's time). Safe to
+    /// try again after any failure: each step is kept.
     fn start(
         &mut self,
         experiment_id: &str,
@@ -427,6 +429,7 @@ impl Worker {
         trial_id: &str,
         dir: PathBuf,
         config: &Value,
+        settling: bool,
     ) -> Result<(), CallError> {
         if !self.runs.contains_key(&trial) {
             let saved = std::fs::read(dir.join(RUN_FILE))
@@ -444,17 +447,28 @@ impl Worker {
                         Err(CallError::Rejected(_)) => 0,
                         Err(e) => return Err(e),
                     };
-                    Run {
+                    let run = Run {
                         dir,
                         run_id: saved.run_id,
                         sent_through: saved.sent_through.max(on_server),
                         params_logged: false,
-                        found_again: true,
+                        found_again: !settling,
                         ended: false,
                         caught_up: false,
+                    };
+                    // Running again: a process killed before its end is
+                    // sent must not leave the file saying it was.
+                    if saved.ended && !settling {
+                        self.save(&run, experiment_id);
                     }
+                    run
                 }
                 None => {
+                    let start_ms = if settling {
+                        first_result_ms(&dir).unwrap_or_else(now_ms)
+                    } else {
+                        now_ms()
+                    };
                     let tags = [
                         ("wtune.trial_id".to_string(), trial_id.to_string()),
                         ("wtune.trial_dir".to_string(), dir.display().to_string()),
@@ -467,7 +481,7 @@ impl Worker {
                     ];
                     let run_id =
                         self.client
-                            .create_run(experiment_id, trial_id, now_ms(), &tags)?;
+                            .create_run(experiment_id, trial_id, start_ms, &tags)?;
                     let run = Run {
                         dir,
                         run_id,
@@ -711,6 +725,16 @@ fn saved_results(
         });
     }
     Ok(ops)
+}
+
+/// The time of the first result in `dir`'s `result.jsonl`, in ms.
+fn first_result_ms(dir: &Path) -> Option<u64> {
+    let mut line = Vec::new();
+    BufReader::new(File::open(dir.join(RESULT_FILE)).ok()?)
+        .read_until(b'\n', &mut line)
+        .ok()?;
+    let result: Map<String, Value> = serde_json::from_slice(&line).ok()?;
+    Some(result.get("timestamp")?.as_u64()?.saturating_mul(1000))
 }
 
 pub(super) fn now_ms() -> u64 {
