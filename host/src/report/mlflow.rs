@@ -39,7 +39,7 @@ use serde_json::{Map, Value};
 
 use super::scalars::Scalars;
 use crate::tune::{Callback, ExperimentSummary, RunSpec, Trial, TrialStatus};
-use worker::{Op, Outcome, Worker, now_ms};
+use worker::{Op, Outcome, Worker, now_ms, result_ms};
 
 /// Longest key MLflow takes for a metric, param or tag.
 const MAX_KEY: usize = 250;
@@ -149,8 +149,8 @@ impl Callback for MlflowLogger {
             let end_ms = trial
                 .last_result
                 .as_ref()
-                .and_then(|r| r.get("timestamp")?.as_u64())
-                .map_or_else(now_ms, |seconds| seconds.saturating_mul(1000));
+                .and_then(result_ms)
+                .unwrap_or_else(now_ms);
             self.send(Op::Settle {
                 trial: index,
                 trial_id: trial.trial_id.clone(),

@@ -432,11 +432,7 @@ impl Worker {
         settling: bool,
     ) -> Result<(), CallError> {
         if !self.runs.contains_key(&trial) {
-            let saved = std::fs::read(dir.join(RUN_FILE))
-                .ok()
-                .and_then(|bytes| serde_json::from_slice::<RunFile>(&bytes).ok())
-                .filter(|f| f.tracking_uri == self.uri && f.experiment_id == experiment_id);
-            let run = match saved {
+            let run = match self.saved_run(&dir, experiment_id) {
                 Some(saved) => {
                     // A process killed between a batch's arrival and the
                     // file's update left the file behind the server: the
@@ -524,18 +520,20 @@ impl Worker {
         Ok(())
     }
 
-    /// Whether the trial's `mlflow_run.json` (in `dir`) says that the
-    /// server has its steps through `iterations` and its end.
-    fn all_sent(&self, dir: &Path, experiment_id: &str, iterations: u64) -> bool {
+    /// The trial's `mlflow_run.json` (in `dir`), when it names a run of
+    /// this server's `experiment_id`.
+    fn saved_run(&self, dir: &Path, experiment_id: &str) -> Option<RunFile> {
         std::fs::read(dir.join(RUN_FILE))
             .ok()
             .and_then(|bytes| serde_json::from_slice::<RunFile>(&bytes).ok())
-            .is_some_and(|f| {
-                f.tracking_uri == self.uri
-                    && f.experiment_id == experiment_id
-                    && f.ended
-                    && f.sent_through >= iterations
-            })
+            .filter(|f| f.tracking_uri == self.uri && f.experiment_id == experiment_id)
+    }
+
+    /// Whether the trial's `mlflow_run.json` (in `dir`) says that the
+    /// server has its steps through `iterations` and its end.
+    fn all_sent(&self, dir: &Path, experiment_id: &str, iterations: u64) -> bool {
+        self.saved_run(dir, experiment_id)
+            .is_some_and(|f| f.ended && f.sent_through >= iterations)
     }
 
     /// Queues, ahead of everything else, the trial's results from before
@@ -717,10 +715,7 @@ fn saved_results(
         ops.push(Op::Metrics {
             trial,
             step,
-            timestamp_ms: result
-                .get("timestamp")
-                .and_then(Value::as_u64)
-                .map_or_else(now_ms, |seconds| seconds.saturating_mul(1000)),
+            timestamp_ms: result_ms(&result).unwrap_or_else(now_ms),
             values: metric_values(&scalars),
         });
     }
@@ -733,7 +728,11 @@ fn first_result_ms(dir: &Path) -> Option<u64> {
     BufReader::new(File::open(dir.join(RESULT_FILE)).ok()?)
         .read_until(b'\n', &mut line)
         .ok()?;
-    let result: Map<String, Value> = serde_json::from_slice(&line).ok()?;
+    result_ms(&serde_json::from_slice(&line).ok()?)
+}
+
+/// When `result` was reported, in ms: its `timestamp` (whole seconds).
+pub(super) fn result_ms(result: &Map<String, Value>) -> Option<u64> {
     Some(result.get("timestamp")?.as_u64()?.saturating_mul(1000))
 }
 
