@@ -170,12 +170,33 @@ def test_a_killed_node_s_trials_continue_from_their_last_snapshot(cluster, hosti
     assert alive_nodes() >= 3
 
 
+class SynchronousPBT(PopulationBasedTraining):
+    """Ray 2.60's synchronous PBT without a race that ends a clone early.
+
+    A trial that reaches the perturbation point first pauses, and its pause
+    saves a checkpoint. When the last trial arrives while that save is still
+    in flight, the exploit pauses the first one again without a checkpoint;
+    Ray's `_schedule_trial_stop` sees a save in progress and caches a STOP for
+    the trial, and nothing clears it. The clone then restarts from its donor,
+    trains one step, and that cached STOP ends it as TERMINATED after its
+    next save, so it never reaches the stop criterion. This is Ray's, not
+    wtune's, and it is timing-dependent (about one run in two on a 2-core
+    machine); the exploit itself is left to Ray.
+    """
+
+    def _exploit(self, tune_controller, trial, trial_to_clone):
+        was_saving = trial.is_saving
+        super()._exploit(tune_controller, trial, trial_to_clone)
+        if was_saving:
+            tune_controller._cached_trial_decisions.pop(trial.trial_id, None)
+
+
 def test_pbt_clones_continue_from_the_donor_s_snapshot(cluster, digits, tmp_path):
     # Two trials, each pinned to a worker node of its own (by the custom
     # resource of the node): every exploit clones the snapshot of a trial
     # on the other node.
     low, high = worker_resources()[:2]
-    pbt = PopulationBasedTraining(
+    pbt = SynchronousPBT(
         time_attr="training_iteration",
         perturbation_interval=2,
         hyperparam_mutations={"lr": [0.01, 0.3]},
