@@ -547,10 +547,26 @@ fn an_interrupted_gp_search_resumes_with_the_same_suggestions() {
     interrupted_search_resumes_with_the_same_suggestions("gp");
 }
 
+/// And for GP over configuration and iteration, which also learns from
+/// the intermediate results of the trials running when it was stopped.
+#[test]
+fn an_interrupted_joint_gp_search_resumes_with_the_same_suggestions() {
+    interrupted_search_resumes_with_the_same_suggestions_of(
+        json!({"type": "gp", "n_initial_points": 3, "multi_fidelity": "joint"}),
+    );
+}
+
 fn interrupted_search_resumes_with_the_same_suggestions(name: &str) {
+    interrupted_search_resumes_with_the_same_suggestions_of(
+        json!({"type": name, "n_initial_points": 3}),
+    );
+}
+
+fn interrupted_search_resumes_with_the_same_suggestions_of(search: Value) {
+    let name = search["type"].as_str().unwrap().to_string();
     let set = shipped();
     let space = SearchSpace::from_json(&set.param_space(Sampling::Choice)).unwrap();
-    let search = SearchSpec::from_json(&json!({"type": name, "n_initial_points": 3})).unwrap();
+    let search = SearchSpec::from_json(&search).unwrap();
     let searcher = |spec: &RunSpec| {
         search
             .build(&space, 10, spec.metric.as_deref(), spec.mode, 5)

@@ -44,7 +44,10 @@
 //! - `search-curves`: the model searchers inside ASHA on replayed learning
 //!   curves, the synthetic set and the burn CNN's tabulated one (TPE and GP
 //!   learning from the rungs, as BOHB, or from finished trials only; GP
-//!   weighing cost) against ASHA with random search, at equal fuel.
+//!   weighing cost, and GP over configuration and iteration together)
+//!   against ASHA with random search, at equal fuel;
+//!   `WTUNE_BENCH_ROWS="ASHA + random|ASHA + gp"` runs only the rows so
+//!   labelled.
 //!
 //! A scenario that cannot run (no GPU adapter, a guest not built, a panic)
 //! says so in the output instead of stopping the others.

@@ -502,10 +502,18 @@ fn optuna(root: &Path, functions: &[Function], settings: &Settings) -> Option<Va
 /// finished trials only, and both beat random search, at equal fuel, for
 /// TPE and GP; and whether weighing each configuration's cost
 /// (`cost_exponent`) buys GP more trials worth having, alone and with
-/// `multi_fidelity`. On `CurveSet::synthetic()`, whose curves cross, and on
+/// `multi_fidelity`; and whether one GP over configuration and iteration
+/// (`multi_fidelity = "joint"`) beats both. On `CurveSet::synthetic()`,
+/// whose curves cross, and on
 /// the tabulated curves of the digits CNN
 /// (`examples/replay/curves/digits-cnn.json`).
+///
+/// `WTUNE_BENCH_ROWS`, labels separated by `|`, runs only those rows.
 pub fn learning_curves(root: &Path) {
+    let wanted: Option<Vec<String>> = std::env::var("WTUNE_BENCH_ROWS")
+        .ok()
+        .map(|rows| rows.split('|').map(|r| r.trim().to_string()).collect());
+    let mut unknown = wanted.clone().unwrap_or_default();
     let tabulated = root.join("examples/replay/curves/digits-cnn.json");
     let sets = [
         (Ok(CurveSet::synthetic()), "CurveSet::synthetic()"),
@@ -527,7 +535,7 @@ pub fn learning_curves(root: &Path) {
             &set,
             source,
             "Searchers inside ASHA (grace 1, rf 3) at equal fuel",
-            vec![
+            [
                 ("ASHA + random".into(), asha(), json!("random")),
                 ("ASHA + tpe".into(), asha(), json!("tpe")),
                 (
@@ -551,8 +559,23 @@ pub fn learning_curves(root: &Path) {
                     asha(),
                     json!({"type": "gp", "multi_fidelity": true, "cost_exponent": 1.0}),
                 ),
-            ],
+                (
+                    "ASHA + gp, multi_fidelity joint (MOBSTER-style)".into(),
+                    asha(),
+                    json!({"type": "gp", "multi_fidelity": "joint"}),
+                ),
+            ]
+            .into_iter()
+            .filter(|(label, _, _)| {
+                let run = wanted.as_ref().is_none_or(|w| w.contains(label));
+                unknown.retain(|w| w != label);
+                run
+            })
+            .collect(),
         );
+    }
+    for label in unknown {
+        out!("\nWTUNE_BENCH_ROWS: no row is labelled {label:?}");
     }
 }
 

@@ -21,7 +21,15 @@
 //!
 //! Observations are completed trials' final results, as for TPE (see
 //! `tpe.rs`), or with `multi_fidelity` the metrics at the highest
-//! iteration enough trials reached. Suggestion `k` draws from a ChaCha8
+//! iteration enough trials reached. With `multi_fidelity = "joint"` the
+//! iteration is one more coordinate (`ln i / ln top`, `top` the highest
+//! iteration any trial reached), the observations are every trial's
+//! metrics at the iterations where trials stopped (the rungs:
+//! `History::levels`, at most 128, the earliest trials' lowest levels
+//! dropped first), and steps 3 and 4 ask about `top`: MOBSTER's model
+//! (Klein et al., "Model-based Asynchronous Hyperparameter and Neural
+//! Architecture Search", 2020), with the Matérn kernel over the iteration
+//! too rather than its exponential decay. Suggestion `k` draws from a ChaCha8
 //! generator seeded with the experiment's seed on stream `k`, and the fit
 //! is deterministic; with the previous fit saved beside the history, a
 //! resumed search makes exactly the suggestions the uninterrupted one
@@ -76,15 +84,23 @@ pub struct GpConfig {
     /// Local searches per suggestion, from the best observed configuration
     /// and the best random points (at least from the best of each).
     pub n_local_search: usize,
-    /// Learn from intermediate results, as TPE's `multi_fidelity` does
-    /// (BOHB's rule): the GP is fitted to the metrics at the highest
-    /// `training_iteration` that at least `n_initial_points` trials
-    /// reached, so under ASHA or HyperBand it learns from the rungs long
-    /// before many trials finish. `false`: final results only. Trials a
-    /// scheduler stopped below that iteration are left out, so a
-    /// configuration stopped early may be suggested again; once cost is
-    /// weighed (`cost_exponent`) they count as the worst result there.
-    pub multi_fidelity: bool,
+    /// Learn from intermediate results, so that under ASHA or HyperBand
+    /// the model learns from the rungs long before many trials finish:
+    /// - `false` (the default): final results only.
+    /// - `true`: as TPE's `multi_fidelity` does (BOHB's rule), the GP is
+    ///   fitted to the metrics at the highest `training_iteration` that at
+    ///   least `n_initial_points` trials reached. Trials a scheduler stopped
+    ///   below that iteration are left out, so a configuration stopped early
+    ///   may be suggested again; once cost is weighed (`cost_exponent`) they
+    ///   count as the worst result there.
+    /// - `"joint"`: one GP over configuration and iteration (MOBSTER-style,
+    ///   Klein et al. 2020), fitted to every trial's metrics at the
+    ///   iterations where trials stopped (the rungs), and asked about the
+    ///   highest iteration any trial reached: a trial stopped early still
+    ///   teaches, as far as the fit finds early rankings carry. Its fits
+    ///   cover up to 128 points, so it costs more per suggestion than
+    ///   `true` (BENCHMARKS.md).
+    pub multi_fidelity: MultiFidelity,
     /// How much a configuration's cost counts against it, from 0 (not at
     /// all, the default) to 1: the acquisition is expected improvement over
     /// cost raised to this power, where cost is the fuel an iteration takes
@@ -98,17 +114,69 @@ pub struct GpConfig {
     pub cost_exponent: f64,
 }
 
+/// How GP-BO learns from intermediate results ([`GpConfig::multi_fidelity`]);
+/// written `false`, `true` or `"joint"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MultiFidelity {
+    /// Final results only.
+    #[default]
+    Off,
+    /// The metrics at the highest iteration enough trials reached.
+    Rung,
+    /// One model of configuration and iteration.
+    Joint,
+}
+
+impl Serialize for MultiFidelity {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Self::Off => serializer.serialize_bool(false),
+            Self::Rung => serializer.serialize_bool(true),
+            Self::Joint => serializer.serialize_str("joint"),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for MultiFidelity {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = MultiFidelity;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("true, false or \"joint\"")
+            }
+            fn visit_bool<E: serde::de::Error>(self, v: bool) -> Result<Self::Value, E> {
+                Ok(if v {
+                    MultiFidelity::Rung
+                } else {
+                    MultiFidelity::Off
+                })
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                match v {
+                    "joint" => Ok(MultiFidelity::Joint),
+                    _ => Err(E::invalid_value(serde::de::Unexpected::Str(v), &self)),
+                }
+            }
+        }
+        deserializer.deserialize_any(Visitor)
+    }
+}
+
 impl Default for GpConfig {
     fn default() -> Self {
         Self {
             n_initial_points: 10,
             n_candidates: 2048,
             n_local_search: 10,
-            multi_fidelity: false,
+            multi_fidelity: MultiFidelity::Off,
             cost_exponent: 0.0,
         }
     }
 }
+
+/// The most points the joint model fits.
+const JOINT_POINTS: usize = 128;
 
 /// More candidates or local searches than these cost time without
 /// improving suggestions; a larger number is most likely a typo.
@@ -232,9 +300,19 @@ impl Gp {
         let mut rng = ChaCha8Rng::seed_from_u64(self.seed);
         rng.set_stream(self.history.suggested);
         let min_count = self.config.n_initial_points.max(1) as usize;
+        if self.config.multi_fidelity == MultiFidelity::Joint {
+            if let Some(next) = self.joint_next(&mut rng, min_count) {
+                return next;
+            }
+            return Next {
+                values: self.params.iter().map(|p| p.random(&mut rng)).collect(),
+                kernel: None,
+                cost_kernel: None,
+            };
+        }
         let (observations, iteration) = self
             .history
-            .learning_set(self.config.multi_fidelity, min_count);
+            .learning_set(self.config.multi_fidelity == MultiFidelity::Rung, min_count);
         if observations.len() < min_count {
             return Next {
                 values: self.params.iter().map(|p| p.random(&mut rng)).collect(),
@@ -247,13 +325,7 @@ impl Gp {
             .map(|o| self.unit_point(&o.values))
             .collect();
         let y = self.standardized(&observations);
-        let metric = Metric {
-            categorical: self
-                .coordinates
-                .iter()
-                .map(|c| *c != Coordinate::Continuous)
-                .collect(),
-        };
+        let metric = self.metric();
         let theta = self.fit_from(self.kernel.as_deref(), &metric, &x, &y);
         let hyper = Hyper::from_log(&theta);
         let best = y.iter().copied().fold(f64::NEG_INFINITY, f64::max);
@@ -268,8 +340,104 @@ impl Gp {
             gp: self.lying_about_pending(metric, hyper, x, y, iteration, stopped),
             best,
             cost,
+            resource: None,
         };
+        let (values, kernel) = (self.maximize(&acquisition, observed, &mut rng), theta);
+        Next {
+            values,
+            kernel: Some(kernel),
+            cost_kernel,
+        }
+    }
 
+    /// The joint model's suggestion (MOBSTER-style): one GP over the unit
+    /// cube and the iteration, fitted to the trials' metrics at the levels
+    /// ([`History::levels`]), with expected improvement taken at the
+    /// highest iteration any trial reached, over the best result there.
+    /// `None` until `min_count` trials have reported.
+    ///
+    /// The iteration enters as `ln(i) / ln(top)`, one more coordinate with
+    /// its own length scale, so the fit learns how far a configuration's
+    /// early ranking carries: where curves cross, little, and a trial ASHA
+    /// stopped early keeps a chance; where they do not, a lot. Trials still
+    /// short of the top are lies there, as in [`Gp::lying_about_pending`].
+    fn joint_next(&self, rng: &mut ChaCha8Rng, min_count: usize) -> Option<Next> {
+        if self.history.curves.len() < min_count {
+            return None;
+        }
+        let points = capped(self.history.levels(), JOINT_POINTS);
+        let top = points.iter().map(|p| p.1).max()?;
+        let scale = (top.max(2) as f64).ln();
+        let joint_point = |values: &[f64], iteration: u64| {
+            let mut u = self.unit_point(values);
+            u.push((iteration as f64).ln() / scale);
+            u
+        };
+        let mut x: Vec<Vec<f64>> = points.iter().map(|&(v, i, _)| joint_point(v, i)).collect();
+        let observations: Vec<Observation> = points
+            .iter()
+            .map(|&(values, _, metric)| Observation {
+                values: values.to_vec(),
+                metric,
+            })
+            .collect();
+        let mut y = self.standardized(&observations);
+        let params = self.metric();
+        let mut joint = params.clone();
+        joint.categorical.push(false);
+        let theta = match self.kernel.as_deref() {
+            Some(start) if start.len() == self.params.len() + 3 => fit(&joint, &x, &y, start),
+            _ => fit(
+                &joint,
+                &x,
+                &y,
+                &Hyper::initial(self.params.len() + 1).to_log(),
+            ),
+        };
+        let best_seen = (0..points.len())
+            .filter(|&k| points[k].1 == top)
+            .reduce(|b, k| if y[k] > y[b] { k } else { b })?;
+        let best = y[best_seen];
+        let observed = self.unit_point(points[best_seen].0);
+        let worst = y.iter().copied().fold(f64::INFINITY, f64::min);
+        for values in self.history.lies(Some(top)) {
+            x.push(joint_point(values, top));
+            y.push(worst);
+        }
+        let (cost, cost_kernel) = self.cost_model(&params, min_count).unzip();
+        let acquisition = Acquisition {
+            gp: Posterior::new(joint, Hyper::from_log(&theta), x, &y),
+            best,
+            cost,
+            resource: Some((top as f64).ln() / scale),
+        };
+        Some(Next {
+            values: self.maximize(&acquisition, observed, rng),
+            kernel: Some(theta),
+            cost_kernel,
+        })
+    }
+
+    /// The kernel metric of the parameters: categorical where a parameter
+    /// is a choice.
+    fn metric(&self) -> Metric {
+        Metric {
+            categorical: self
+                .coordinates
+                .iter()
+                .map(|c| *c != Coordinate::Continuous)
+                .collect(),
+        }
+    }
+
+    /// The model values of the point where `acquisition` is largest, from
+    /// local searches seeded at `observed` and the best random points.
+    fn maximize(
+        &self,
+        acquisition: &Acquisition,
+        observed: Vec<f64>,
+        rng: &mut ChaCha8Rng,
+    ) -> Vec<f64> {
         // The best random points and the best observation seed local
         // searches; ties keep the earlier point.
         let mut seeds: Vec<(f64, Vec<f64>)> = (0..self.config.n_candidates)
@@ -278,7 +446,7 @@ impl Gp {
                     &self
                         .params
                         .iter()
-                        .map(|p| p.random(&mut rng))
+                        .map(|p| p.random(rng))
                         .collect::<Vec<_>>(),
                 );
                 (acquisition.value(&point, false).0, point)
@@ -300,21 +468,16 @@ impl Gp {
         );
         let mut winner: Option<(f64, Vec<f64>)> = None;
         for (value, start) in starts {
-            let (point, value) = climb(&acquisition, &self.coordinates, start, value);
+            let (point, value) = climb(acquisition, &self.coordinates, start, value);
             if value.is_finite() && winner.as_ref().is_none_or(|(v, _)| value > *v) {
                 winner = Some((value, point));
             }
         }
-        let values = match winner {
+        match winner {
             Some((_, point)) => self.model_values(&point),
             // Log EI is finite wherever the GP is; this guards against
             // arithmetic surprises.
-            None => self.params.iter().map(|p| p.random(&mut rng)).collect(),
-        };
-        Next {
-            values,
-            kernel: Some(theta),
-            cost_kernel,
+            None => self.params.iter().map(|p| p.random(rng)).collect(),
         }
     }
 
@@ -441,9 +604,29 @@ fn standardize(observations: &[Observation]) -> (Vec<f64>, f64) {
     (m.iter().map(|v| (v - mean) / std).collect(), std)
 }
 
+/// `points` ([`History::levels`]) less, past `limit`, the lowest levels
+/// of the earliest trials: the fit's cost grows with the cube of the
+/// points, and a low level says least about the top.
+fn capped(mut points: Vec<(&[f64], u64, f64)>, limit: usize) -> Vec<(&[f64], u64, f64)> {
+    if points.len() > limit {
+        let mut order: Vec<usize> = (0..points.len()).collect();
+        order.sort_by_key(|&k| (points[k].1, k));
+        let mut keep = vec![true; points.len()];
+        for &k in &order[..points.len() - limit] {
+            keep[k] = false;
+        }
+        let mut k = 0;
+        points.retain(|_| {
+            k += 1;
+            keep[k - 1]
+        });
+    }
+    points
+}
+
 impl Searcher for Gp {
     fn on_result(&mut self, trial_id: &str, result: &Map<String, Value>) {
-        if self.config.multi_fidelity {
+        if self.config.multi_fidelity != MultiFidelity::Off {
             self.history.record(trial_id, result, &self.metric);
         }
         if self.config.cost_exponent > 0.0 {
@@ -500,10 +683,15 @@ impl Searcher for Gp {
         let Some(saved) = read_saved::<GpState>(state, "GP")? else {
             return Ok(());
         };
-        let fits = |theta: &Vec<f64>| {
-            theta.len() == self.params.len() + 2 && theta.iter().all(|t| t.is_finite())
+        // The joint model has one length scale more: the iteration's.
+        let joint = usize::from(self.config.multi_fidelity == MultiFidelity::Joint);
+        let fits = |theta: &Vec<f64>, dims: usize| {
+            theta.len() == dims + 2 && theta.iter().all(|t| t.is_finite())
         };
-        if !(saved.kernel.iter().all(fits) && saved.cost_kernel.iter().all(fits)) {
+        let n = self.params.len();
+        if !(saved.kernel.iter().all(|t| fits(t, n + joint))
+            && saved.cost_kernel.iter().all(|t| fits(t, n)))
+        {
             return Err(
                 "the saved GP state does not fit this search space; was param_space changed?"
                     .into(),

@@ -197,6 +197,34 @@ impl History {
         Some((at, observations))
     }
 
+    /// What a joint model of configuration and iteration learns from
+    /// (MOBSTER-style): each trial's metrics at the levels, the iterations
+    /// at which trials that ended without error reported last (under ASHA
+    /// or HyperBand, their rungs; a running trial's own last iteration
+    /// too), as (model values, iteration, metric) in trial-id order, which
+    /// is start order. Reading the curves at levels, not at every
+    /// iteration, keeps a trial to the few points a scheduler judged it by,
+    /// so a fit stays near the trial count.
+    pub(super) fn levels(&self) -> Vec<(&[f64], u64, f64)> {
+        let ends: std::collections::BTreeSet<u64> = self
+            .curves
+            .iter()
+            .filter(|(id, _)| !self.pending.contains_key(*id) && !self.failed.contains_key(*id))
+            .filter_map(|(_, c)| c.metrics.keys().next_back().copied())
+            .collect();
+        let ends = &ends;
+        self.curves
+            .values()
+            .flat_map(|c| {
+                let last = c.metrics.keys().next_back().copied();
+                c.metrics
+                    .iter()
+                    .filter(move |(i, _)| ends.contains(i) || Some(**i) == last)
+                    .map(|(&i, &m)| (c.values.as_slice(), i, m))
+            })
+            .collect()
+    }
+
     /// What a model learns from: with `multi_fidelity`, the [`History::rung`]
     /// at least `min_count` trials reached and its iteration (nothing until
     /// one exists); otherwise the completed trials' results.

@@ -21,7 +21,7 @@ mod testing;
 mod tpe;
 
 pub use basic::BasicVariant;
-pub use gp::{Gp, GpConfig};
+pub use gp::{Gp, GpConfig, MultiFidelity};
 pub use limiter::ConcurrencyLimiter;
 pub use listed::Listed;
 pub use searcher::{Searcher, Suggestion};

@@ -276,6 +276,7 @@ mod tests {
             json!({"type": "grid", "points": 3, "max_concurrent": 2}),
             json!({"type": "tpe", "n_initial_points": 5, "gamma": 0.3, "n_candidates": 10, "prior_weight": 2.0, "multivariate": false, "constant_liar": false, "rank_weights": false, "multi_fidelity": true}),
             json!({"type": "gp", "n_initial_points": 4, "n_candidates": 100, "n_local_search": 2, "multi_fidelity": true, "cost_exponent": 0.5}),
+            json!({"type": "gp", "n_initial_points": 4, "n_candidates": 100, "n_local_search": 2, "multi_fidelity": "joint", "cost_exponent": 0.0}),
         ] {
             let s: SearchSpec = serde_json::from_value(value.clone()).unwrap();
             assert_eq!(serde_json::to_value(&s).unwrap(), value);
@@ -342,6 +343,11 @@ mod tests {
             (
                 json!({"type": "tpe", "gamma": "high"}),
                 "search.gamma: invalid type: string \"high\", expected f64",
+            ),
+            (
+                json!({"type": "gp", "multi_fidelity": "mobster"}),
+                "search.multi_fidelity: invalid value: string \"mobster\", expected true, false \
+                 or \"joint\"",
             ),
         ];
         for (value, expected) in cases {

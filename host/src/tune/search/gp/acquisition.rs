@@ -84,6 +84,9 @@ pub(super) struct Acquisition {
     pub(super) gp: Posterior,
     pub(super) best: f64,
     pub(super) cost: Option<CostModel>,
+    /// For a joint model of configuration and iteration, the resource
+    /// coordinate the improvement is predicted at, appended to every point.
+    pub(super) resource: Option<f64>,
 }
 
 /// A GP of a configuration's standardized log cost, and the weight of its
@@ -98,7 +101,16 @@ impl Acquisition {
     /// The acquisition at `at`, with its gradient by `at`'s coordinates
     /// when `grad` is set.
     pub(super) fn value(&self, at: &[f64], grad: bool) -> (f64, Vec<f64>) {
-        let (mut value, mut gradient) = log_ei(&self.gp, self.best, at, grad);
+        let (mut value, mut gradient) = match self.resource {
+            None => log_ei(&self.gp, self.best, at, grad),
+            Some(r) => {
+                let mut extended = at.to_vec();
+                extended.push(r);
+                let (value, mut gradient) = log_ei(&self.gp, self.best, &extended, grad);
+                gradient.truncate(at.len());
+                (value, gradient)
+            }
+        };
         if let Some(cost) = &self.cost {
             let (mean, d_mean) = cost.gp.predict_mean(at, grad);
             value -= cost.weight * mean;

@@ -230,7 +230,7 @@ fn multi_fidelity_learns_from_the_first_rung_before_any_trial_finishes() {
             Gp::new(config(multi_fidelity), &space, 30, "loss", Mode::Min, 2).unwrap();
         first_rung_spread(&mut searcher, 30, 15)
     };
-    let (learned, blind) = (spread(true), spread(false));
+    let (learned, blind) = (spread(MultiFidelity::Rung), spread(MultiFidelity::Off));
     assert!(learned * 4.0 < blind, "{learned} vs {blind}");
 }
 
@@ -238,7 +238,7 @@ fn multi_fidelity_learns_from_the_first_rung_before_any_trial_finishes() {
 fn multi_fidelity_fits_the_highest_rung_and_resumes_identically() {
     let space = space(json!({"x": {"uniform": [0, 1]}, "y": {"uniform": [0, 1]}}));
     let config = GpConfig {
-        multi_fidelity: true,
+        multi_fidelity: MultiFidelity::Rung,
         n_initial_points: 3,
         n_candidates: 64,
         ..GpConfig::default()
@@ -281,6 +281,120 @@ fn multi_fidelity_fits_the_highest_rung_and_resumes_identically() {
     let _ = plain.suggest("trial_0000");
     plain.on_result("trial_0000", &at_iteration(1, 1.0));
     assert!(plain.history.curves.is_empty());
+}
+
+#[test]
+fn joint_multi_fidelity_learns_before_any_trial_finishes() {
+    let space = space(json!({"x": {"uniform": [0, 1]}}));
+    let config = GpConfig {
+        multi_fidelity: MultiFidelity::Joint,
+        n_candidates: 256,
+        ..GpConfig::default()
+    };
+    let mut searcher = Gp::new(config, &space, 30, "loss", Mode::Min, 2).unwrap();
+    let learned = first_rung_spread(&mut searcher, 30, 15);
+    let mut blind = Gp::new(GpConfig::default(), &space, 30, "loss", Mode::Min, 2).unwrap();
+    let blind = first_rung_spread(&mut blind, 30, 15);
+    assert!(learned * 4.0 < blind, "{learned} vs {blind}");
+}
+
+/// Six trials over `{x, y}` reach iteration 1, where smaller `x` is better;
+/// the first three go on to iteration 3, where larger `x` is, as curves
+/// that cross. Returns the searcher and the six configurations.
+fn crossing_curves(config: GpConfig) -> (Gp, Vec<Value>) {
+    let space = space(json!({"x": {"uniform": [0, 1]}, "y": {"uniform": [0, 1]}}));
+    let mut searcher = Gp::new(config, &space, 20, "loss", Mode::Min, 5).unwrap();
+    let mut configs = Vec::new();
+    for i in 0..6 {
+        let id = format!("trial_{i:04}");
+        let Suggestion::Config(c) = searcher.suggest(&id) else {
+            panic!("a configuration");
+        };
+        let x = c["x"].as_f64().unwrap();
+        searcher.on_result(&id, &at_iteration(1, x));
+        if i < 3 {
+            searcher.on_result(&id, &at_iteration(3, 1.0 - x));
+        }
+        searcher.on_trial_complete(&id, None, false);
+        configs.push(c);
+    }
+    (searcher, configs)
+}
+
+#[test]
+fn joint_multi_fidelity_follows_the_top_iteration_and_resumes_identically() {
+    let config = GpConfig {
+        multi_fidelity: MultiFidelity::Joint,
+        n_initial_points: 3,
+        n_candidates: 64,
+        ..GpConfig::default()
+    };
+    let (mut searcher, configs) = crossing_curves(config.clone());
+    // Trials 0-2 stopped at 3 and trials 3-5 at 1: both are levels, and
+    // every trial's metric at each level it reached is a point.
+    let levels: Vec<(u64, f64)> = searcher
+        .history
+        .levels()
+        .iter()
+        .map(|&(_, i, m)| (i, m))
+        .collect();
+    assert_eq!(levels.len(), 9, "{levels:?}");
+    let late: Vec<f64> = configs[3..]
+        .iter()
+        .map(|c| c["x"].as_f64().unwrap())
+        .collect();
+    assert!(late.iter().all(|&x| x > 0.5), "{late:?}");
+    assert_eq!(
+        searcher.kernel.as_ref().map(Vec::len),
+        Some(2 + 1 + 2),
+        "a length scale per parameter and one for the iteration"
+    );
+
+    let state: Value = serde_json::from_str(&searcher.state().to_string()).unwrap();
+    let space = space(json!({"x": {"uniform": [0, 1]}, "y": {"uniform": [0, 1]}}));
+    let mut resumed = Gp::new(config, &space, 20, "loss", Mode::Min, 5).unwrap();
+    resumed.restore_state(&state).unwrap();
+    assert_eq!(
+        searcher.suggest("trial_0006"),
+        resumed.suggest("trial_0006")
+    );
+    // A joint fit does not fit a search that learns from one rung.
+    let mut rung = Gp::new(
+        GpConfig {
+            multi_fidelity: MultiFidelity::Rung,
+            ..GpConfig::default()
+        },
+        &space,
+        20,
+        "loss",
+        Mode::Min,
+        5,
+    )
+    .unwrap();
+    assert!(
+        rung.restore_state(&state)
+            .unwrap_err()
+            .contains("does not fit")
+    );
+}
+
+#[test]
+fn joint_multi_fidelity_caps_its_points_dropping_the_earliest_lowest_levels() {
+    let values = [vec![0.1], vec![0.2], vec![0.3], vec![0.4]];
+    let points: Vec<(&[f64], u64, f64)> = vec![
+        (&values[0], 1, 0.5),
+        (&values[0], 3, 0.4),
+        (&values[1], 1, 0.6),
+        (&values[2], 1, 0.7),
+        (&values[2], 3, 0.2),
+        (&values[3], 1, 0.8),
+    ];
+    let kept = capped(points.clone(), 4);
+    assert_eq!(
+        kept.iter().map(|p| (p.0[0], p.1)).collect::<Vec<_>>(),
+        [(0.1, 3), (0.3, 1), (0.3, 3), (0.4, 1)]
+    );
+    assert_eq!(capped(points.clone(), 6), points);
 }
 
 /// A result at iteration `iteration` with metric `loss`, after iterations
@@ -388,7 +502,7 @@ fn costs_are_kept_only_when_weighed_and_only_when_reported() {
 fn with_multi_fidelity_only_running_trials_short_of_the_rung_are_lies() {
     let space = space(json!({"x": {"uniform": [0, 1]}}));
     let config = GpConfig {
-        multi_fidelity: true,
+        multi_fidelity: MultiFidelity::Rung,
         n_initial_points: 2,
         ..GpConfig::default()
     };
@@ -441,7 +555,7 @@ fn with_multi_fidelity_only_running_trials_short_of_the_rung_are_lies() {
 fn cheap_stopped_arm_suggestions(cost_exponent: f64, trials: usize) -> usize {
     let space = space(json!({"arm": {"choice": [0, 1, 2, 3]}}));
     let config = GpConfig {
-        multi_fidelity: true,
+        multi_fidelity: MultiFidelity::Rung,
         cost_exponent,
         n_initial_points: 4,
         ..GpConfig::default()
