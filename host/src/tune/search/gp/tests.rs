@@ -243,23 +243,9 @@ fn multi_fidelity_fits_the_highest_rung_and_resumes_identically() {
         n_candidates: 64,
         ..GpConfig::default()
     };
-    let mut searcher = Gp::new(config.clone(), &space, 20, "loss", Mode::Min, 5).unwrap();
-    // Six trials reach iteration 1 (where smaller x is better), the first
-    // three also iteration 3, where the ranking reverses: once those three
-    // are in, the model must follow iteration 3.
-    let mut configs = Vec::new();
-    for i in 0..6 {
-        let id = format!("trial_{i:04}");
-        let Suggestion::Config(c) = searcher.suggest(&id) else {
-            panic!("a configuration");
-        };
-        let x = c["x"].as_f64().unwrap();
-        searcher.on_result(&id, &at_iteration(1, x));
-        if i < 3 {
-            searcher.on_result(&id, &at_iteration(3, 1.0 - x));
-        }
-        configs.push(c);
-    }
+    // Once the three trials at iteration 3 are in, the model must follow
+    // iteration 3, where the ranking reverses.
+    let (mut searcher, configs) = crossing_curves(config.clone());
     assert_eq!(searcher.history.rung(3).unwrap().0, 3);
     let state: Value = serde_json::from_str(&searcher.state().to_string()).unwrap();
     let mut resumed = Gp::new(config, &space, 20, "loss", Mode::Min, 5).unwrap();
