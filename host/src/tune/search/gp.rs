@@ -25,15 +25,15 @@
 //! iteration is one more coordinate (`ln i / ln top`, `top` the highest
 //! iteration any trial reached), the observations are every trial's
 //! metrics at the iterations where trials stopped (the rungs:
-//! `History::levels`, at most 128, the earliest trials' lowest levels
-//! dropped first), and steps 3 and 4 ask about `top`: MOBSTER's model
-//! (Klein et al., "Model-based Asynchronous Hyperparameter and Neural
-//! Architecture Search", 2020), with the Matérn kernel over the iteration
-//! too rather than its exponential decay. Suggestion `k` draws from a ChaCha8
-//! generator seeded with the experiment's seed on stream `k`, and the fit
-//! is deterministic; with the previous fit saved beside the history, a
-//! resumed search makes exactly the suggestions the uninterrupted one
-//! would have.
+//! `History::levels`, at most 128: past that, the lowest level's points go
+//! first, the earliest trials' first), and steps 3 and 4 ask about `top`:
+//! MOBSTER's model (Klein et al., "Model-based Asynchronous Hyperparameter
+//! and Neural Architecture Search", 2020), with the Matérn kernel over the
+//! iteration too rather than its exponential decay. Suggestion `k` draws
+//! from a ChaCha8 generator seeded with the experiment's seed on stream
+//! `k`, and the fit is deterministic; with the previous fit saved beside
+//! the history, a resumed search makes exactly the suggestions the
+//! uninterrupted one would have.
 //!
 //! Why weigh cost: under a fuel budget (`stop_experiment.max_fuel`) with
 //! ASHA, a search pays for every trial's first rung, and where the best
@@ -75,8 +75,8 @@ use crate::tune::space::SearchSpace;
 #[serde(deny_unknown_fields, default)]
 pub struct GpConfig {
     /// Observations (completed trials, or with `multi_fidelity` trials at
-    /// one iteration) before the model is used; suggestions until then are
-    /// random.
+    /// one iteration; with `"joint"`, trials that reported any iteration)
+    /// before the model is used; suggestions until then are random.
     pub n_initial_points: u64,
     /// Random points whose expected improvement is compared per
     /// suggestion before local search.
@@ -99,7 +99,9 @@ pub struct GpConfig {
     ///   highest iteration any trial reached: a trial stopped early still
     ///   teaches, as far as the fit finds early rankings carry. Its fits
     ///   cover up to 128 points, so it costs more per suggestion than
-    ///   `true` (BENCHMARKS.md).
+    ///   `true` (BENCHMARKS.md, 2026-11-29 23:00); past that, the points at
+    ///   the lowest level go first, and with them what the trials stopped
+    ///   there taught.
     pub multi_fidelity: MultiFidelity,
     /// How much a configuration's cost counts against it, from 0 (not at
     /// all, the default) to 1: the acquisition is expected improvement over
@@ -604,9 +606,9 @@ fn standardize(observations: &[Observation]) -> (Vec<f64>, f64) {
     (m.iter().map(|v| (v - mean) / std).collect(), std)
 }
 
-/// `points` ([`History::levels`]) less, past `limit`, the lowest levels
-/// of the earliest trials: the fit's cost grows with the cube of the
-/// points, and a low level says least about the top.
+/// `points` ([`History::levels`]) less, past `limit`, those at the lowest
+/// levels, the earliest trials' first within a level: the fit's cost grows
+/// with the cube of the points, and a low level says least about the top.
 fn capped(mut points: Vec<(&[f64], u64, f64)>, limit: usize) -> Vec<(&[f64], u64, f64)> {
     if points.len() > limit {
         let mut order: Vec<usize> = (0..points.len()).collect();
@@ -693,7 +695,8 @@ impl Searcher for Gp {
             && saved.cost_kernel.iter().all(|t| fits(t, n)))
         {
             return Err(
-                "the saved GP state does not fit this search space; was param_space changed?"
+                "the saved GP state does not fit this search space; was param_space or \
+                     multi_fidelity changed?"
                     .into(),
             );
         }

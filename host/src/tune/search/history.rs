@@ -200,9 +200,9 @@ impl History {
     /// What a joint model of configuration and iteration learns from
     /// (MOBSTER-style): each trial's metrics at the levels, the iterations
     /// at which trials that ended without error reported last (under ASHA
-    /// or HyperBand, their rungs; a running trial's own last iteration
-    /// too), as (model values, iteration, metric) in trial-id order, which
-    /// is start order. Reading the curves at levels, not at every
+    /// or HyperBand, their rungs), and a running trial's at its own last
+    /// iteration too; a failed trial's only at the levels. As (model
+    /// values, iteration, metric) in trial-id order, which is start order. Reading the curves at levels, not at every
     /// iteration, keeps a trial to the few points a scheduler judged it by,
     /// so a fit stays near the trial count.
     pub(super) fn levels(&self) -> Vec<(&[f64], u64, f64)> {
@@ -214,9 +214,14 @@ impl History {
             .collect();
         let ends = &ends;
         self.curves
-            .values()
-            .flat_map(|c| {
-                let last = c.metrics.keys().next_back().copied();
+            .iter()
+            .flat_map(|(id, c)| {
+                let last = c
+                    .metrics
+                    .keys()
+                    .next_back()
+                    .copied()
+                    .filter(|_| self.pending.contains_key(id));
                 c.metrics
                     .iter()
                     .filter(move |(i, _)| ends.contains(i) || Some(**i) == last)

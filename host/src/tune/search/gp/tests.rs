@@ -365,6 +365,37 @@ fn joint_multi_fidelity_follows_the_top_iteration_and_resumes_identically() {
 }
 
 #[test]
+fn joint_multi_fidelity_sends_trials_running_below_the_top_to_different_places() {
+    let config = GpConfig {
+        multi_fidelity: MultiFidelity::Joint,
+        n_initial_points: 3,
+        n_candidates: 64,
+        ..GpConfig::default()
+    };
+    let (mut searcher, _) = crossing_curves(config);
+    // Three trials start and report iteration 1 only, short of the top
+    // (3): each is an observation at 1 and a lie at 3.
+    let mut running = Vec::new();
+    for i in 6..9 {
+        let id = format!("trial_{i:04}");
+        let Suggestion::Config(c) = searcher.suggest(&id) else {
+            panic!("a configuration");
+        };
+        searcher.on_result(&id, &at_iteration(1, c["x"].as_f64().unwrap()));
+        running.push(c);
+    }
+    assert_eq!(searcher.history.lies(Some(3)).count(), 3);
+    for (i, a) in running.iter().enumerate() {
+        for b in &running[i + 1..] {
+            let d = ((a["x"].as_f64().unwrap() - b["x"].as_f64().unwrap()).powi(2)
+                + (a["y"].as_f64().unwrap() - b["y"].as_f64().unwrap()).powi(2))
+            .sqrt();
+            assert!(d > 1e-3, "{a} and {b} are the same place");
+        }
+    }
+}
+
+#[test]
 fn joint_multi_fidelity_caps_its_points_dropping_the_earliest_lowest_levels() {
     let values = [vec![0.1], vec![0.2], vec![0.3], vec![0.4]];
     let points: Vec<(&[f64], u64, f64)> = vec![
