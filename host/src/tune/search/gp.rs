@@ -99,7 +99,7 @@ pub struct GpConfig {
     ///   highest iteration any trial reached: a trial stopped early still
     ///   teaches, as far as the fit finds early rankings carry. Its fits
     ///   cover up to 128 points, so it costs more per suggestion than
-    ///   `true` (BENCHMARKS.md, 2026-11-29 23:00); past that, the points at
+    ///   `true` (BENCHMARKS.md, 2026-11-29 22:37); past that, the points at
     ///   the lowest level go first, and with them what the trials stopped
     ///   there taught.
     pub multi_fidelity: MultiFidelity,
