@@ -302,25 +302,27 @@ impl Gp {
         let mut rng = ChaCha8Rng::seed_from_u64(self.seed);
         rng.set_stream(self.history.suggested);
         let min_count = self.config.n_initial_points.max(1) as usize;
-        if self.config.multi_fidelity == MultiFidelity::Joint {
-            if let Some(next) = self.joint_next(&mut rng, min_count) {
-                return next;
-            }
-            return Next {
-                values: self.params.iter().map(|p| p.random(&mut rng)).collect(),
-                kernel: None,
-                cost_kernel: None,
-            };
-        }
+        let fitted = match self.config.multi_fidelity {
+            MultiFidelity::Joint => self.joint_next(&mut rng, min_count),
+            MultiFidelity::Off | MultiFidelity::Rung => self.one_level_next(&mut rng, min_count),
+        };
+        fitted.unwrap_or_else(|| Next {
+            values: self.params.iter().map(|p| p.random(&mut rng)).collect(),
+            kernel: None,
+            cost_kernel: None,
+        })
+    }
+
+    /// The suggestion of a GP over the configurations alone, fitted to the
+    /// final results or, with `multi_fidelity = true`, to one rung
+    /// ([`History::learning_set`]). `None` until that has `min_count`
+    /// observations.
+    fn one_level_next(&self, rng: &mut ChaCha8Rng, min_count: usize) -> Option<Next> {
         let (observations, iteration) = self
             .history
             .learning_set(self.config.multi_fidelity == MultiFidelity::Rung, min_count);
         if observations.len() < min_count {
-            return Next {
-                values: self.params.iter().map(|p| p.random(&mut rng)).collect(),
-                kernel: None,
-                cost_kernel: None,
-            };
+            return None;
         }
         let x: Vec<Vec<f64>> = observations
             .iter()
@@ -344,12 +346,11 @@ impl Gp {
             cost,
             resource: None,
         };
-        let (values, kernel) = (self.maximize(&acquisition, observed, &mut rng), theta);
-        Next {
-            values,
-            kernel: Some(kernel),
+        Some(Next {
+            values: self.maximize(&acquisition, observed, rng),
+            kernel: Some(theta),
             cost_kernel,
-        }
+        })
     }
 
     /// The joint model's suggestion (MOBSTER-style): one GP over the unit
@@ -387,15 +388,7 @@ impl Gp {
         let params = self.metric();
         let mut joint = params.clone();
         joint.categorical.push(false);
-        let theta = match self.kernel.as_deref() {
-            Some(start) if start.len() == self.params.len() + 3 => fit(&joint, &x, &y, start),
-            _ => fit(
-                &joint,
-                &x,
-                &y,
-                &Hyper::initial(self.params.len() + 1).to_log(),
-            ),
-        };
+        let theta = self.fit_from(self.kernel.as_deref(), &joint, &x, &y);
         let best_seen = (0..points.len())
             .filter(|&k| points[k].1 == top)
             .reduce(|b, k| if y[k] > y[b] { k } else { b })?;
@@ -485,7 +478,8 @@ impl Gp {
 
     /// The kernel that best explains `y` at `x`, searched from `previous`
     /// (the last fit of the same model, which the new observations move
-    /// little), or from the initial guess.
+    /// little) where it has `metric`'s coordinates, or from the initial
+    /// guess.
     fn fit_from(
         &self,
         previous: Option<&[f64]>,
@@ -493,9 +487,10 @@ impl Gp {
         x: &[Vec<f64>],
         y: &[f64],
     ) -> Vec<f64> {
+        let dims = metric.categorical.len();
         match previous {
-            Some(start) => fit(metric, x, y, start),
-            None => fit(metric, x, y, &Hyper::initial(self.params.len()).to_log()),
+            Some(start) if start.len() == dims + 2 => fit(metric, x, y, start),
+            _ => fit(metric, x, y, &Hyper::initial(dims).to_log()),
         }
     }
 
