@@ -107,6 +107,18 @@ fn same_seed_same_suggestions_and_a_resumed_search_continues_identically() {
     assert_eq!(second.suggest("trial_0020"), Suggestion::Finished);
 }
 
+/// Asserts that no two of `configs` (over `x` and `y`) are the same place.
+fn assert_apart(configs: &[Value]) {
+    for (i, a) in configs.iter().enumerate() {
+        for b in &configs[i + 1..] {
+            let d = ((a["x"].as_f64().unwrap() - b["x"].as_f64().unwrap()).powi(2)
+                + (a["y"].as_f64().unwrap() - b["y"].as_f64().unwrap()).powi(2))
+            .sqrt();
+            assert!(d > 1e-3, "{a} and {b} are the same place");
+        }
+    }
+}
+
 #[test]
 fn trials_running_at_once_are_sent_to_different_places() {
     let space = space(json!({"x": {"uniform": [0, 1]}, "y": {"uniform": [0, 1]}}));
@@ -122,14 +134,7 @@ fn trials_running_at_once_are_sent_to_different_places() {
             other => panic!("{other:?}"),
         })
         .collect();
-    for (i, a) in running.iter().enumerate() {
-        for b in &running[i + 1..] {
-            let d = ((a["x"].as_f64().unwrap() - b["x"].as_f64().unwrap()).powi(2)
-                + (a["y"].as_f64().unwrap() - b["y"].as_f64().unwrap()).powi(2))
-            .sqrt();
-            assert!(d > 1e-3, "{a} and {b} are the same place");
-        }
-    }
+    assert_apart(&running);
 }
 
 #[test]
@@ -385,14 +390,7 @@ fn joint_multi_fidelity_sends_trials_running_below_the_top_to_different_places()
         running.push(c);
     }
     assert_eq!(searcher.history.lies(Some(3)).count(), 3);
-    for (i, a) in running.iter().enumerate() {
-        for b in &running[i + 1..] {
-            let d = ((a["x"].as_f64().unwrap() - b["x"].as_f64().unwrap()).powi(2)
-                + (a["y"].as_f64().unwrap() - b["y"].as_f64().unwrap()).powi(2))
-            .sqrt();
-            assert!(d > 1e-3, "{a} and {b} are the same place");
-        }
-    }
+    assert_apart(&running);
 }
 
 #[test]
