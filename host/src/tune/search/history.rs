@@ -202,9 +202,10 @@ impl History {
     /// at which trials that ended without error reported last (under ASHA
     /// or HyperBand, their rungs), and a running trial's at its own last
     /// iteration too; a failed trial's only at the levels. As (model
-    /// values, iteration, metric) in trial-id order, which is start order. Reading the curves at levels, not at every
-    /// iteration, keeps a trial to the few points a scheduler judged it by,
-    /// so a fit stays near the trial count.
+    /// values, iteration, metric) in trial-id order, which is start order.
+    /// Reading the curves at levels, not at every iteration, keeps a trial
+    /// to the few points a scheduler judged it by, so a fit stays near the
+    /// trial count.
     pub(super) fn levels(&self) -> Vec<(&[f64], u64, f64)> {
         let ends: std::collections::BTreeSet<u64> = self
             .curves
