@@ -311,6 +311,7 @@ pub fn replay() {
                 json!("random"),
             ),
         ],
+        200,
     );
 }
 
@@ -320,16 +321,16 @@ pub fn asha_grace(set: &CurveSet, grace: u64) -> SchedulerSpec {
 }
 
 /// One row per `(label, scheduler, search)` (FIFO where the scheduler is
-/// `None`; `search` as `[search]` gives it), each run with 200 seeds on
-/// `set` (called `source` in the heading) replayed natively at equal fuel;
+/// `None`; `search` as `[search]` gives it), each run with seeds 0 to
+/// `seeds - 1` on `set` (called `source` in the heading) replayed natively at equal fuel;
 /// `title` heads the table.
 pub fn replay_rows(
     set: &CurveSet,
     source: &str,
     title: &str,
     rows: Vec<(String, Option<SchedulerSpec>, Value)>,
+    seeds: u64,
 ) {
-    const SEEDS: u64 = 200;
     const FULL_TRIALS: u64 = 12;
     const SLOTS: usize = 2;
     let set = Arc::new(set.clone());
@@ -344,7 +345,7 @@ pub fn replay_rows(
     let runtime = tokio::runtime::Runtime::new().expect("a runtime");
     out!(
         "\n### {title}: native replay of {source} \
-         ({SEEDS} seeds, {SLOTS} at a time, {} fuel = {FULL_TRIALS} full {max_t}-epoch trials of \
+         ({seeds} seeds, {SLOTS} at a time, {} fuel = {FULL_TRIALS} full {max_t}-epoch trials of \
          the mean config)\n",
         fuel_text(budget)
     );
@@ -367,7 +368,7 @@ pub fn replay_rows(
     out!("| --- | --- | --- | --- | --- | --- | --- | --- |");
     for (name, scheduler, search) in rows {
         let mut runs = Vec::new();
-        for seed in 0..SEEDS {
+        for seed in 0..seeds {
             let spec = RunSpec {
                 name: "replay".into(),
                 output_dir: "/nonexistent/wtune-bench-replay".into(),

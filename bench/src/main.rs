@@ -47,7 +47,7 @@
 //!   weighing cost, and GP over configuration and iteration together)
 //!   against ASHA with random search, at equal fuel;
 //!   `WTUNE_BENCH_ROWS="ASHA + random|ASHA + gp"` runs only the rows so
-//!   labelled.
+//!   labelled, `WTUNE_BENCH_SEEDS=N` N seeds per row (default 200).
 //!
 //! A scenario that cannot run (no GPU adapter, a guest not built, a panic)
 //! says so in the output instead of stopping the others.
@@ -152,6 +152,8 @@ struct Args {
     file: Option<PathBuf>,
     /// The `search` scenario's settings, read when it is asked for.
     search: Option<search::Settings>,
+    /// The `search-curves` scenario's settings, likewise.
+    curves: Option<search::CurveSettings>,
 }
 
 fn parse(args: &[String]) -> Result<Args, String> {
@@ -162,6 +164,7 @@ fn parse(args: &[String]) -> Result<Args, String> {
         note: None,
         file: None,
         search: None,
+        curves: None,
     };
     let mut rest = args.iter();
     while let Some(arg) = rest.next() {
@@ -202,6 +205,9 @@ fn parse(args: &[String]) -> Result<Args, String> {
     parsed.scenarios = seen;
     if parsed.scenarios.contains(&"search") {
         parsed.search = Some(search::Settings::from_env()?);
+    }
+    if parsed.scenarios.contains(&"search-curves") {
+        parsed.curves = Some(search::CurveSettings::from_env()?);
     }
     Ok(parsed)
 }
@@ -352,7 +358,10 @@ fn main() {
                 &root,
                 parsed.search.as_ref().expect("read with the scenario list"),
             ),
-            "search-curves" => search::learning_curves(&root),
+            "search-curves" => search::learning_curves(
+                &root,
+                parsed.curves.as_ref().expect("read with the scenario list"),
+            ),
             other => unreachable!("scenario {other} is in SCENARIOS"),
         });
     }

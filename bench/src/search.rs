@@ -76,17 +76,7 @@ impl Settings {
     /// The settings for the seed and function variables' values (`None`:
     /// not set), without Optuna's `GPSampler`.
     fn from_values(seeds: Option<&str>, wanted: Option<&str>) -> Result<Self, String> {
-        let seeds = match seeds {
-            None => SEEDS,
-            Some(v) => match v.trim().parse::<u64>() {
-                Ok(n) if n > 0 => n,
-                _ => {
-                    return Err(format!(
-                        "WTUNE_BENCH_SEEDS must be a whole number above 0, got {v:?}"
-                    ));
-                }
-            },
-        };
+        let seeds = seed_count(seeds, SEEDS)?;
         let names: Vec<&'static str> = functions().iter().map(|f| f.name).collect();
         let functions = match wanted {
             None => names,
@@ -122,6 +112,64 @@ impl Settings {
             functions,
             optuna_gp: false,
         })
+    }
+}
+
+/// `WTUNE_BENCH_SEEDS`'s value (`None`: not set, `default`), a whole
+/// number above 0.
+fn seed_count(value: Option<&str>, default: u64) -> Result<u64, String> {
+    match value {
+        None => Ok(default),
+        Some(v) => match v.trim().parse::<u64>() {
+            Ok(n) if n > 0 => Ok(n),
+            _ => Err(format!(
+                "WTUNE_BENCH_SEEDS must be a whole number above 0, got {v:?}"
+            )),
+        },
+    }
+}
+
+/// What the `search-curves` scenario runs: `seeds` seeds per row (from
+/// `WTUNE_BENCH_SEEDS`, default [`CURVE_SEEDS`]) of the rows labelled in
+/// `rows` (from `WTUNE_BENCH_ROWS`, labels separated by `|`; default all
+/// of [`curve_searchers`]).
+pub struct CurveSettings {
+    seeds: u64,
+    rows: Vec<&'static str>,
+}
+
+/// Seeds per row of `search-curves` unless `WTUNE_BENCH_SEEDS` says
+/// otherwise: the spread between two 200-seed runs of one row is about
+/// 0.001 of mean regret.
+const CURVE_SEEDS: u64 = 200;
+
+impl CurveSettings {
+    /// The settings the environment asks for; a bad value is an error
+    /// naming it, so that the bench stops before it runs anything.
+    pub fn from_env() -> Result<Self, String> {
+        Self::from_values(
+            env("WTUNE_BENCH_SEEDS")?.as_deref(),
+            env("WTUNE_BENCH_ROWS")?.as_deref(),
+        )
+    }
+
+    fn from_values(seeds: Option<&str>, wanted: Option<&str>) -> Result<Self, String> {
+        let seeds = seed_count(seeds, CURVE_SEEDS)?;
+        let labels: Vec<&'static str> = curve_searchers().iter().map(|r| r.0).collect();
+        let rows = match wanted {
+            None => labels,
+            Some(wanted) => {
+                let wanted: Vec<&str> = wanted.split('|').map(str::trim).collect();
+                if let Some(unknown) = wanted.iter().find(|w| !labels.contains(w)) {
+                    return Err(format!(
+                        "WTUNE_BENCH_ROWS: no row is labelled {unknown:?}; the rows: {}",
+                        labels.join(" | ")
+                    ));
+                }
+                labels.into_iter().filter(|l| wanted.contains(l)).collect()
+            }
+        };
+        Ok(Self { seeds, rows })
     }
 }
 
@@ -497,23 +545,48 @@ fn optuna(root: &Path, functions: &[Function], settings: &Settings) -> Option<Va
     serde_json::from_slice(&output.stdout).ok()
 }
 
-/// Model-based search inside ASHA on replayed learning curves: whether
-/// learning from the rungs (`multi_fidelity`, as BOHB) beats learning from
-/// finished trials only, and both beat random search, at equal fuel, for
-/// TPE and GP; and whether weighing each configuration's cost
-/// (`cost_exponent`) buys GP more trials worth having, alone and with
-/// `multi_fidelity`; and whether one GP over configuration and iteration
-/// (`multi_fidelity = "joint"`) beats both. On `CurveSet::synthetic()`,
-/// whose curves cross, and on
-/// the tabulated curves of the digits CNN
-/// (`examples/replay/curves/digits-cnn.json`).
-///
-/// `WTUNE_BENCH_ROWS`, labels separated by `|`, runs only those rows.
-pub fn learning_curves(root: &Path) {
-    let wanted: Option<Vec<String>> = std::env::var("WTUNE_BENCH_ROWS")
-        .ok()
-        .map(|rows| rows.split('|').map(|r| r.trim().to_string()).collect());
-    let mut unknown = wanted.clone().unwrap_or_default();
+/// The searchers `search-curves` runs inside ASHA, by label: TPE and GP
+/// learning from the rungs (`multi_fidelity`, as BOHB) or from finished
+/// trials only; GP weighing each configuration's cost (`cost_exponent`),
+/// alone and with `multi_fidelity`; and one GP over configuration and
+/// iteration (`multi_fidelity = "joint"`), alone and weighing cost.
+fn curve_searchers() -> Vec<(&'static str, Value)> {
+    vec![
+        ("ASHA + random", json!("random")),
+        ("ASHA + tpe", json!("tpe")),
+        (
+            "ASHA + tpe, multi_fidelity (BOHB-style)",
+            json!({"type": "tpe", "multi_fidelity": true}),
+        ),
+        ("ASHA + gp", json!("gp")),
+        (
+            "ASHA + gp, multi_fidelity",
+            json!({"type": "gp", "multi_fidelity": true}),
+        ),
+        (
+            "ASHA + gp, cost_exponent 1",
+            json!({"type": "gp", "cost_exponent": 1.0}),
+        ),
+        (
+            "ASHA + gp, multi_fidelity, cost_exponent 1",
+            json!({"type": "gp", "multi_fidelity": true, "cost_exponent": 1.0}),
+        ),
+        (
+            "ASHA + gp, multi_fidelity joint (MOBSTER-style)",
+            json!({"type": "gp", "multi_fidelity": "joint"}),
+        ),
+        (
+            "ASHA + gp, multi_fidelity joint, cost_exponent 1",
+            json!({"type": "gp", "multi_fidelity": "joint", "cost_exponent": 1.0}),
+        ),
+    ]
+}
+
+/// Model-based search inside ASHA on replayed learning curves: whether the
+/// model searchers ([`curve_searchers`]) beat random search at equal fuel.
+/// On `CurveSet::synthetic()`, whose curves cross, and on the tabulated
+/// curves of the digits CNN (`examples/replay/curves/digits-cnn.json`).
+pub fn learning_curves(root: &Path, settings: &CurveSettings) {
     let tabulated = root.join("examples/replay/curves/digits-cnn.json");
     let sets = [
         (Ok(CurveSet::synthetic()), "CurveSet::synthetic()"),
@@ -530,52 +603,20 @@ pub fn learning_curves(root: &Path) {
                 continue;
             }
         };
-        let asha = || Some(crate::compare::asha_grace(&set, 1));
         crate::compare::replay_rows(
             &set,
             source,
             "Searchers inside ASHA (grace 1, rf 3) at equal fuel",
-            [
-                ("ASHA + random".into(), asha(), json!("random")),
-                ("ASHA + tpe".into(), asha(), json!("tpe")),
-                (
-                    "ASHA + tpe, multi_fidelity (BOHB-style)".into(),
-                    asha(),
-                    json!({"type": "tpe", "multi_fidelity": true}),
-                ),
-                ("ASHA + gp".into(), asha(), json!("gp")),
-                (
-                    "ASHA + gp, multi_fidelity".into(),
-                    asha(),
-                    json!({"type": "gp", "multi_fidelity": true}),
-                ),
-                (
-                    "ASHA + gp, cost_exponent 1".into(),
-                    asha(),
-                    json!({"type": "gp", "cost_exponent": 1.0}),
-                ),
-                (
-                    "ASHA + gp, multi_fidelity, cost_exponent 1".into(),
-                    asha(),
-                    json!({"type": "gp", "multi_fidelity": true, "cost_exponent": 1.0}),
-                ),
-                (
-                    "ASHA + gp, multi_fidelity joint (MOBSTER-style)".into(),
-                    asha(),
-                    json!({"type": "gp", "multi_fidelity": "joint"}),
-                ),
-            ]
-            .into_iter()
-            .filter(|(label, _, _)| {
-                let run = wanted.as_ref().is_none_or(|w| w.contains(label));
-                unknown.retain(|w| w != label);
-                run
-            })
-            .collect(),
+            curve_searchers()
+                .into_iter()
+                .filter(|(label, _)| settings.rows.contains(label))
+                .map(|(label, search)| {
+                    let asha = crate::compare::asha_grace(&set, 1);
+                    (label.to_string(), Some(asha), search)
+                })
+                .collect(),
+            settings.seeds,
         );
-    }
-    for label in unknown {
-        out!("\nWTUNE_BENCH_ROWS: no row is labelled {label:?}");
     }
 }
 
@@ -686,6 +727,29 @@ mod tests {
             assert!(
                 e.contains("empty") && e.contains("branin (2-d)"),
                 "{empty:?}: {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn curve_settings_default_select_and_refuse_clearly() {
+        let all = CurveSettings::from_values(None, None).unwrap();
+        assert_eq!(all.seeds, CURVE_SEEDS);
+        assert_eq!(all.rows.len(), curve_searchers().len());
+
+        let some =
+            CurveSettings::from_values(Some("40"), Some("ASHA + gp | ASHA + random")).unwrap();
+        assert_eq!(some.seeds, 40);
+        // In the table's order, whatever the order asked.
+        assert_eq!(some.rows, vec!["ASHA + random", "ASHA + gp"]);
+
+        let e = CurveSettings::from_values(Some("0"), None).err().unwrap();
+        assert!(e.contains("WTUNE_BENCH_SEEDS"), "{e}");
+        for bad in ["ASHA + gpx", "ASHA + random|", ""] {
+            let e = CurveSettings::from_values(None, Some(bad)).err().unwrap();
+            assert!(
+                e.contains("WTUNE_BENCH_ROWS") && e.contains("ASHA + tpe, multi_fidelity"),
+                "{bad:?}: {e}"
             );
         }
     }

@@ -106,13 +106,13 @@ pub struct GpConfig {
     /// How much a configuration's cost counts against it, from 0 (not at
     /// all, the default) to 1: the acquisition is expected improvement over
     /// cost raised to this power, where cost is the fuel an iteration takes
-    /// (the mean since the trial started), learned by a second GP from every
-    /// trial that reported. Until `n_initial_points` trials have reported a
+    /// (the mean since the trial started), learned by a second GP from the
+    /// latest 128 trials that reported one. Until `n_initial_points` trials have reported a
     /// cost, and for trainables whose iterations take no fuel, cost is not
     /// weighed. Worth it where costs differ a lot between configurations
     /// and the experiment's budget is fuel (`stop_experiment.max_fuel`):
     /// cheap configurations buy more trials. It costs a second fit per
-    /// suggestion, over every trial started.
+    /// suggestion.
     pub cost_exponent: f64,
 }
 
@@ -179,6 +179,12 @@ impl Default for GpConfig {
 
 /// The most points the joint model fits.
 const JOINT_POINTS: usize = 128;
+
+/// The most trials the cost model fits: the latest suggested. A fit's
+/// time grows with the cube of its points, and weighing cost starts many
+/// more trials than it needs to learn what a configuration costs (over 4 s
+/// a suggestion uncapped, beside the joint model, on the CNN curves).
+const COST_POINTS: usize = 128;
 
 /// More candidates or local searches than these cost time without
 /// improving suggestions; a larger number is most likely a typo.
@@ -504,14 +510,15 @@ impl Gp {
         m.into_iter().map(|v| sign * v).collect()
     }
 
-    /// With a `cost_exponent`, a GP of log cost fitted to every trial that
-    /// reported one, once at least `min_count` have, starting from the
-    /// previous fit; and that fit.
+    /// With a `cost_exponent`, a GP of log cost fitted to the latest
+    /// [`COST_POINTS`] trials that reported one (in suggestion order), once
+    /// at least `min_count` have, starting from the previous fit; and that
+    /// fit.
     fn cost_model(&self, metric: &Metric, min_count: usize) -> Option<(CostModel, Vec<f64>)> {
         if self.config.cost_exponent == 0.0 || self.history.costs.len() < min_count {
             return None;
         }
-        let costs: Vec<Observation> = self.history.costs.values().cloned().collect();
+        let costs: Vec<Observation> = self.cost_points().cloned().collect();
         let x: Vec<Vec<f64>> = costs.iter().map(|o| self.unit_point(&o.values)).collect();
         let (y, spread) = standardize(&costs);
         let theta = self.fit_from(self.cost_kernel.as_deref(), metric, &x, &y);
@@ -520,6 +527,13 @@ impl Gp {
             weight: self.config.cost_exponent * spread,
         };
         Some((model, theta))
+    }
+
+    /// The costs the cost model fits: the latest [`COST_POINTS`] trials'
+    /// to report one, in suggestion (trial-id) order.
+    fn cost_points(&self) -> impl Iterator<Item = &Observation> {
+        let costs = &self.history.costs;
+        costs.values().skip(costs.len().saturating_sub(COST_POINTS))
     }
 
     /// The GP conditioned on the observations and on the trials still

@@ -514,6 +514,32 @@ fn costs_are_kept_only_when_weighed_and_only_when_reported() {
 }
 
 #[test]
+fn the_cost_model_fits_the_latest_trials_only() {
+    let space = space(json!({"x": {"uniform": [0, 1]}}));
+    let weighed = GpConfig {
+        cost_exponent: 1.0,
+        ..GpConfig::default()
+    };
+    let mut searcher = Gp::new(weighed, &space, 1000, "loss", Mode::Min, 0).unwrap();
+    for i in 0..COST_POINTS + 12 {
+        let id = format!("trial_{i:04}");
+        let _ = searcher.suggest(&id);
+        searcher.on_result(&id, &costed(1, 1.0, 1000 + i as u64));
+    }
+    let fitted: Vec<f64> = searcher.cost_points().map(|c| c.metric).collect();
+    assert_eq!(fitted.len(), COST_POINTS);
+    assert_eq!(
+        fitted[0],
+        1012f64.ln(),
+        "the 12 earliest trials are left out"
+    );
+    assert_eq!(fitted[COST_POINTS - 1], (1011.0 + COST_POINTS as f64).ln());
+    // Every cost is still kept and saved; only the fit is capped.
+    assert_eq!(searcher.history.costs.len(), COST_POINTS + 12);
+    assert!(searcher.cost_model(&searcher.metric(), 4).is_some());
+}
+
+#[test]
 fn with_multi_fidelity_only_running_trials_short_of_the_rung_are_lies() {
     let space = space(json!({"x": {"uniform": [0, 1]}}));
     let config = GpConfig {
