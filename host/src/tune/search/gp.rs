@@ -97,8 +97,9 @@ pub struct GpConfig {
     ///   Klein et al. 2020), fitted to every trial's metrics at the
     ///   iterations where trials stopped (the rungs), and asked about the
     ///   highest iteration any trial reached: a trial stopped early still
-    ///   teaches, as far as the fit finds early rankings carry. Its fits
-    ///   cover up to 128 points, so it costs more per suggestion than
+    ///   teaches, as far as the fit finds early rankings carry; once cost is
+    ///   weighed, it also counts as the worst result at that iteration. Its
+    ///   fits cover up to 128 points, so it costs more per suggestion than
     ///   `true` (BENCHMARKS.md, 2026-11-29 22:37); past that, the points at
     ///   the lowest level go first, and with them what the trials stopped
     ///   there taught.
@@ -369,7 +370,12 @@ impl Gp {
     /// its own length scale, so the fit learns how far a configuration's
     /// early ranking carries: where curves cross, little, and a trial ASHA
     /// stopped early keeps a chance; where they do not, a lot. Trials still
-    /// short of the top are lies there, as in [`Gp::lying_about_pending`].
+    /// running short of the top are lies there, as in
+    /// [`Gp::lying_about_pending`]; so, where cost is weighed, are the
+    /// trials stopped short of it, for the reason given there: a cheap
+    /// configuration ASHA stops at the first rung otherwise keeps its
+    /// chance at the top, and on the synthetic curves took 1,996 of one
+    /// run's 2,000 trials (BENCHMARKS.md 2026-11-30).
     fn joint_next(&self, rng: &mut ChaCha8Rng, min_count: usize) -> Option<Next> {
         if self.history.curves.len() < min_count {
             return None;
@@ -401,11 +407,15 @@ impl Gp {
         let best = y[best_seen];
         let observed = self.unit_point(points[best_seen].0);
         let worst = y.iter().copied().fold(f64::INFINITY, f64::min);
-        for values in self.history.lies(Some(top)) {
+        let (cost, cost_kernel) = self.cost_model(&params, min_count).unzip();
+        let stopped = match cost {
+            Some(_) => self.history.stopped_below(top, self.mode),
+            None => Vec::new(),
+        };
+        for values in self.history.lies(Some(top)).chain(stopped) {
             x.push(joint_point(values, top));
             y.push(worst);
         }
-        let (cost, cost_kernel) = self.cost_model(&params, min_count).unzip();
         let acquisition = Acquisition {
             gp: Posterior::new(joint, Hyper::from_log(&theta), x, &y),
             best,
