@@ -599,6 +599,63 @@ fn resume_with_new_stopping_criteria_extends_a_finished_run() {
 }
 
 #[test]
+fn an_extended_trial_teaches_the_searcher_its_new_final_result() {
+    // TPE learned each trial's `counter` at iteration 3, where they ended.
+    // Extended to 6, the trials' results there must replace those, as if
+    // the run had gone to 6 from the start: before, the searcher ignored
+    // everything an extended trial reported and kept the stale 3s.
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("experiment.toml");
+    std::fs::write(
+        &config,
+        r#"
+name = "stateful"
+metric = "counter"
+max_concurrent_trials = 2
+num_samples = 4
+checkpoint_at_end = true
+search = "tpe"
+[stop]
+training_iteration = 3
+[param_space]
+seed = { choice = [1, 2, 3, 4] }
+buffer_kib = 64
+iterations = 1000
+"#,
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    ok(&run(&config, &out));
+    let learned = |out: &Path| {
+        let saved = wtune::report::state::load(out, false).unwrap();
+        let searcher = saved.decisions.searcher.expect("TPE saves its state");
+        let state = searcher.state;
+        let observations = &state["observations"];
+        let mut seen: Vec<(String, f64)> = observations
+            .as_array()
+            .unwrap_or_else(|| panic!("no observations in {state}"))
+            .iter()
+            .map(|o| {
+                let trial = o["trial"].as_str().unwrap().to_string();
+                (trial, o["metric"].as_f64().unwrap())
+            })
+            .collect();
+        seen.sort_by(|a, b| a.0.cmp(&b.0));
+        seen
+    };
+    let ids: Vec<String> = outcomes(&out).into_iter().map(|o| o.0).collect();
+    let at = |metric: f64| {
+        ids.iter()
+            .map(|id| (id.clone(), metric))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(learned(&out), at(3.0));
+    ok(&resume(&out, &["--stop", "training_iteration=6"]));
+    assert!(outcomes(&out).iter().all(|o| o.3 == 6));
+    assert_eq!(learned(&out), at(6.0));
+}
+
+#[test]
 fn an_extended_trial_that_fails_goes_on_when_retried() {
     // Extended under new criteria with a fuel budget they have already
     // spent, the trials end in ERROR before their next checkpoint: their

@@ -394,6 +394,7 @@ impl Gp {
             .map(|&(values, _, metric)| Observation {
                 values: values.to_vec(),
                 metric,
+                trial: None,
             })
             .collect();
         let mut y = self.standardized(&observations);

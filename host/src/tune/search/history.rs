@@ -21,6 +21,12 @@ use crate::tune::saved::read_saved;
 pub(super) struct Observation {
     pub(super) values: Vec<f64>,
     pub(super) metric: f64,
+    /// The trial's id, kept for a completed trial's final result so that
+    /// an extended trial ([`History::retry`]) can take it back. `None` in
+    /// model points read off curves and in histories saved before ids were
+    /// kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) trial: Option<String>,
 }
 
 /// A model-based searcher's record of its trials, saved as it is.
@@ -101,7 +107,11 @@ impl History {
             (true, _) => {
                 self.failed.insert(trial_id.to_string(), values);
             }
-            (false, Some(metric)) => self.observations.push(Observation { values, metric }),
+            (false, Some(metric)) => self.observations.push(Observation {
+                values,
+                metric,
+                trial: Some(trial_id.to_string()),
+            }),
             (false, None) => {}
         }
     }
@@ -164,6 +174,7 @@ impl History {
             Observation {
                 values: values.clone(),
                 metric: fuel.ln(),
+                trial: None,
             },
         );
     }
@@ -191,6 +202,7 @@ impl History {
                 c.metrics.get(&at).map(|&metric| Observation {
                     values: c.values.clone(),
                     metric,
+                    trial: None,
                 })
             })
             .collect();
@@ -296,10 +308,24 @@ impl History {
             .collect()
     }
 
-    /// A failed trial runs again: it is pending once more.
+    /// A trial runs again: one that failed (`wtune resume
+    /// --retry-errored`), or one that completed and is extended under new
+    /// stopping criteria (`wtune resume --stop`). It is pending once more,
+    /// and a completed one's final result is taken back: the results it
+    /// reports from here on teach instead, as if it had run under the new
+    /// criteria from the start. A trial completed in a history saved
+    /// before observations kept their trial's id cannot be found, and
+    /// stays as it was.
     pub(super) fn retry(&mut self, trial_id: &str) {
         if let Some(values) = self.failed.remove(trial_id) {
             self.pending.insert(trial_id.to_string(), values);
+        } else if let Some(k) = self
+            .observations
+            .iter()
+            .position(|o| o.trial.as_deref() == Some(trial_id))
+        {
+            let taken = self.observations.remove(k);
+            self.pending.insert(trial_id.to_string(), taken.values);
         }
     }
 

@@ -37,9 +37,11 @@ pub trait Searcher: Send {
         error: bool,
     );
 
-    /// A trial that ended in ERROR runs again (`wtune resume
-    /// --retry-errored` or `--restart-errored`): it is live again, and its
-    /// next [`Searcher::on_trial_complete`] is its real end.
+    /// A trial that ended runs again: one that ended in ERROR (`wtune
+    /// resume --retry-errored` or `--restart-errored`), or one that
+    /// completed and is extended under new stopping criteria (`wtune resume
+    /// --stop`). It is live again, its next [`Searcher::on_trial_complete`]
+    /// is its real end, and a model forgets the end it had.
     fn on_trial_retry(&mut self, trial_id: &str) {
         let _ = trial_id;
     }

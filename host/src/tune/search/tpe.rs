@@ -887,6 +887,46 @@ mod tests {
         assert!(resumed.history.pending.is_empty() && resumed.history.failed.is_empty());
     }
 
+    /// A completed trial extended under new stopping criteria (`wtune
+    /// resume --stop`) gives back its final result, learns from what it
+    /// reports next, and teaches its new end in completion order. A
+    /// history saved before observations kept their trial has nothing to
+    /// give back, and keeps its observation.
+    #[test]
+    fn an_extended_trial_trades_its_old_final_result_for_its_new_one() {
+        let s = bowl();
+        let mut searcher = tpe(&s, 10, Mode::Min, 1);
+        for id in ["a", "b"] {
+            searcher.suggest(id);
+        }
+        searcher.on_trial_complete("a", Some(&result(0.5)), false);
+        searcher.on_trial_complete("b", Some(&result(0.75)), false);
+        let values = searcher.history.observations[0].values.clone();
+        let mut resumed = tpe(&s, 10, Mode::Min, 1);
+        resumed.restore_state(&searcher.state()).unwrap();
+        resumed.on_trial_retry("a");
+        assert_eq!(resumed.history.observations.len(), 1);
+        assert_eq!(resumed.history.pending["a"], values);
+        resumed.on_trial_complete("a", Some(&result(0.25)), false);
+        let ends: Vec<(Option<&str>, f64)> = resumed
+            .history
+            .observations
+            .iter()
+            .map(|o| (o.trial.as_deref(), o.metric))
+            .collect();
+        assert_eq!(ends, [(Some("b"), 0.75), (Some("a"), 0.25)]);
+
+        let mut legacy = searcher.state();
+        for o in legacy["observations"].as_array_mut().unwrap() {
+            o.as_object_mut().unwrap().remove("trial");
+        }
+        let mut old = tpe(&s, 10, Mode::Min, 1);
+        old.restore_state(&legacy).unwrap();
+        old.on_trial_retry("a");
+        assert_eq!(old.history.observations.len(), 2);
+        assert!(old.history.pending.is_empty());
+    }
+
     #[test]
     fn refuses_grid_search_and_bad_parameters() {
         let s = space(json!({"opt": {"bs": {"grid_search": [16, 32]}}}));
