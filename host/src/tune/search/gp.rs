@@ -92,25 +92,25 @@ pub struct GpConfig {
     ///   least `n_initial_points` trials reached. Trials a scheduler stopped
     ///   below that iteration are left out, so a configuration stopped early
     ///   may be suggested again; once cost is weighed (`cost_exponent`) they
-    ///   count as the worst result there.
+    ///   count as the worst result there (the latest 128 of them).
     /// - `"joint"`: one GP over configuration and iteration (MOBSTER-style,
     ///   Klein et al. 2020), fitted to every trial's metrics at the
     ///   iterations where trials stopped (the rungs), and asked about the
     ///   highest iteration any trial reached: a trial stopped early still
     ///   teaches, as far as the fit finds early rankings carry; once cost is
-    ///   weighed, it also counts as the worst result at that iteration. Its
-    ///   fits cover up to 128 points, so it costs more per suggestion than
-    ///   `true` (BENCHMARKS.md, 2026-11-29 22:37); past that, the points at
-    ///   the lowest level go first, and with them what the trials stopped
-    ///   there taught.
+    ///   weighed, it also counts as the worst result at that iteration (the
+    ///   latest 128 such trials do). Its fits cover up to 128 points, so it
+    ///   costs more per suggestion than `true` (BENCHMARKS.md, 2026-11-29
+    ///   22:37); past that, the points at the lowest level go first, and
+    ///   with them what the trials stopped there taught.
     pub multi_fidelity: MultiFidelity,
     /// How much a configuration's cost counts against it, from 0 (not at
     /// all, the default) to 1: the acquisition is expected improvement over
     /// cost raised to this power, where cost is the fuel an iteration takes
     /// (the mean since the trial started), learned by a second GP from the
-    /// latest 128 trials that reported one. Until `n_initial_points` trials have reported a
-    /// cost, and for trainables whose iterations take no fuel, cost is not
-    /// weighed. Worth it where costs differ a lot between configurations
+    /// latest 128 trials that reported one. Until `n_initial_points` trials
+    /// have reported a cost, and for trainables whose iterations take no
+    /// fuel, cost is not weighed. Worth it where costs differ a lot between configurations
     /// and the experiment's budget is fuel (`stop_experiment.max_fuel`):
     /// cheap configurations buy more trials. It costs a second fit per
     /// suggestion.
@@ -178,8 +178,14 @@ impl Default for GpConfig {
     }
 }
 
-/// The most points the joint model fits.
+/// The most points the joint model fits, and the most trials stopped
+/// short of the top it counts as lies there.
 const JOINT_POINTS: usize = 128;
+
+/// The most trials stopped below the rung the one-rung model counts as
+/// lies there, where cost is weighed: a fit's time grows with the cube of
+/// its points, and these grow with every trial a scheduler stops.
+const STOPPED_LIES: usize = 128;
 
 /// The most trials the cost model fits: the latest suggested. A fit's
 /// time grows with the cube of its points, and weighing cost starts many
@@ -410,7 +416,7 @@ impl Gp {
         let worst = y.iter().copied().fold(f64::INFINITY, f64::min);
         let (cost, cost_kernel) = self.cost_model(&params, min_count).unzip();
         let stopped = match cost {
-            Some(_) => self.history.stopped_below(top, self.mode),
+            Some(_) => latest(self.history.stopped_below(top, self.mode), JOINT_POINTS),
             None => Vec::new(),
         };
         for values in self.history.lies(Some(top)).chain(stopped) {
@@ -543,8 +549,12 @@ impl Gp {
     /// The costs the cost model fits: the latest [`COST_POINTS`] trials'
     /// to report one, in suggestion (trial-id) order.
     fn cost_points(&self) -> impl Iterator<Item = &Observation> {
-        let costs = &self.history.costs;
-        costs.values().skip(costs.len().saturating_sub(COST_POINTS))
+        let mut costs: Vec<(&String, &Observation)> = self.history.costs.iter().collect();
+        // Ids sort as numbers: once a resume's larger sample count widens
+        // them, `trial_10000` follows `trial_9999`.
+        costs.sort_by(|a, b| (a.0.len(), a.0).cmp(&(b.0.len(), b.0)));
+        let skip = costs.len().saturating_sub(COST_POINTS);
+        costs.into_iter().skip(skip).map(|(_, o)| o)
     }
 
     /// The GP conditioned on the observations and on the trials still
@@ -576,7 +586,7 @@ impl Gp {
     ) -> Posterior {
         let worst = y.iter().copied().fold(f64::INFINITY, f64::min);
         let stopped = stopped_below
-            .map(|rung| self.history.stopped_below(rung, self.mode))
+            .map(|rung| latest(self.history.stopped_below(rung, self.mode), STOPPED_LIES))
             .unwrap_or_default();
         for values in self.history.lies(iteration).chain(stopped) {
             x.push(self.unit_point(values));
@@ -624,6 +634,12 @@ fn standardize(observations: &[Observation]) -> (Vec<f64>, f64) {
         .sqrt()
         .max(1e-10);
     (m.iter().map(|v| (v - mean) / std).collect(), std)
+}
+
+/// The last `limit` of `items` (in trial-id order, the latest trials').
+fn latest<T>(mut items: Vec<T>, limit: usize) -> Vec<T> {
+    items.drain(..items.len().saturating_sub(limit));
+    items
 }
 
 /// `points` ([`History::levels`]) less, past `limit`, those at the lowest

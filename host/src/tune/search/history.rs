@@ -313,9 +313,11 @@ impl History {
     /// stopping criteria (`wtune resume --stop`). It is pending once more,
     /// and a completed one's final result is taken back: the results it
     /// reports from here on teach instead, as if it had run under the new
-    /// criteria from the start. A trial completed in a history saved
-    /// before observations kept their trial's id cannot be found, and
-    /// stays as it was.
+    /// criteria from the start, except that its new end is learned last,
+    /// in completion order. A completed trial without a finite metric is
+    /// found by its curve or cost where the searcher kept one; one that
+    /// left no trace, or whose observation was saved before observations
+    /// kept their trial's id, cannot be found and stays as it was.
     pub(super) fn retry(&mut self, trial_id: &str) {
         if let Some(values) = self.failed.remove(trial_id) {
             self.pending.insert(trial_id.to_string(), values);
@@ -326,6 +328,20 @@ impl History {
         {
             let taken = self.observations.remove(k);
             self.pending.insert(trial_id.to_string(), taken.values);
+        } else if let Some(values) = self
+            .curves
+            .get(trial_id)
+            .map(|c| &c.values)
+            .or_else(|| self.costs.get(trial_id).map(|c| &c.values))
+            // An observation saved without its id may be this trial's.
+            .filter(|v| {
+                !self
+                    .observations
+                    .iter()
+                    .any(|o| o.trial.is_none() && o.values == **v)
+            })
+        {
+            self.pending.insert(trial_id.to_string(), values.clone());
         }
     }
 

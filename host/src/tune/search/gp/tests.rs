@@ -522,7 +522,9 @@ fn the_cost_model_fits_the_latest_trials_only() {
     };
     let mut searcher = Gp::new(weighed, &space, 1000, "loss", Mode::Min, 0).unwrap();
     for i in 0..COST_POINTS + 12 {
-        let id = format!("trial_{i:04}");
+        // The ids widen at 100, as after a resume with more samples: they
+        // still count in suggestion order.
+        let id = format!("trial_{i:02}");
         let _ = searcher.suggest(&id);
         searcher.on_result(&id, &costed(1, 1.0, 1000 + i as u64));
     }
@@ -537,6 +539,51 @@ fn the_cost_model_fits_the_latest_trials_only() {
     // Every cost is still kept and saved; only the fit is capped.
     assert_eq!(searcher.history.costs.len(), COST_POINTS + 12);
     assert!(searcher.cost_model(&searcher.metric(), 4).is_some());
+}
+
+#[test]
+fn an_extended_trial_goes_on_teaching_its_curve_and_cost() {
+    // `wtune resume --stop` extends trials that completed: the searcher
+    // takes back their ends and learns what they report next, also a trial
+    // that completed without a finite metric, found by its curve.
+    let space = space(json!({"x": {"uniform": [0, 1]}}));
+    let config = GpConfig {
+        multi_fidelity: MultiFidelity::Joint,
+        cost_exponent: 1.0,
+        ..GpConfig::default()
+    };
+    let mut searcher = Gp::new(config, &space, 10, "loss", Mode::Min, 0).unwrap();
+    for id in ["a", "b"] {
+        let _ = searcher.suggest(id);
+        searcher.on_result(id, &costed(1, 0.5, 100));
+        searcher.on_result(id, &costed(2, 0.4, 200));
+    }
+    searcher.on_trial_complete("a", Some(&costed(2, 0.4, 200)), false);
+    let no_metric = json!({"training_iteration": 2})
+        .as_object()
+        .unwrap()
+        .clone();
+    searcher.on_trial_complete("b", Some(&no_metric), false);
+    assert_eq!(searcher.history.observations.len(), 1);
+    let state: Value = serde_json::from_str(&searcher.state().to_string()).unwrap();
+    let mut resumed = Gp::new(searcher.config.clone(), &space, 10, "loss", Mode::Min, 0).unwrap();
+    resumed.restore_state(&state).unwrap();
+    for id in ["a", "b"] {
+        resumed.on_trial_retry(id);
+        resumed.on_result(id, &costed(3, 0.3, 900));
+        assert_eq!(resumed.history.curves[id].metrics[&3], 0.3, "{id}");
+        assert_eq!(resumed.history.costs[id].metric, 300f64.ln(), "{id}");
+    }
+    assert!(resumed.history.observations.is_empty());
+    resumed.on_trial_complete("a", Some(&costed(3, 0.3, 900)), false);
+    let ends: Vec<(Option<&str>, f64)> = resumed
+        .history
+        .observations
+        .iter()
+        .map(|o| (o.trial.as_deref(), o.metric))
+        .collect();
+    assert_eq!(ends, [(Some("a"), 0.3)]);
+    assert_eq!(resumed.history.pending.keys().collect::<Vec<_>>(), ["b"]);
 }
 
 #[test]
@@ -648,4 +695,6 @@ fn weighing_cost_a_trial_stopped_short_of_the_rung_is_not_suggested_again_and_ag
     // share. This pins the gate, not a behaviour to want.
     let cheap = cheap_stopped_arm_suggestions(MultiFidelity::Rung, 0.0, 24);
     assert!(cheap > 6, "arm 0 suggested {cheap} of 24 times");
+    let cheap = cheap_stopped_arm_suggestions(MultiFidelity::Joint, 0.0, 24);
+    assert!(cheap > 6, "joint: arm 0 suggested {cheap} of 24 times");
 }
