@@ -308,6 +308,15 @@ impl History {
             .collect()
     }
 
+    /// The observations' trials and metrics, in completion order.
+    #[cfg(test)]
+    pub(super) fn ends(&self) -> Vec<(Option<&str>, f64)> {
+        self.observations
+            .iter()
+            .map(|o| (o.trial.as_deref(), o.metric))
+            .collect()
+    }
+
     /// A trial runs again: one that failed (`wtune resume
     /// --retry-errored`), or one that completed and is extended under new
     /// stopping criteria (`wtune resume --stop`). It is pending once more,

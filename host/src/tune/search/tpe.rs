@@ -908,13 +908,10 @@ mod tests {
         assert_eq!(resumed.history.observations.len(), 1);
         assert_eq!(resumed.history.pending["a"], values);
         resumed.on_trial_complete("a", Some(&result(0.25)), false);
-        let ends: Vec<(Option<&str>, f64)> = resumed
-            .history
-            .observations
-            .iter()
-            .map(|o| (o.trial.as_deref(), o.metric))
-            .collect();
-        assert_eq!(ends, [(Some("b"), 0.75), (Some("a"), 0.25)]);
+        assert_eq!(
+            resumed.history.ends(),
+            [(Some("b"), 0.75), (Some("a"), 0.25)]
+        );
 
         let mut legacy = searcher.state();
         for o in legacy["observations"].as_array_mut().unwrap() {

@@ -576,13 +576,7 @@ fn an_extended_trial_goes_on_teaching_its_curve_and_cost() {
     }
     assert!(resumed.history.observations.is_empty());
     resumed.on_trial_complete("a", Some(&costed(3, 0.3, 900)), false);
-    let ends: Vec<(Option<&str>, f64)> = resumed
-        .history
-        .observations
-        .iter()
-        .map(|o| (o.trial.as_deref(), o.metric))
-        .collect();
-    assert_eq!(ends, [(Some("a"), 0.3)]);
+    assert_eq!(resumed.history.ends(), [(Some("a"), 0.3)]);
     assert_eq!(resumed.history.pending.keys().collect::<Vec<_>>(), ["b"]);
 }
 
