@@ -322,8 +322,8 @@ pub fn asha_grace(set: &CurveSet, grace: u64) -> SchedulerSpec {
 
 /// One row per `(label, scheduler, search)` (FIFO where the scheduler is
 /// `None`; `search` as `[search]` gives it), each run with seeds 0 to
-/// `seeds - 1` on `set` (called `source` in the heading) replayed natively at equal fuel;
-/// `title` heads the table.
+/// `seeds - 1` on `set` (called `source` in the heading) replayed natively
+/// at equal fuel; `title` heads the table.
 pub fn replay_rows(
     set: &CurveSet,
     source: &str,

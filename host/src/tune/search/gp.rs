@@ -110,10 +110,10 @@ pub struct GpConfig {
     /// (the mean since the trial started), learned by a second GP from the
     /// latest 128 trials that reported one. Until `n_initial_points` trials
     /// have reported a cost, and for trainables whose iterations take no
-    /// fuel, cost is not weighed. Worth it where costs differ a lot between configurations
-    /// and the experiment's budget is fuel (`stop_experiment.max_fuel`):
-    /// cheap configurations buy more trials. It costs a second fit per
-    /// suggestion.
+    /// fuel, cost is not weighed. Worth it where costs differ a lot between
+    /// configurations and the experiment's budget is fuel
+    /// (`stop_experiment.max_fuel`): cheap configurations buy more trials.
+    /// It costs a second fit per suggestion.
     pub cost_exponent: f64,
 }
 
@@ -178,13 +178,13 @@ impl Default for GpConfig {
     }
 }
 
-/// The most points the joint model fits, and the most trials stopped
-/// short of the top it counts as lies there.
+/// The most points the joint model fits.
 const JOINT_POINTS: usize = 128;
 
-/// The most trials stopped below the rung the one-rung model counts as
-/// lies there, where cost is weighed: a fit's time grows with the cube of
-/// its points, and these grow with every trial a scheduler stops.
+/// The most trials stopped short of the level a model is asked about (the
+/// rung, or the joint model's top) it counts as lies there, where cost is
+/// weighed: a fit's time grows with the cube of its points, and these grow
+/// with every trial a scheduler stops.
 const STOPPED_LIES: usize = 128;
 
 /// The most trials the cost model fits: the latest suggested. A fit's
@@ -416,7 +416,7 @@ impl Gp {
         let worst = y.iter().copied().fold(f64::INFINITY, f64::min);
         let (cost, cost_kernel) = self.cost_model(&params, min_count).unzip();
         let stopped = match cost {
-            Some(_) => latest(self.history.stopped_below(top, self.mode), JOINT_POINTS),
+            Some(_) => self.stopped_lies(top),
             None => Vec::new(),
         };
         for values in self.history.lies(Some(top)).chain(stopped) {
@@ -586,13 +586,22 @@ impl Gp {
     ) -> Posterior {
         let worst = y.iter().copied().fold(f64::INFINITY, f64::min);
         let stopped = stopped_below
-            .map(|rung| latest(self.history.stopped_below(rung, self.mode), STOPPED_LIES))
+            .map(|rung| self.stopped_lies(rung))
             .unwrap_or_default();
         for values in self.history.lies(iteration).chain(stopped) {
             x.push(self.unit_point(values));
             y.push(worst);
         }
         Posterior::new(metric, hyper, x, &y)
+    }
+
+    /// Model values of the latest [`STOPPED_LIES`] trials a scheduler
+    /// stopped short of `level` ([`History::stopped_below`]), in trial-id
+    /// order.
+    fn stopped_lies(&self, level: u64) -> Vec<&Vec<f64>> {
+        let mut stopped = self.history.stopped_below(level, self.mode);
+        stopped.drain(..stopped.len().saturating_sub(STOPPED_LIES));
+        stopped
     }
 
     /// Model values to unit-cube coordinates.
@@ -634,12 +643,6 @@ fn standardize(observations: &[Observation]) -> (Vec<f64>, f64) {
         .sqrt()
         .max(1e-10);
     (m.iter().map(|v| (v - mean) / std).collect(), std)
-}
-
-/// The last `limit` of `items` (in trial-id order, the latest trials').
-fn latest<T>(mut items: Vec<T>, limit: usize) -> Vec<T> {
-    items.drain(..items.len().saturating_sub(limit));
-    items
 }
 
 /// `points` ([`History::levels`]) less, past `limit`, those at the lowest
