@@ -62,7 +62,7 @@ use serde_json::{Map, Value};
 
 use self::acquisition::{Acquisition, Coordinate, CostModel, climb};
 use self::regressor::{Hyper, Metric, Posterior, fit};
-use super::history::{History, Observation};
+use super::history::{History, Observation, in_start_order};
 use super::param::Param;
 use super::searcher::{Searcher, Suggestion};
 use crate::tune::result::Mode;
@@ -547,12 +547,9 @@ impl Gp {
     }
 
     /// The costs the cost model fits: the latest [`COST_POINTS`] trials'
-    /// to report one, in suggestion (trial-id) order.
+    /// to report one, in start order ([`in_start_order`]).
     fn cost_points(&self) -> impl Iterator<Item = &Observation> {
-        let mut costs: Vec<(&String, &Observation)> = self.history.costs.iter().collect();
-        // Ids sort as numbers: once a resume's larger sample count widens
-        // them, `trial_10000` follows `trial_9999`.
-        costs.sort_by(|a, b| (a.0.len(), a.0).cmp(&(b.0.len(), b.0)));
+        let costs = in_start_order(&self.history.costs);
         let skip = costs.len().saturating_sub(COST_POINTS);
         costs.into_iter().skip(skip).map(|(_, o)| o)
     }
@@ -596,7 +593,7 @@ impl Gp {
     }
 
     /// Model values of the latest [`STOPPED_LIES`] trials a scheduler
-    /// stopped short of `level` ([`History::stopped_below`]), in trial-id
+    /// stopped short of `level` ([`History::stopped_below`]), in start
     /// order.
     fn stopped_lies(&self, level: u64) -> Vec<&Vec<f64>> {
         let mut stopped = self.history.stopped_below(level, self.mode);

@@ -15,6 +15,16 @@ use super::param::Param;
 use crate::tune::result::Mode;
 use crate::tune::saved::read_saved;
 
+/// `map`'s entries in start order. Trial ids sort as numbers: once a
+/// resume's larger sample count widens them, `trial_10000` follows
+/// `trial_9999`, where a `BTreeMap` of ids puts it first. What keeps only
+/// the latest trials (the GP's caps) depends on it.
+pub(super) fn in_start_order<T>(map: &BTreeMap<String, T>) -> Vec<(&String, &T)> {
+    let mut entries: Vec<(&String, &T)> = map.iter().collect();
+    entries.sort_by(|a, b| (a.0.len(), a.0).cmp(&(b.0.len(), b.0)));
+    entries
+}
+
 /// A completed trial's model values (see [`Param`]) and metric.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -214,7 +224,7 @@ impl History {
     /// at which trials that ended without error reported last (under ASHA
     /// or HyperBand, their rungs), and a running trial's at its own last
     /// iteration too; a failed trial's only at the levels. As (model
-    /// values, iteration, metric) in trial-id order, which is start order.
+    /// values, iteration, metric) in start order ([`in_start_order`]).
     /// Reading the curves at levels, not at every iteration, keeps a trial
     /// to the few points a scheduler judged it by, so a fit stays near the
     /// trial count.
@@ -226,8 +236,8 @@ impl History {
             .filter_map(|(_, c)| c.metrics.keys().next_back().copied())
             .collect();
         let ends = &ends;
-        self.curves
-            .iter()
+        in_start_order(&self.curves)
+            .into_iter()
             .flat_map(|(id, c)| {
                 let last = c
                     .metrics
@@ -280,15 +290,15 @@ impl History {
     /// reaching iteration `rung` and, at the last iteration they reported,
     /// trailed a trial that went on to reach it: those a scheduler such as
     /// ASHA stopped for ranking low there, not those a stop criterion ended
-    /// for doing well. In trial-id order.
+    /// for doing well. In start order ([`in_start_order`]).
     pub(super) fn stopped_below(&self, rung: u64, mode: Mode) -> Vec<&Vec<f64>> {
         let reached: Vec<&Curve> = self
             .curves
             .values()
             .filter(|c| c.metrics.contains_key(&rung))
             .collect();
-        self.curves
-            .iter()
+        in_start_order(&self.curves)
+            .into_iter()
             .filter(|(id, curve)| {
                 !self.pending.contains_key(*id)
                     && !self.failed.contains_key(*id)

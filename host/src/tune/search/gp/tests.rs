@@ -630,6 +630,44 @@ fn with_multi_fidelity_only_running_trials_short_of_the_rung_are_lies() {
     assert!(searcher.history.lies(iteration).any(|v| *v == x["d"]));
 }
 
+#[test]
+fn the_stopped_lies_and_the_joint_points_are_the_latest_in_start_order() {
+    let space = space(json!({"x": {"uniform": [0, 1]}}));
+    let config = GpConfig {
+        multi_fidelity: MultiFidelity::Joint,
+        n_initial_points: 1000,
+        ..GpConfig::default()
+    };
+    let mut searcher = Gp::new(config, &space, 1000, "loss", Mode::Min, 0).unwrap();
+    // The ids widen at 100, as after a resume with more samples: a map of
+    // ids sorts `trial_100` to `trial_129` before `trial_11`.
+    let ids: Vec<String> = (0..STOPPED_LIES + 2)
+        .map(|i| format!("trial_{i:02}"))
+        .collect();
+    let mut x = BTreeMap::new();
+    for id in &ids {
+        let Suggestion::Config(c) = searcher.suggest(id) else {
+            panic!("a configuration");
+        };
+        x.insert(id.clone(), vec![c["x"].as_f64().unwrap()]);
+    }
+    // trial_00 leads at iteration 1 and reaches 3; the others are stopped
+    // at 1 behind it.
+    searcher.on_result(&ids[0], &at_iteration(1, 0.1));
+    searcher.on_result(&ids[0], &at_iteration(3, 0.05));
+    searcher.on_trial_complete(&ids[0], Some(&at_iteration(3, 0.05)), false);
+    for id in &ids[1..] {
+        searcher.on_result(id, &at_iteration(1, 0.5));
+        searcher.on_trial_complete(id, Some(&at_iteration(1, 0.5)), false);
+    }
+    let latest: Vec<&Vec<f64>> = ids[2..].iter().map(|id| &x[id]).collect();
+    assert_eq!(searcher.stopped_lies(3), latest, "trial_01 is left out");
+    let levels: Vec<&[f64]> = searcher.history.levels().iter().map(|p| p.0).collect();
+    assert_eq!(levels.len(), ids.len() + 1);
+    assert_eq!(levels[levels.len() - 1], x[&ids[ids.len() - 1]].as_slice());
+    assert_eq!(levels[levels.len() - 2], x[&ids[ids.len() - 2]].as_slice());
+}
+
 /// Runs `trials` trials one at a time over `{"arm": 0..4}` as ASHA would
 /// with rungs at iterations 1 and 3: arm 0 is the cheapest and the worst at
 /// iteration 1, so it stops there; the others reach iteration 3 with loss
