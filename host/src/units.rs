@@ -103,19 +103,27 @@ pub fn parse_size(text: &str) -> Option<u64> {
     (1.0..1.8e19).contains(&bytes).then_some(bytes as u64)
 }
 
-/// `30` (seconds), `"30s"`, `"2m"`, `"1h 30m"`, or `"none"`.
+/// The longest duration [`duration`] takes: 100 years of 365.25 days, as
+/// `"100years"` reads. A longer one is surely a slip of a few zeros, and
+/// from about 3e11 years on, now plus it is past what the clock can hold,
+/// so a deadline set with it would panic. No limit is written `"none"`.
+pub const LONGEST_DURATION: Duration = Duration::from_secs(36_525 * 24 * 60 * 60);
+
+/// `30` (seconds), `"30s"`, `"2m"`, `"1h 30m"`, or `"none"`; at most
+/// [`LONGEST_DURATION`].
 pub fn duration(value: &toml::Value, key: &str) -> Result<Option<Duration>, String> {
     let err = || {
         format!(
             "{key} must be a duration such as \"30s\" or \"5m\", a number of seconds, or \"none\"; got {value}"
         )
     };
+    let seconds = |secs: f64| Duration::try_from_secs_f64(secs).unwrap_or(Duration::MAX);
     let d = match value {
         toml::Value::Integer(i) if *i > 0 => Duration::from_secs(*i as u64),
-        toml::Value::Float(f) if f.is_finite() && *f > 0.0 => Duration::from_secs_f64(*f),
+        toml::Value::Float(f) if f.is_finite() && *f > 0.0 => seconds(*f),
         toml::Value::String(s) if s.trim() == "none" => return Ok(None),
         toml::Value::String(s) => match s.trim().parse::<f64>() {
-            Ok(secs) if secs.is_finite() && secs > 0.0 => Duration::from_secs_f64(secs),
+            Ok(secs) if secs.is_finite() && secs > 0.0 => seconds(secs),
             Ok(_) => return Err(err()),
             Err(_) => humantime::parse_duration(s.trim()).map_err(|_| err())?,
         },
@@ -124,12 +132,42 @@ pub fn duration(value: &toml::Value, key: &str) -> Result<Option<Duration>, Stri
     if d.is_zero() {
         return Err(err());
     }
+    if d > LONGEST_DURATION {
+        return Err(format!(
+            "{key} is longer than 100 years ({value}); for no limit, write \"none\""
+        ));
+    }
     Ok(Some(d))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn durations_past_a_century_are_refused_not_a_panic() {
+        let text = |s: &str| toml::Value::String(s.into());
+        for value in [
+            toml::Value::Float(1e20),
+            toml::Value::Float(1e19),
+            toml::Value::Integer(i64::MAX),
+            text("1e300"),
+            text("200years"),
+        ] {
+            let e = duration(&value, "limits.call_timeout").unwrap_err();
+            assert!(
+                e.starts_with("limits.call_timeout is longer than 100 years")
+                    && e.contains("for no limit, write \"none\""),
+                "{value}: {e}"
+            );
+        }
+        assert_eq!(
+            duration(&text("100years"), "k").unwrap(),
+            Some(LONGEST_DURATION)
+        );
+        assert_eq!(duration(&text("none"), "k").unwrap(), None);
+        assert!(duration(&text("30s"), "k").unwrap() == Some(Duration::from_secs(30)));
+    }
 
     #[test]
     fn human_bytes_prefers_exact_units() {

@@ -96,7 +96,7 @@ fn compile(isolation: Option<&str>, limits: &LimitsToml) -> Result<CompileOption
             _ => {
                 return Err(bad(format!(
                     "limits.compile_timeout must be a duration such as \"2m\" or a number of \
-                     seconds; got {v}"
+                     seconds, at most 100 years; got {v}"
                 )));
             }
         };

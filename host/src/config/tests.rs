@@ -362,6 +362,18 @@ fn every_bad_value_gets_a_message_naming_its_key() {
             "[limits]\ncall_timeout = \"soon\"",
             "limits.call_timeout must be a duration",
         ),
+        (
+            "[limits]\ncall_timeout = 1e20",
+            "limits.call_timeout is longer than 100 years",
+        ),
+        (
+            "[stop_experiment]\nmax_time = 1e19",
+            "stop_experiment.max_time is longer than 100 years",
+        ),
+        (
+            "[limits]\ncompile_timeout = 1e20",
+            "limits.compile_timeout must be a duration such as \"2m\" or a number of seconds, at most 100 years",
+        ),
         ("[limits]\nstack = 10", "limits.stack must be between"),
         ("[limits]\nmemroy = 1", "unknown field `memroy`"),
         ("[data]\nd = \"missing\"", "data directory `d`"),
