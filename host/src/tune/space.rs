@@ -226,6 +226,14 @@ impl SearchSpace {
         if points == Some(0) {
             return Err(err("search.points", "must be at least 1".into()));
         }
+        // Checked before any grid is built: the trial count is checked only
+        // after, and a slip of a few zeros would allocate first.
+        if points.is_some_and(|p| p as u64 > MAX_TRIALS) {
+            return Err(err(
+                "search.points",
+                format!("must be at most {MAX_TRIALS}, the most trials one space may generate"),
+            ));
+        }
         Ok(SearchSpace {
             root: walk(&self.root, "param_space", points)?,
         })

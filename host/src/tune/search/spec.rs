@@ -406,6 +406,13 @@ mod tests {
             err(json!({"type": "grid", "points": 0}), None),
             "search.points must be at least 1"
         );
+        assert_eq!(
+            err(
+                json!({"type": "grid", "points": 1_000_000_000_000u64}),
+                None
+            ),
+            "search.points: must be at most 10000000, the most trials one space may generate"
+        );
         assert!(err(json!("tpe"), None).contains("set `metric`"));
         assert_eq!(
             err(json!("gp"), None),
