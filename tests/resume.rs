@@ -253,6 +253,30 @@ fn restore_from_starts_new_trials_where_a_checkpoint_left_off() {
     assert_eq!(first["iterations_since_restore"], 1);
     assert_eq!(first["config"]["seed"], 9);
 
+    // Its sample count grows on resume, within the bound `wtune run` keeps.
+    let state = std::fs::read(out.join("experiment_state.json")).unwrap();
+    let refused = resume(&out, &["--num-samples", "100000000000"]);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("num_samples 100000000000 is more trials than the 10000000 allowed"),
+        "{stderr}"
+    );
+    assert_eq!(
+        std::fs::read(out.join("experiment_state.json")).unwrap(),
+        state
+    );
+    ok(&resume(&out, &["--num-samples", "2"]));
+    let second = std::fs::read_to_string(out.join("trial_0001/result.jsonl")).unwrap();
+    let second: Value = serde_json::from_str(second.lines().next().unwrap()).unwrap();
+    assert_eq!(
+        (
+            second["training_iteration"].as_u64(),
+            second["config"]["seed"].as_u64()
+        ),
+        (Some(5), Some(9))
+    );
+
     // A damaged checkpoint is refused with the reason, before anything runs.
     let mut bytes = std::fs::read(&checkpoint).unwrap();
     let middle = bytes.len() / 2;
@@ -596,6 +620,35 @@ fn resume_with_new_stopping_criteria_extends_a_finished_run() {
         String::from_utf8_lossy(&refused.stderr)
     );
     assert!(outcomes(&out).iter().all(|o| o.3 == 6));
+
+    // So is a criterion on a metric the trials do not report (a typo):
+    // saved, it would end every later extension in an error.
+    let state = std::fs::read(out.join("experiment_state.json")).unwrap();
+    let refused = common::wtune()
+        .arg("resume")
+        .arg(&out)
+        .args(["--stop", "training_iterations=9"])
+        .output()
+        .unwrap();
+    assert_eq!(refused.status.code(), Some(2));
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        said.contains("`training_iterations` names a metric the trainable does not report")
+            && said.contains("nothing was changed"),
+        "{said}"
+    );
+    assert_eq!(
+        std::fs::read(out.join("experiment_state.json")).unwrap(),
+        state
+    );
+    let extended = common::wtune()
+        .arg("resume")
+        .arg(&out)
+        .args(["--stop", "training_iteration=7"])
+        .output()
+        .unwrap();
+    ok(&extended);
+    assert!(outcomes(&out).iter().all(|o| o.3 == 7));
 }
 
 #[test]

@@ -9,6 +9,7 @@ use serde_json::{Value, json};
 use crate::compute::ComputeOptions;
 use crate::config;
 use crate::sandbox::{CompileOptions, Limits};
+use crate::tune::space::MAX_TRIALS;
 use crate::tune::{Listed, RunSpec, Scheduler, SchedulerSpec, SearchSpec, Searcher};
 use crate::wasm_backend::CheckpointMode;
 
@@ -92,8 +93,16 @@ impl Setup {
     /// The searcher that creates the experiment's trials.
     pub(super) fn searcher(&self) -> Result<Box<dyn Searcher>, Failure> {
         if let Some(config) = &self.fixed_config {
-            let count = usize::try_from(self.num_samples).unwrap_or(usize::MAX);
-            return Ok(Box::new(Listed::new(vec![config.clone(); count])));
+            // `wtune run` bounds the count through the empty search space;
+            // `wtune resume --num-samples` comes here unchecked.
+            if self.num_samples > MAX_TRIALS {
+                return Err(Failure::user(format!(
+                    "num_samples {} is more trials than the {MAX_TRIALS} allowed",
+                    self.num_samples
+                )));
+            }
+            let count = self.num_samples as usize;
+            return Ok(Box::new(Listed::repeated(config.clone(), count)));
         }
         config::searcher(
             &self.search,

@@ -141,6 +141,17 @@ impl Changes {
         }
         let table = config::stop_flags(&self.stop).map_err(|e| Failure::user(e.to_string()))?;
         let newer = StopCriteria::from_json(&table).map_err(Failure::user)?;
+        // A threshold on a metric the trials do not report (a typo such as
+        // `training_iterations`) would extend nothing, be saved with the
+        // setup, and then fail every trial at its next result and every
+        // later `--stop`: refused while nothing has changed.
+        if let Some(e) = trials
+            .iter()
+            .filter_map(|t| t.last_result.as_ref())
+            .find_map(|result| newer.reached(result).err())
+        {
+            return Err(Failure::user(format!("--stop: {e}; nothing was changed")));
+        }
         let old = setup.spec.stop.clone();
         let new = old.merged(&newer);
         let mut extended = Vec::new();
