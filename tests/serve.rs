@@ -454,6 +454,26 @@ fn finished_experiment(dir: &Path) -> PathBuf {
 }
 
 #[test]
+fn any_loopback_address_serves_without_a_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = finished_experiment(dir.path());
+    // All of 127.0.0.0/8 is this machine's: the check at start lets it
+    // through, so requests addressed to it must be answered.
+    let server = start(&["serve", out.to_str().unwrap(), "--addr", "127.0.0.2:0"]);
+    let (status, experiment) = get(&format!("{}api/experiment", server.url));
+    assert_eq!(status, 200, "{experiment}");
+    let (status, body) = raw(&server.url, "GET /api/trials HTTP/1.1\r\nHost: [::1]:8267");
+    assert_eq!(status, 200, "{body}");
+    // A name is still refused: it may have been rebound to this address.
+    let (status, body) = raw(
+        &server.url,
+        "GET /api/trials HTTP/1.1\r\nHost: evil.example",
+    );
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains("a loopback address"), "{body}");
+}
+
+#[test]
 fn a_token_guards_the_api_and_the_network_needs_one() {
     let dir = tempfile::tempdir().unwrap();
     let out = finished_experiment(dir.path());

@@ -152,8 +152,9 @@ async fn guard(State(app): State<Arc<App>>, request: Request, next: Next) -> Res
     if app.token.is_none() && !host.is_some_and(loopback_host) {
         return ApiError::new(
             StatusCode::FORBIDDEN,
-            "without a token this server answers only requests addressed to 127.0.0.1, \
-             localhost or [::1] (the Host header); serve with a token to be reached by other names",
+            "without a token this server answers only requests addressed to a loopback \
+             address (127.0.0.1, [::1]) or localhost (the Host header); serve with a token to be \
+             reached by other names",
         )
         .into_response();
     }
@@ -198,14 +199,24 @@ async fn guard(State(app): State<Arc<App>>, request: Request, next: Next) -> Res
     next.run(request).await
 }
 
-/// Whether `host` (a `Host` header) names this machine's loopback. Any
-/// port: a forwarded port (`ssh -L`) reaches the server under another.
+/// Whether `host` (a `Host` header) names this machine's loopback:
+/// `localhost` or a loopback address written out (all of 127.0.0.0/8, as
+/// the server may listen on any of them; a rebound name is never an
+/// address). Any port: a forwarded port (`ssh -L`) reaches the server
+/// under another.
 fn loopback_host(host: &str) -> bool {
     let name = match host.rsplit_once(':') {
         Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,
         _ => host,
     };
-    matches!(name, "127.0.0.1" | "localhost" | "[::1]")
+    let address = name
+        .strip_prefix('[')
+        .and_then(|n| n.strip_suffix(']'))
+        .unwrap_or(name);
+    name == "localhost"
+        || address
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 /// Lets a request through when no token is set or it carries the token.
