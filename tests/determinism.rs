@@ -631,6 +631,27 @@ fn wtune_run_decides_the_same_on_a_loaded_machine_and_says_so() {
     assert_eq!(differ.status.code(), Some(1));
     let err = String::from_utf8_lossy(&differ.stderr);
     assert!(err.contains("differ from decision 4 on"), "{err}");
+
+    // A record torn by a kill is no difference: it cannot be read (exit 2).
+    let torn = dir.path().join("torn");
+    std::fs::create_dir(&torn).unwrap();
+    std::fs::write(
+        torn.join("decisions.jsonl"),
+        record.clone() + "{\"trial_id\":",
+    )
+    .unwrap();
+    let unreadable = common::wtune()
+        .arg("decisions")
+        .arg(&idle)
+        .arg(&torn)
+        .output()
+        .unwrap();
+    assert_eq!(unreadable.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&unreadable.stderr);
+    assert!(
+        err.contains("is not a decision") && err.contains("torn last line"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -156,23 +156,35 @@ impl Drop for DecisionLog {
     }
 }
 
-/// Whether two experiment directories made the same decisions: `Ok` with
-/// how many, or `Err` saying where they part (or why they cannot be
-/// compared).
-pub fn compare(a: &Path, b: &Path) -> Result<usize, String> {
-    let read = |dir: &Path| -> Result<Vec<DecisionRecord>, String> {
-        let path = dir.join(DECISIONS_FILE);
-        let text = std::fs::read_to_string(&path)
-            .map_err(|e| format!("reading {}: {e}", path.display()))?;
-        text.lines()
-            .enumerate()
-            .map(|(i, line)| {
-                serde_json::from_str(line)
-                    .map_err(|e| format!("{} line {}: {e}", path.display(), i + 1))
+/// The decision record of the experiment directory `dir`, or why it cannot
+/// be read: missing, unreadable, or a line that is not a decision (a run
+/// killed while writing leaves a torn last line, which `wtune resume` cuts).
+pub fn read(dir: &Path) -> Result<Vec<DecisionRecord>, String> {
+    let path = dir.join(DECISIONS_FILE);
+    let text =
+        std::fs::read_to_string(&path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+    text.lines()
+        .enumerate()
+        .map(|(i, line)| {
+            serde_json::from_str(line).map_err(|e| {
+                format!(
+                    "{} line {} is not a decision ({e}); a run killed while writing leaves a \
+                     torn last line, which `wtune resume` cuts",
+                    path.display(),
+                    i + 1
+                )
             })
-            .collect()
-    };
-    let (first, second) = (read(a)?, read(b)?);
+        })
+        .collect()
+}
+
+/// Whether the decision records `first` (of directory `a`) and `second`
+/// (of `b`) are the same: `Ok` with how many, or `Err` saying where they
+/// part.
+pub fn compare(
+    (a, first): (&Path, &[DecisionRecord]),
+    (b, second): (&Path, &[DecisionRecord]),
+) -> Result<usize, String> {
     let show = |r: Option<&DecisionRecord>| {
         r.map_or("(no more decisions)".to_string(), |r| {
             serde_json::to_string(r).expect("records serialize")
@@ -197,6 +209,10 @@ pub fn compare(a: &Path, b: &Path) -> Result<usize, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn compare_dirs(a: &Path, b: &Path) -> Result<usize, String> {
+        compare((a, &read(a)?), (b, &read(b)?))
+    }
 
     fn record(trial: &str, decision: &str) -> DecisionRecord {
         DecisionRecord {
@@ -228,20 +244,20 @@ mod tests {
         ];
         write(a.path(), &same);
         write(b.path(), &same);
-        assert_eq!(compare(a.path(), b.path()), Ok(2));
+        assert_eq!(compare_dirs(a.path(), b.path()), Ok(2));
         let c = tempfile::tempdir().unwrap();
         write(
             c.path(),
             &[record("trial_0000", "START"), record("trial_0000", "STOP")],
         );
-        let err = compare(a.path(), c.path()).unwrap_err();
+        let err = compare_dirs(a.path(), c.path()).unwrap_err();
         assert!(err.contains("from decision 2 on"), "{err}");
         assert!(err.contains("\"STOP\""), "{err}");
         let d = tempfile::tempdir().unwrap();
         write(d.path(), &same[..1]);
-        let err = compare(a.path(), d.path()).unwrap_err();
+        let err = compare_dirs(a.path(), d.path()).unwrap_err();
         assert!(err.contains("(no more decisions)"), "{err}");
-        let missing = compare(a.path(), &a.path().join("nowhere")).unwrap_err();
+        let missing = compare_dirs(a.path(), &a.path().join("nowhere")).unwrap_err();
         assert!(missing.contains("decisions.jsonl"), "{missing}");
     }
 
@@ -261,13 +277,13 @@ mod tests {
         drop(log);
         let again = tempfile::tempdir().unwrap();
         write(again.path(), &records[..3]);
-        assert_eq!(compare(dir.path(), again.path()), Ok(3));
+        assert_eq!(compare_dirs(dir.path(), again.path()), Ok(3));
         // A moment past the record's end (its last lines lost in a kill)
         // keeps what there is.
         let mut log = DecisionLog::new().resumed_at(10);
         log.on_experiment_start(&RunSpec::new("x", dir.path()), &[])
             .unwrap();
         drop(log);
-        assert_eq!(compare(dir.path(), again.path()), Ok(3));
+        assert_eq!(compare_dirs(dir.path(), again.path()), Ok(3));
     }
 }
