@@ -1259,6 +1259,41 @@ fn a_trial_that_fills_its_directory_is_stopped_at_its_disk_quota() {
 }
 
 #[test]
+fn files_removed_while_open_and_streams_across_a_truncation_stay_charged() {
+    // Removing a file a handle still holds frees nothing, and a stream
+    // opened before a truncation does not write up to the old end for
+    // free: each attack keeps 1 MiB more on disk per round, so both stop
+    // at the quota, not at the open-file limit or a fuel limit long after.
+    let out = tempfile::tempdir().unwrap();
+    let limits = Limits {
+        disk_bytes: 8 << 20,
+        fuel_per_call: Some(20_000_000_000),
+        ..tight_limits()
+    };
+    let summary = run(
+        vec![
+            attack("disk_unlinked"),
+            attack("disk_stale_stream"),
+            attack("none"),
+        ],
+        limits,
+        out.path(),
+    );
+    for trial in &summary.trials[..2] {
+        assert_error(
+            trial,
+            &[
+                "disk limit 8 MiB of the trial's directory exceeded (limits.disk",
+                "during train() at iteration 2",
+            ],
+        );
+    }
+    assert_benign_finished(&summary.trials[2]);
+    let (bytes, _) = disk_usage(&summary.trials[1].dir.join("work"));
+    assert!(bytes <= 8 << 20, "{bytes} bytes kept");
+}
+
+#[test]
 fn a_trial_that_floods_its_directory_with_files_is_stopped_at_its_file_quota() {
     let out = tempfile::tempdir().unwrap();
     let limits = Limits {

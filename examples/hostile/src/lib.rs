@@ -61,6 +61,8 @@
 //! | `terminal`         | returns `Err` with terminal escapes (clear screen, retitle, colours), `\r` and a newline followed by a forged `Best trial:` line | ERROR whose reason is kept raw in the trial's files and shown escaped on the terminal |
 //! | `open_files`       | opens files in its directory and keeps every one open, forever  | ERROR naming the open-handle limit (`limits.open_files`); other trials' files still open |
 //! | `disk_fill`        | writes 1 MiB files (`fill-N`) into its directory forever, rewriting the first in place and removing an older one now and then | ERROR naming the disk limit (`limits.disk`); files rewritten or removed are not counted twice |
+//! | `disk_unlinked`    | writes 1 MiB files (`held-N`) and removes each while it is open, forever: every other one stays open, the rest are truncated through their handle after the removal and a 1 MiB file (`kept-N`) is written in their place | ERROR naming the disk limit (`limits.disk`): a removed file still open keeps its bytes charged, and a truncation after the removal is not credited twice |
+//! | `disk_stale_stream` | forever: gives a file (`stream-N`) 1 MiB with `set-size`, opens a `write-via-stream` at 0, truncates the file to 0, then writes 1 MiB through the stream | ERROR naming the disk limit (`limits.disk`): the stream's writes up to the old end are charged again |
 //! | `file_flood`       | creates empty files (`f-N`) in its directory forever            | ERROR naming the file limit (`limits.disk_files`) |
 //! | `probe`            | reports `score`, `env_count`, `args_count`, `cwd_entries`, `cwd_write_ok`, `wall_clock_ok`, `monotonic_ok`, `random_ok`; writes `./probe.txt` | TERMINATED with that report (`done`) |
 //!
@@ -159,13 +161,17 @@ pub enum Attack {
     OpenFiles,
     /// Fills its directory with data.
     DiskFill,
+    /// Fills its disk with files removed while open.
+    DiskUnlinked,
+    /// Fills its directory through streams opened before a truncation.
+    DiskStaleStream,
     /// Fills its directory with empty files.
     FileFlood,
 }
 
 impl Attack {
     /// Every attack, with its config name.
-    pub const ALL: [(&'static str, Attack); 32] = [
+    pub const ALL: [(&'static str, Attack); 34] = [
         ("none", Attack::None),
         ("error", Attack::Error),
         ("panic", Attack::Panic),
@@ -197,6 +203,8 @@ impl Attack {
         ("terminal", Attack::Terminal),
         ("open_files", Attack::OpenFiles),
         ("disk_fill", Attack::DiskFill),
+        ("disk_unlinked", Attack::DiskUnlinked),
+        ("disk_stale_stream", Attack::DiskStaleStream),
         ("file_flood", Attack::FileFlood),
     ];
 
@@ -375,6 +383,8 @@ impl Trainable for Hostile {
             Attack::Terminal => Err(Error::msg(TERMINAL_ATTACK)),
             Attack::OpenFiles => hoard_files(),
             Attack::DiskFill => fill_disk(),
+            Attack::DiskUnlinked => fill_disk_with_removed_files(),
+            Attack::DiskStaleStream => fill_disk_through_stale_streams(),
             Attack::FileFlood => flood_files(),
         }
     }
@@ -512,6 +522,76 @@ fn fill_disk() -> Result<Report> {
                 _ => Ok(()),
             });
         if let Err(err) = written {
+            return Err(Error::msg(format!("wrote {n} MiB, then: {err}")));
+        }
+        n += 1;
+    }
+}
+
+/// `disk_unlinked`: 1 MiB files removed while open, forever. Removing a
+/// file frees nothing while a handle holds it; truncating it through that
+/// handle then frees its bytes once.
+fn fill_disk_with_removed_files() -> Result<Report> {
+    use std::io::Write;
+    let block = vec![0x5Au8; 1 << 20];
+    let mut held = Vec::new();
+    let mut n = 0u64;
+    loop {
+        let name = format!("held-{n}");
+        let mut step = || -> io::Result<()> {
+            let mut file = fs::File::create(&name)?;
+            file.write_all(&block)?;
+            fs::remove_file(&name)?;
+            if n.is_multiple_of(2) {
+                held.push(file);
+                return Ok(());
+            }
+            file.set_len(0)?;
+            drop(file);
+            fs::write(format!("kept-{n}"), &block)
+        };
+        if let Err(err) = step() {
+            return Err(Error::msg(format!("wrote {n} MiB, then: {err}")));
+        }
+        n += 1;
+    }
+}
+
+/// `disk_stale_stream`: through WASI's calls themselves, as std hides
+/// streams: a stream opened on a 1 MiB file, the file truncated to 0, and
+/// 1 MiB written through the stream, forever.
+fn fill_disk_through_stale_streams() -> Result<Report> {
+    use wasip2::filesystem::preopens::get_directories;
+    use wasip2::filesystem::types::{DescriptorFlags, OpenFlags, PathFlags};
+    let dirs = get_directories();
+    let (dir, _) = dirs
+        .iter()
+        .find(|(_, path)| path == ".")
+        .ok_or_else(|| Error::msg("no preopened `.`"))?;
+    let block = [0x5Au8; 4096];
+    let mut n = 0u64;
+    loop {
+        let step = || -> std::result::Result<(), String> {
+            let flags = DescriptorFlags::READ | DescriptorFlags::WRITE;
+            let file = dir
+                .open_at(
+                    PathFlags::empty(),
+                    &format!("stream-{n}"),
+                    OpenFlags::CREATE,
+                    flags,
+                )
+                .map_err(|e| e.to_string())?;
+            file.set_size(1 << 20).map_err(|e| e.to_string())?;
+            let stream = file.write_via_stream(0).map_err(|e| e.to_string())?;
+            file.set_size(0).map_err(|e| e.to_string())?;
+            for _ in 0..(1 << 20) / block.len() {
+                stream
+                    .blocking_write_and_flush(&block)
+                    .map_err(|e| format!("{e:?}"))?;
+            }
+            Ok(())
+        };
+        if let Err(err) = step() {
             return Err(Error::msg(format!("wrote {n} MiB, then: {err}")));
         }
         n += 1;

@@ -14,7 +14,13 @@
 //! Sizes are the files' lengths, so a sparse write far past a file's end
 //! counts in full: the quota is conservative, never short. Writes through
 //! streams (`write-via-stream`, `append-via-stream`) are charged by
-//! [`QuotaStream`], which wraps the stream wasmtime-wasi made.
+//! [`QuotaStream`], which wraps the stream wasmtime-wasi made and measures
+//! the file at each write (another call may have truncated it since).
+//!
+//! A file removed while the trial still holds it open keeps its bytes on
+//! disk, so they stay charged until its last handle (descriptor or stream)
+//! is gone ([`Handles`]); a truncation through such a handle is credited
+//! then, not twice.
 //!
 //! Symbolic links are refused (`not-permitted`): a link left in the trial's
 //! directory, harmless while the sandbox resolves it, leads a later copy of
@@ -25,9 +31,10 @@
 //! file grown by another process or trial (the count starts from what is on
 //! disk when the instance starts and follows only this trial's calls).
 
+use std::collections::HashMap;
 use std::path::Path;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use bytes::Bytes;
 use wasmtime::component::{HasData, Linker, Resource};
@@ -50,6 +57,26 @@ pub(crate) struct DiskQuota {
     limit_entries: u64,
     bytes: AtomicU64,
     entries: AtomicU64,
+    handles: Mutex<Handles>,
+}
+
+/// A file as the quota tells files apart: wasmtime-wasi's metadata hash,
+/// which stands for its device and inode.
+type FileId = (u64, u64);
+
+/// The trial's handles to its regular files, and the files it removed
+/// while it held them: the bytes of those stay on disk until the last
+/// handle is dropped, so they stay charged until then.
+#[derive(Debug, Default)]
+struct Handles {
+    /// Per file, one entry per descriptor the trial opened on it; the
+    /// streams made from a descriptor share its handle.
+    open: HashMap<FileId, Vec<Weak<std::fs::File>>>,
+    /// Files noted since `open` last dropped its dead handles.
+    noted: usize,
+    /// Each file removed while open, held by the trial's live handles to
+    /// it (these clones are ours): it is freed once only ours are left.
+    removed: Vec<Vec<Arc<std::fs::File>>>,
 }
 
 impl DiskQuota {
@@ -62,13 +89,79 @@ impl DiskQuota {
             limit_entries: limits.disk_files,
             bytes: AtomicU64::new(bytes),
             entries: AtomicU64::new(entries),
+            handles: Mutex::default(),
         }))
+    }
+
+    fn handles(&self) -> std::sync::MutexGuard<'_, Handles> {
+        self.handles.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Notes a descriptor the trial opened on the regular file `id`.
+    fn opened(&self, id: FileId, file: &Arc<std::fs::File>) {
+        let mut handles = self.handles();
+        handles
+            .open
+            .entry(id)
+            .or_default()
+            .push(Arc::downgrade(file));
+        handles.noted += 1;
+        if handles.noted >= 256 {
+            handles.noted = 0;
+            handles.open.retain(|_, held| {
+                held.retain(|h| h.strong_count() > 0);
+                !held.is_empty()
+            });
+        }
+    }
+
+    /// The last name of the regular file `id`, `size` bytes, is gone:
+    /// credited now, or, while the trial holds the file open, once it lets
+    /// go ([`DiskQuota::sweep`]).
+    fn unlinked(&self, id: Option<FileId>, size: u64) {
+        {
+            let mut handles = self.handles();
+            let held: Vec<Arc<std::fs::File>> = id
+                .and_then(|id| handles.open.remove(&id))
+                .unwrap_or_default()
+                .iter()
+                .filter_map(Weak::upgrade)
+                .collect();
+            if !held.is_empty() {
+                handles.removed.push(held);
+                return;
+            }
+        }
+        self.shrink(size);
+    }
+
+    /// Credits the removed files the trial no longer holds, at their size
+    /// now (a truncation through a handle was credited when made).
+    fn sweep(&self) {
+        let freed: Vec<Vec<Arc<std::fs::File>>> = {
+            let mut handles = self.handles();
+            if handles.removed.is_empty() {
+                return;
+            }
+            let (freed, kept) = std::mem::take(&mut handles.removed)
+                .into_iter()
+                .partition(|held| held.iter().all(|h| Arc::strong_count(h) == 1));
+            handles.removed = kept;
+            freed
+        };
+        for held in freed {
+            let size = held[0].metadata().map_or(0, |m| m.len());
+            // Dropping the last handles frees the file.
+            drop(held);
+            self.shrink(size);
+        }
     }
 
     fn grow(&self, bytes: u64) -> Result<(), LimitHit> {
         if bytes == 0 {
             return Ok(());
         }
+        self.sweep();
         let limit = self.limit_bytes;
         self.bytes
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
@@ -137,12 +230,10 @@ fn again(fd: &Resource<Descriptor>) -> Resource<Descriptor> {
     Resource::new_borrow(fd.rep())
 }
 
-/// Bytes a removal frees: a regular file's size when this is its last link.
-fn freed(stat: &DescriptorStat) -> u64 {
-    match stat.type_ {
-        DescriptorType::RegularFile if stat.link_count <= 1 => stat.size,
-        _ => 0,
-    }
+/// Whether removing the name `stat` describes removes the file: a regular
+/// file's last link.
+fn last_link(stat: &DescriptorStat) -> bool {
+    stat.type_ == DescriptorType::RegularFile && stat.link_count <= 1
 }
 
 /// The trial's filesystem seen through its quota.
@@ -183,6 +274,49 @@ impl GuardedFs<'_> {
             .ok()
     }
 
+    /// Which file `path` under `fd` names, links not followed.
+    fn id_at(&mut self, fd: &Resource<Descriptor>, path: &str) -> Option<FileId> {
+        fs::HostDescriptor::metadata_hash_at(
+            &mut self.inner,
+            again(fd),
+            PathFlags::empty(),
+            path.into(),
+        )
+        .ok()
+        .map(|h| (h.lower, h.upper))
+    }
+
+    /// The open file `fd` is, if it is not a directory.
+    fn file_of(&mut self, fd: &Resource<Descriptor>) -> Option<Arc<std::fs::File>> {
+        match self.inner.table.get(fd) {
+            Ok(wasmtime_wasi::filesystem::Descriptor::File(f)) => Some(Arc::clone(&f.file)),
+            _ => None,
+        }
+    }
+
+    /// Notes `fd`, just opened, when it is a regular file
+    /// ([`DiskQuota::opened`]).
+    fn note_open(&mut self, fd: &Resource<Descriptor>) {
+        let Some(file) = self.file_of(fd) else {
+            return;
+        };
+        let regular = fs::HostDescriptor::stat(&mut self.inner, again(fd))
+            .is_ok_and(|s| s.type_ == DescriptorType::RegularFile);
+        let hash = fs::HostDescriptor::metadata_hash(&mut self.inner, again(fd));
+        if let (true, Ok(hash)) = (regular, hash) {
+            self.quota.opened((hash.lower, hash.upper), &file);
+        }
+    }
+
+    /// Credits the removal of the name `stat` described, which was the
+    /// file `id`.
+    fn removed(&mut self, stat: &DescriptorStat, id: Option<FileId>) {
+        self.quota.remove_entry();
+        if last_link(stat) {
+            self.quota.unlinked(id, stat.size);
+        }
+    }
+
     /// Runs `call` with `bytes` more charged; the charge is returned if the
     /// call fails.
     fn charged<R>(
@@ -200,19 +334,18 @@ impl GuardedFs<'_> {
         call(self).inspect_err(|_| self.quota.remove_entry())
     }
 
-    /// Wraps a stream wasmtime-wasi made for `fd` so its writes are charged.
+    /// Wraps a stream wasmtime-wasi made so its writes are charged:
+    /// `positioned` at an offset in `file`, or appending.
     fn guard_stream(
         &mut self,
         stream: Resource<streams::OutputStream>,
-        position: Option<u64>,
-        size: u64,
+        positioned: Option<(u64, Option<Arc<std::fs::File>>)>,
     ) -> FsResult<Resource<streams::OutputStream>> {
         let inner: DynOutputStream = self.inner.table.delete(stream)?;
         let guarded: DynOutputStream = Box::new(QuotaStream {
             inner,
             quota: Arc::clone(self.quota),
-            position,
-            high: size,
+            positioned,
         });
         Ok(self.inner.table.push(guarded)?)
     }
@@ -361,11 +494,20 @@ impl fs::HostDescriptor for GuardedFs<'_> {
         flags: DescriptorFlags,
     ) -> FsResult<Resource<Descriptor>> {
         if !oflags.intersects(OpenFlags::CREATE | OpenFlags::TRUNCATE) {
-            return self.inner.open_at(fd, path_flags, path, oflags, flags);
+            let opened = self.inner.open_at(fd, path_flags, path, oflags, flags)?;
+            self.note_open(&opened);
+            return Ok(opened);
         }
         let before = self.stat_at_now(&fd, &path);
+        // A truncation frees the blocks even where other handles hold the
+        // file.
         let truncated = match &before {
-            Some(stat) if oflags.contains(OpenFlags::TRUNCATE) => freed(stat),
+            Some(stat)
+                if oflags.contains(OpenFlags::TRUNCATE)
+                    && stat.type_ == DescriptorType::RegularFile =>
+            {
+                stat.size
+            }
             _ => 0,
         };
         let opened = if before.is_none() && oflags.contains(OpenFlags::CREATE) {
@@ -374,11 +516,14 @@ impl fs::HostDescriptor for GuardedFs<'_> {
             self.inner.open_at(fd, path_flags, path, oflags, flags)?
         };
         self.quota.shrink(truncated);
+        self.note_open(&opened);
         Ok(opened)
     }
 
     fn drop(&mut self, fd: Resource<Descriptor>) -> wasmtime::Result<()> {
-        fs::HostDescriptor::drop(&mut self.inner, fd)
+        fs::HostDescriptor::drop(&mut self.inner, fd)?;
+        self.quota.sweep();
+        Ok(())
     }
 
     fn readlink_at(&mut self, fd: Resource<Descriptor>, path: String) -> FsResult<String> {
@@ -400,20 +545,14 @@ impl fs::HostDescriptor for GuardedFs<'_> {
     ) -> FsResult<()> {
         // A rename over another file frees the file it replaces, unless the
         // two names are one file.
+        let new_id = self.id_at(&new_fd, &new_path);
         let replaced = self.stat_at_now(&new_fd, &new_path).filter(|_| {
-            let hash = |this: &mut Self, fd: &Resource<Descriptor>, path: &str| {
-                this.inner
-                    .metadata_hash_at(again(fd), PathFlags::empty(), path.into())
-                    .ok()
-                    .map(|h| (h.lower, h.upper))
-            };
-            let (old, new) = (hash(self, &fd, &old_path), hash(self, &new_fd, &new_path));
-            old.is_none() || old != new
+            let old_id = self.id_at(&fd, &old_path);
+            old_id.is_none() || old_id != new_id
         });
         self.inner.rename_at(fd, old_path, new_fd, new_path)?;
         if let Some(stat) = replaced {
-            self.quota.shrink(freed(&stat));
-            self.quota.remove_entry();
+            self.removed(&stat, new_id);
         }
         Ok(())
     }
@@ -429,10 +568,10 @@ impl fs::HostDescriptor for GuardedFs<'_> {
 
     fn unlink_file_at(&mut self, fd: Resource<Descriptor>, path: String) -> FsResult<()> {
         let before = self.stat_at_now(&fd, &path);
+        let id = self.id_at(&fd, &path);
         self.inner.unlink_file_at(fd, path)?;
         if let Some(stat) = before {
-            self.quota.shrink(freed(&stat));
-            self.quota.remove_entry();
+            self.removed(&stat, id);
         }
         Ok(())
     }
@@ -450,9 +589,9 @@ impl fs::HostDescriptor for GuardedFs<'_> {
         fd: Resource<Descriptor>,
         offset: Filesize,
     ) -> FsResult<Resource<streams::OutputStream>> {
-        let size = self.inner.stat(again(&fd))?.size;
+        let file = self.file_of(&fd);
         let stream = self.inner.write_via_stream(fd, offset)?;
-        self.guard_stream(stream, Some(offset), size)
+        self.guard_stream(stream, Some((offset, file)))
     }
 
     fn append_via_stream(
@@ -460,7 +599,7 @@ impl fs::HostDescriptor for GuardedFs<'_> {
         fd: Resource<Descriptor>,
     ) -> FsResult<Resource<streams::OutputStream>> {
         let stream = self.inner.append_via_stream(fd)?;
-        self.guard_stream(stream, None, 0)
+        self.guard_stream(stream, None)
     }
 
     fn is_same_object(
@@ -504,10 +643,10 @@ impl fs::HostDirectoryEntryStream for GuardedFs<'_> {
 struct QuotaStream {
     inner: DynOutputStream,
     quota: Arc<DiskQuota>,
-    /// Where the next write lands; `None` when appending.
-    position: Option<u64>,
-    /// The furthest point already charged (the file's size at first).
-    high: u64,
+    /// Where the next write lands, and the file, measured at each write:
+    /// a truncation since must not make writes up to the old end free.
+    /// (Without the file, every byte is charged.) `None` when appending.
+    positioned: Option<(u64, Option<Arc<std::fs::File>>)>,
 }
 
 /// Bytes a write adds to the quota, charged before it and kept or given
@@ -521,11 +660,18 @@ struct Charge {
 impl QuotaStream {
     /// Charges writing `len` bytes at the stream's position.
     fn charge(&self, len: u64) -> StreamResult<Charge> {
-        let (growth, end) = match self.position {
+        let (growth, end) = match &self.positioned {
             None => (len, None),
-            Some(position) => {
+            Some((position, file)) => {
+                // A write is allowed only once this stream's previous one
+                // is done, so the size holds it; another stream's write
+                // still under way is charged twice, never missed.
+                let size = file
+                    .as_ref()
+                    .and_then(|f| f.metadata().ok())
+                    .map_or(*position, |m| m.len());
                 let end = position.saturating_add(len);
-                (end.saturating_sub(self.high), Some(end))
+                (end.saturating_sub(size.max(*position)), Some(end))
             }
         };
         self.quota
@@ -537,13 +683,10 @@ impl QuotaStream {
     /// Moves the stream on after a write that worked; gives the charge
     /// back after one that failed.
     fn settle<T>(&mut self, charge: Charge, result: StreamResult<T>) -> StreamResult<T> {
-        match (&result, charge.end) {
-            (Ok(_), Some(end)) => {
-                self.position = Some(end);
-                self.high = self.high.max(end);
-            }
-            (Ok(_), None) => {}
-            (Err(_), _) => self.quota.shrink(charge.growth),
+        match (&result, charge.end, &mut self.positioned) {
+            (Ok(_), Some(end), Some((position, _))) => *position = end,
+            (Ok(_), _, _) => {}
+            (Err(_), _, _) => self.quota.shrink(charge.growth),
         }
         result
     }
