@@ -465,22 +465,25 @@ impl Trainable {
     }
 
     /// Completed training iterations (a restored trial counts the
-    /// checkpoint's).
+    /// checkpoint's). Like every read of the trial's state, it waits for a
+    /// call in progress on another thread, without the GIL.
     #[getter]
-    fn iteration(&self) -> PyResult<u64> {
-        self.locked(|state| Ok(state.instance.session().map_or(0, |s| s.iteration())))
+    fn iteration(&self, py: Python<'_>) -> PyResult<u64> {
+        py.detach(|| self.locked(|state| Ok(state.instance.session().map_or(0, |s| s.iteration()))))
     }
 
     /// Fuel burned so far, start-up and restored checkpoint included.
     #[getter]
-    fn fuel_total(&self) -> PyResult<u64> {
-        self.locked(|state| Ok(state.instance.session().map_or(0, |s| s.fuel_total())))
+    fn fuel_total(&self, py: Python<'_>) -> PyResult<u64> {
+        py.detach(|| {
+            self.locked(|state| Ok(state.instance.session().map_or(0, |s| s.fuel_total())))
+        })
     }
 
     /// The configuration the trial runs with, as JSON.
     #[getter]
-    fn config_json(&self) -> PyResult<String> {
-        self.locked(|state| Ok(state.config.to_string()))
+    fn config_json(&self, py: Python<'_>) -> PyResult<String> {
+        py.detach(|| self.locked(|state| Ok(state.config.to_string())))
     }
 
     /// The blake3 digest of the component (as `security.allowed_components`

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 import threading
+import time
 import unicodedata
 from pathlib import Path
 
@@ -249,6 +250,47 @@ def test_trials_train_in_parallel_threads(stateful):
     for thread in threads:
         thread.join()
     assert all(results[i] == straight for i in range(4))
+
+
+def test_reading_a_trial_during_its_step_leaves_other_threads_running(hostile):
+    """A getter waits for a step in progress on another thread without
+    holding the GIL, so the interpreter's other threads (and Ctrl-C) go on
+    meanwhile. Holding it, this thread's short sleep would last until the
+    step's 5 s deadline."""
+    trainable = wtune.Trainable(
+        hostile, {"attack": "sleep_train"}, limits={**LIMITS, "call_timeout": "5s"}
+    )
+    seen: dict[str, object] = {}
+    stepping = threading.Event()
+
+    def train() -> None:
+        stepping.set()
+        try:
+            trainable.train()
+        except wtune.TrialError as e:
+            seen["raised"] = type(e)
+
+    def read() -> None:
+        seen["iteration"] = trainable.iteration
+        seen["fuel_total"] = trainable.fuel_total
+        seen["config"] = trainable.config
+
+    trainer = threading.Thread(target=train)
+    trainer.start()
+    stepping.wait()
+    time.sleep(0.5)  # the step holds the trial now
+    reader = threading.Thread(target=read)
+    reader.start()
+    started = time.monotonic()
+    time.sleep(0.1)
+    waited = time.monotonic() - started
+    assert trainer.is_alive() and reader.is_alive()
+    assert waited < 2.5, f"this thread stalled {waited:.1f} s behind a getter"
+    trainer.join()
+    reader.join()
+    assert seen["raised"] is wtune.DeadlineExceeded
+    assert seen["iteration"] == 0 and isinstance(seen["fuel_total"], int)
+    assert seen["config"] == {"attack": "sleep_train"}
 
 
 TRAP_AFTER_FAULTHANDLER = """
