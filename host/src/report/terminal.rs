@@ -39,16 +39,26 @@ pub fn inert(text: &str) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
+/// Controls, and the characters that draw nothing yet reorder, hide or
+/// blank out text: Unicode's format characters (category Cf) that matter
+/// on a terminal, and the fillers fonts draw as blank space.
 fn needs_escape(c: char) -> bool {
     c.is_control()
         || matches!(c,
-            '\u{061C}'                    // Arabic letter mark
+            '\u{00AD}'                    // soft hyphen
+            | '\u{034F}'                  // combining grapheme joiner
+            | '\u{061C}'                  // Arabic letter mark
+            | '\u{115F}' | '\u{1160}'     // Hangul choseong and jungseong fillers
+            | '\u{180E}'                  // Mongolian vowel separator
             | '\u{200B}'..='\u{200F}'     // zero-width space/joiners, LRM, RLM
             | '\u{2028}' | '\u{2029}'     // line and paragraph separators
             | '\u{202A}'..='\u{202E}'     // bidi embeddings and overrides
             | '\u{2060}'..='\u{2064}'     // word joiner, invisible operators
-            | '\u{2066}'..='\u{2069}'     // bidi isolates
+            | '\u{2066}'..='\u{206F}'     // bidi isolates, deprecated format controls
+            | '\u{3164}' | '\u{FFA0}'     // Hangul fillers
             | '\u{FEFF}'                  // zero-width no-break space
+            | '\u{FFF9}'..='\u{FFFB}'     // interlinear annotation marks
+            | '\u{E0000}'..='\u{E007F}'   // tag characters
         )
 }
 
@@ -118,6 +128,51 @@ mod tests {
             "\\u{1b}[2J\\u{1b}]0;pwned\\u{7}\\rok\\nBest trial: forged\\u{202e}txt.exe"
         );
         assert!(!inert(attack).chars().any(needs_escape));
+    }
+
+    #[test]
+    fn characters_that_draw_nothing_are_shown() {
+        let hidden = "ok\u{E0041}\u{E0042}\u{3164}\u{00AD}\u{206A}\u{FFF9}\u{180E}\u{115F}";
+        assert_eq!(
+            inert(hidden),
+            "ok\\u{e0041}\\u{e0042}\\u{3164}\\u{ad}\\u{206a}\\u{fff9}\\u{180e}\\u{115f}"
+        );
+        // Letters of every script, and emoji, are left as they are.
+        assert!(matches!(inert("naïve 東京 ❤️ Ελλάδα"), Cow::Borrowed(_)));
+    }
+
+    /// The dashboard escapes with a regular expression of its own
+    /// (`serve/page/app.js`): it must name the same characters.
+    #[test]
+    fn the_dashboard_escapes_the_same_characters() {
+        let app = include_str!("../serve/page/app.js");
+        let class = app
+            .split_once("const NEEDS_ESCAPE = /[")
+            .and_then(|(_, rest)| rest.split_once("]/"))
+            .expect("app.js defines NEEDS_ESCAPE")
+            .0;
+        // `\uXXXX` or `\u{X...}`, alone or as `lo-hi`.
+        let mut ranges: Vec<(u32, u32)> = Vec::new();
+        let mut rest = class;
+        let mut in_range = false;
+        while let Some(after) = rest.strip_prefix("\\u") {
+            let (hex, tail) = match after.strip_prefix('{') {
+                Some(braced) => braced.split_once('}').expect("a closing brace"),
+                None => after.split_at(4),
+            };
+            let c = u32::from_str_radix(hex, 16).expect("hex");
+            match ranges.last_mut() {
+                Some(last) if in_range => last.1 = c,
+                _ => ranges.push((c, c)),
+            }
+            in_range = !in_range && tail.starts_with('-');
+            rest = tail.strip_prefix('-').unwrap_or(tail);
+        }
+        assert!(rest.is_empty(), "unparsed: {rest}");
+        let in_class = |c: u32| ranges.iter().any(|&(lo, hi)| (lo..=hi).contains(&c));
+        for c in (0..=0x10FFFF).filter_map(char::from_u32) {
+            assert_eq!(in_class(c as u32), needs_escape(c), "U+{:04X}", c as u32);
+        }
     }
 
     #[test]
