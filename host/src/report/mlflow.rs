@@ -233,20 +233,26 @@ fn metric_values(scalars: &Scalars) -> Vec<(String, f64)> {
         .collect()
 }
 
-/// `name` as MLflow takes it for a key: letters, digits, `_ - . / space`
-/// (others become `_`), no empty, `.` or `..` path segment (MLflow refuses
-/// names that would resolve to another as a path: then `/` becomes `_`
-/// too), at most 250 characters.
+/// `name` as MLflow takes it for a key: letters and digits of any script,
+/// `_ - . / space` (others become `_`), no empty, `.` or `..` path segment
+/// (MLflow refuses names that would resolve to another as a path: then `/`
+/// becomes `_` too), at most 250 characters. A name changed or cut to fit
+/// ends in `_` and 8 hex digits of its blake3 digest, so two names never
+/// share a key (`α-1` and `α+1` would both be `α_1`, and one run would get
+/// one series of both, or a batch of params holding the key twice would be
+/// refused whole).
 fn key(name: &str) -> String {
+    // Letters of any script (not marks, which Python's `\w`, what MLflow
+    // checks with, does not take) and numbers.
+    let allowed = |c: char| {
+        c.is_ascii_alphanumeric()
+            || matches!(c, '_' | '-' | '.' | '/' | ' ')
+            || c.is_numeric()
+            || (c.is_alphabetic() && unicode_ident::is_xid_start(c))
+    };
     let mut key: String = name
         .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '/' | ' ') {
-                c
-            } else {
-                '_'
-            }
-        })
+        .map(|c| if allowed(c) { c } else { '_' })
         .collect();
     if key
         .split('/')
@@ -257,10 +263,11 @@ fn key(name: &str) -> String {
             key = key.replace('.', "_");
         }
     }
-    if key.is_empty() {
-        key.push('_');
+    if key != name || key.is_empty() || key.chars().count() > MAX_KEY {
+        let digest = blake3::hash(name.as_bytes()).to_hex();
+        let kept: String = key.chars().take(MAX_KEY - 9).collect();
+        key = format!("{kept}_{}", &digest[..8]);
     }
-    key.truncate(MAX_KEY);
     key
 }
 
@@ -299,6 +306,16 @@ fn params(config: &Value) -> Vec<(String, String)> {
     }
     let mut out = Vec::new();
     walk(&mut String::new(), config, &mut out);
+    // `{"a/b": 1, "a": {"b": 2}}` flattens to one path twice; a batch
+    // holding a key twice is refused whole.
+    let mut seen = std::collections::HashMap::new();
+    for (key, _) in &mut out {
+        let count: &mut u32 = seen.entry(key.clone()).or_default();
+        *count += 1;
+        if *count > 1 {
+            key.push_str(&format!("_{count}"));
+        }
+    }
     out
 }
 
@@ -311,12 +328,26 @@ mod tests {
     fn keys_are_what_mlflow_takes() {
         assert_eq!(key("val_accuracy"), "val_accuracy");
         assert_eq!(key("nested/a b-c.d"), "nested/a b-c.d");
-        assert_eq!(key("ünï\u{1b}[31m"), "_n___31m");
-        assert_eq!(key("a/../b"), "a_.._b");
-        assert_eq!(key("/lead"), "_lead");
-        assert_eq!(key(".."), "__");
-        assert_eq!(key(""), "_");
-        assert_eq!(key(&"x".repeat(300)).len(), 250);
+        assert_eq!(key("α_l2 東京 ③"), "α_l2 東京 ③");
+        // Changed or cut, a key ends in its name's digest.
+        let tagged = |name: &str, kept: &str| {
+            let digest = blake3::hash(name.as_bytes()).to_hex();
+            assert_eq!(key(name), format!("{kept}_{}", &digest[..8]), "{name:?}");
+        };
+        tagged("ünï\u{1b}[31m", "ünï__31m");
+        tagged("e\u{301}", "e_");
+        tagged("a/../b", "a_.._b");
+        tagged("/lead", "_lead");
+        tagged("..", "__");
+        tagged("", "");
+        let long = "x".repeat(300);
+        tagged(&long, &"x".repeat(241));
+        assert_eq!(key(&long).chars().count(), 250);
+        assert_eq!(key(&"é".repeat(300)).chars().count(), 250);
+        // Names that would have shared a key do not.
+        assert_ne!(key("α+1"), key("α-1"));
+        assert_ne!(key("acc@1"), key("acc#1"));
+        assert_ne!(key(&"y".repeat(251)), key(&"y".repeat(252)));
     }
 
     #[test]
@@ -331,5 +362,8 @@ mod tests {
         assert_eq!(params[2].1, "[1,2]");
         assert_eq!(params[4].1.len(), 6000);
         assert_eq!(params[5].1, "{}");
+        let twice = super::params(&json!({"a/b": 1, "a": {"b": 2}}));
+        let keys: Vec<&str> = twice.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(keys, ["a/b", "a/b_2"]);
     }
 }
