@@ -324,7 +324,33 @@ fn a_run_logs_every_trial(server: &MlflowServer) {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "{stderr}");
     assert!(mlflow_warnings(&stderr).is_empty(), "{stderr}");
-    check_runs(server, "plain", &dir.path().join("out"), "FINISHED");
+    let out = dir.path().join("out");
+    check_runs(server, "plain", &out, "FINISHED");
+
+    // The tag moved to a run that is not the best any more (as an earlier
+    // end with fewer trials would have left it) and off the best one: a
+    // resume, which finds every run complete, puts it back on the best
+    // alone.
+    let best = experiment_doc(&out)["best_trial"]["trial_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let runs = server.runs("plain");
+    let run_id = |id: &str| runs[id]["info"]["run_id"].as_str().unwrap().to_string();
+    let other = runs.keys().find(|id| **id != best).unwrap().clone();
+    server.post(
+        "runs/delete-tag",
+        json!({"run_id": run_id(&best), "key": "wtune.best_trial"}),
+    );
+    server.post(
+        "runs/set-tag",
+        json!({"run_id": run_id(&other), "key": "wtune.best_trial", "value": "true"}),
+    );
+    let resumed = common::wtune().arg("resume").arg(&out).output().unwrap();
+    let stderr = String::from_utf8_lossy(&resumed.stderr);
+    assert!(resumed.status.success(), "{stderr}");
+    assert!(mlflow_warnings(&stderr).is_empty(), "{stderr}");
+    check_runs(server, "plain", &out, "FINISHED");
 }
 
 fn a_failed_trial_is_a_failed_run(server: &MlflowServer) {

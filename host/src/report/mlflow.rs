@@ -217,7 +217,10 @@ impl Callback for MlflowLogger {
                 .iter()
                 .position(|t| t.trial_id == best.trial_id)
         {
-            self.send(Op::Best { trial: index });
+            self.send(Op::Best {
+                trial: index,
+                dir: summary.trials[index].dir.clone(),
+            });
         }
         self.finish();
         Ok(())

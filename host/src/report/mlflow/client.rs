@@ -151,6 +151,45 @@ impl Client {
             .max())
     }
 
+    /// The ids of the experiment's runs whose tags hold every `(key,
+    /// value)` of `tags`, at most 1000. A value with a `'` in it cannot be
+    /// put in MLflow's filter: then none.
+    pub(super) fn tagged_runs(
+        &self,
+        experiment_id: &str,
+        tags: &[(&str, &str)],
+    ) -> Result<Vec<String>, CallError> {
+        if tags
+            .iter()
+            .any(|(key, value)| key.contains('`') || value.contains('\''))
+        {
+            return Ok(Vec::new());
+        }
+        let filter: Vec<String> = tags
+            .iter()
+            .map(|(key, value)| format!("tags.`{key}` = '{value}'"))
+            .collect();
+        let answer = self.post(
+            "runs/search",
+            &json!({"experiment_ids": [experiment_id], "filter": filter.join(" and "),
+                    "max_results": 1000}),
+        )?;
+        Ok(answer
+            .get("runs")
+            .and_then(Value::as_array)
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|run| string_at(run, &["info", "run_id"]))
+            .collect())
+    }
+
+    /// Takes the tag `key` off a run.
+    pub(super) fn delete_tag(&self, run_id: &str, key: &str) -> Result<(), CallError> {
+        self.post("runs/delete-tag", &json!({"run_id": run_id, "key": key}))
+            .map(drop)
+    }
+
     /// Sets a run's status (`RUNNING`, `FINISHED`, `FAILED`, `KILLED`), and
     /// its end time when it has ended.
     pub(super) fn update_run(

@@ -83,8 +83,9 @@ pub(super) enum Op {
         status: &'static str,
         end_ms: u64,
     },
-    /// The experiment's best trial, tagged.
-    Best { trial: usize },
+    /// The experiment's best trial (its directory `dir`), tagged; the tag
+    /// is taken off the experiment's runs an earlier end tagged.
+    Best { trial: usize, dir: PathBuf },
     /// The experiment ended: send what is left (briefly) and stop.
     Finish,
 }
@@ -96,7 +97,7 @@ impl Op {
             | Op::Settle { trial, .. }
             | Op::Metrics { trial, .. }
             | Op::End { trial, .. }
-            | Op::Best { trial } => Some(*trial),
+            | Op::Best { trial, .. } => Some(*trial),
             Op::Finish => None,
         }
     }
@@ -145,6 +146,9 @@ pub(super) struct Outcome {
     pub(super) refused: u64,
     pub(super) first_refusal: Option<String>,
 }
+
+/// The tag of the experiment's best trial's run.
+const BEST_TAG: &str = "wtune.best_trial";
 
 pub(super) struct Worker {
     client: Client,
@@ -402,10 +406,30 @@ impl Worker {
                 });
                 self.catch_up(trial, iterations, config_metrics);
             }
-            Op::Best { trial } => {
-                if let Some(run) = self.runs.get(trial) {
-                    let tag = [("wtune.best_trial".to_string(), "true".to_string())];
-                    self.client.log_batch(&run.run_id, &[], &[], &tag)?;
+            Op::Best { trial, dir } => {
+                // A trial settled by `wtune resume` whose run had all it
+                // needed is known only from its file.
+                let run_id = match self.runs.get(trial) {
+                    Some(run) => Some(run.run_id.clone()),
+                    None => self.saved_run(dir, &experiment_id).map(|f| f.run_id),
+                };
+                if let Some(run_id) = run_id {
+                    let experiment_dir = dir.parent().map(|p| p.display().to_string());
+                    if let Some(experiment_dir) = experiment_dir {
+                        for stale in self.client.tagged_runs(
+                            &experiment_id,
+                            &[
+                                (BEST_TAG, "true"),
+                                ("wtune.experiment_dir", &experiment_dir),
+                            ],
+                        )? {
+                            if stale != run_id {
+                                self.client.delete_tag(&stale, BEST_TAG)?;
+                            }
+                        }
+                    }
+                    let tag = [(BEST_TAG.to_string(), "true".to_string())];
+                    self.client.log_batch(&run_id, &[], &[], &tag)?;
                 }
                 self.queue.pop_front();
             }
