@@ -14,8 +14,9 @@
 //! Sizes are the files' lengths, so a sparse write far past a file's end
 //! counts in full: the quota is conservative, never short. Writes through
 //! streams (`write-via-stream`, `append-via-stream`) are charged by
-//! [`QuotaStream`], which wraps the stream wasmtime-wasi made and measures
-//! the file at each write (another call may have truncated it since).
+//! [`QuotaStream`], which wraps the stream wasmtime-wasi made, measures
+//! the file at each write (another call may have truncated it since) and
+//! finishes each write before the call returns.
 //!
 //! A file removed while the trial still holds it open keeps its bytes on
 //! disk, so they stay charged until its last handle (descriptor or stream)
@@ -663,15 +664,16 @@ impl QuotaStream {
         let (growth, end) = match &self.positioned {
             None => (len, None),
             Some((position, file)) => {
-                // A write is allowed only once this stream's previous one
-                // is done, so the size holds it; another stream's write
-                // still under way is charged twice, never missed.
+                // Every write is done before the call returns (see
+                // `write`), so the size holds all of them. A write past
+                // the end pays for the gap too: the length counts, sparse
+                // or not. Unmeasured, the file counts as empty.
                 let size = file
                     .as_ref()
                     .and_then(|f| f.metadata().ok())
-                    .map_or(*position, |m| m.len());
+                    .map_or(0, |m| m.len());
                 let end = position.saturating_add(len);
-                (end.saturating_sub(size.max(*position)), Some(end))
+                (end.saturating_sub(size), Some(end))
             }
         };
         self.quota
@@ -694,9 +696,12 @@ impl QuotaStream {
 
 #[async_trait]
 impl OutputStream for QuotaStream {
+    /// Done before it returns, where wasmtime-wasi's file stream would
+    /// leave the write under way on another thread: a truncation the guest
+    /// makes meanwhile would credit bytes the write then puts back, free.
     fn write(&mut self, bytes: Bytes) -> StreamResult<()> {
         let charge = self.charge(bytes.len() as u64)?;
-        let written = self.inner.write(bytes);
+        let written = wasmtime_wasi::runtime::in_tokio(self.inner.blocking_write_and_flush(bytes));
         self.settle(charge, written)
     }
 
@@ -715,9 +720,14 @@ impl OutputStream for QuotaStream {
     }
 
     fn write_zeroes(&mut self, nelem: usize) -> StreamResult<()> {
-        let charge = self.charge(nelem as u64)?;
-        let written = self.inner.write_zeroes(nelem);
-        self.settle(charge, written)
+        // As `write`, done before it returns; as wasmtime-wasi's, at most
+        // what `check_write` allows.
+        if nelem > self.inner.check_write()? {
+            return Err(wasmtime_wasi::p2::StreamError::trap(
+                "cannot write more zeroes than `check_write` allows",
+            ));
+        }
+        self.write(Bytes::from(vec![0; nelem]))
     }
 
     async fn cancel(&mut self) {
