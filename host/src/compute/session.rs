@@ -73,6 +73,9 @@ impl ComputeImage {
 /// Most pipelines one trial may hold at once.
 pub const MAX_PIPELINES: usize = 256;
 
+/// Most buffers one trial holds at once.
+pub const MAX_BUFFERS: usize = 65_536;
+
 /// Largest WGSL source accepted.
 pub const MAX_WGSL_BYTES: usize = 1 << 20;
 
@@ -466,6 +469,13 @@ impl ComputeSession {
 
     /// Row-wise softmax of a `rows x cols` matrix.
     pub fn softmax(&mut self, x: u32, out: u32, rows: u32, cols: u32) -> Result<(), ComputeError> {
+        // Rows of nothing would need no buffer and cost nothing, yet a GPU
+        // runs a workgroup for each.
+        if rows == 0 || cols == 0 {
+            return Err(invalid!(
+                "softmax needs at least one row and one column (got {rows} x {cols})"
+            ));
+        }
         let cells = rows as u64 * cols as u64;
         self.need(x, "x", cells, "rows * cols")?;
         self.need(out, "out", cells, "rows * cols")?;
@@ -777,6 +787,13 @@ impl ComputeSession {
         if self.next_buffer == u32::MAX {
             return Err(invalid!("this trial has used up all buffer numbers"));
         }
+        // An empty buffer takes no quota, yet a backend's bookkeeping and a
+        // GPU's stand-in allocation for it are not free.
+        if self.sizes.len() >= MAX_BUFFERS {
+            return Err(invalid!(
+                "this trial holds {MAX_BUFFERS} buffers, the most at once; free some first"
+            ));
+        }
         Ok((bytes / 4) as usize)
     }
 
@@ -918,6 +935,36 @@ mod tests {
         );
         // A new buffer never takes a freed number.
         assert!(s.create(4).unwrap() > b);
+    }
+
+    #[test]
+    fn empty_buffers_and_empty_rows_are_bounded() {
+        let mut s = session();
+        // An empty buffer takes no quota: the count bounds them.
+        for _ in 0..MAX_BUFFERS {
+            s.create(0).unwrap();
+        }
+        let refused = s.create(0).unwrap_err();
+        assert_eq!(
+            refused,
+            ComputeError::Invalid(format!(
+                "this trial holds {MAX_BUFFERS} buffers, the most at once; free some first"
+            ))
+        );
+        assert!(s.upload_f32(Vec::new()).is_err());
+        assert_eq!(s.buffer_count(), MAX_BUFFERS);
+        s.free(1).unwrap();
+        let x = s.create(4).unwrap();
+        // A softmax over rows of nothing needs no buffer yet costs a GPU a
+        // workgroup a row.
+        for (rows, cols) in [(u32::MAX, 0), (0, 4)] {
+            assert_eq!(
+                s.softmax(x, x, rows, cols),
+                Err(ComputeError::Invalid(format!(
+                    "softmax needs at least one row and one column (got {rows} x {cols})"
+                )))
+            );
+        }
     }
 
     #[test]

@@ -916,15 +916,19 @@ impl LocalGpu {
                 bytes,
             })
         };
-        if let Some(temp) = temp {
-            copy(from, s0 * 4, temp.clone(), 0);
-            copy(temp, 0, to, d0 * 4);
-        } else {
+        let Some(temp) = temp else {
             copy(from, s0 * 4, to, d0 * 4);
-        }
-        if self.pending.len() >= RING as usize {
-            self.flush();
-        }
+            if self.pending.len() >= RING as usize {
+                self.flush();
+            }
+            return Ok(());
+        };
+        copy(from, s0 * 4, temp.clone(), 0);
+        copy(temp, 0, to, d0 * 4);
+        // The temporary is not in the trial's quota: sent and waited for at
+        // once, so that one lives at a time, not one per queued copy.
+        self.flush();
+        let _ = self.device.poll(wgpu::PollType::wait_indefinitely());
         Ok(())
     }
 
