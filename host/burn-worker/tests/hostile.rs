@@ -8,8 +8,8 @@ mod common;
 use burn_ir::{
     BaseOperationIr, Conv2dOpIr, Conv2dOptionsIr, CreationOpIr, FlipOpIr, FloatOperationIr,
     MatmulOpIr, MaxPool2dOpIr, ModuleOperationIr, NumericOperationIr, OperationIr, PadModeIr,
-    PadOpIr, ScalarIr, ScatterNdOpIr, SelectOpIr, SliceOpIr, TensorId, TensorIr, TensorStatus,
-    UnaryOpIr,
+    PadOpIr, PermuteOpIr, ScalarIr, ScatterNdOpIr, SelectOpIr, ShapeOpIr, SliceOpIr, TensorId,
+    TensorIr, TensorStatus, UnaryOpIr,
 };
 use burn_remote::wire::Command;
 use burn_std::{DType, IndexingUpdateOp, TensorData};
@@ -467,6 +467,26 @@ fn a_slice_is_charged_for_the_buffer_it_keeps() {
     session.run(&frame([data(1, &[1000]), slice]));
     assert_eq!(session.error(), None);
     // The tensor is freed, and its buffer lives on in the slice.
+    assert_eq!(
+        session.usage(),
+        Usage {
+            bytes: 4000,
+            tensors: 1
+        }
+    );
+    // A view of the slice, the slice freed, keeps the same buffer: it is
+    // charged for it too, not for its own one element.
+    let permute = base(BaseOperationIr::Permute(PermuteOpIr {
+        input: last_use(2, &[1]),
+        out: output(3, &[1]),
+        axes: vec![0],
+    }));
+    let reshape = base(BaseOperationIr::Reshape(ShapeOpIr {
+        input: last_use(3, &[1]),
+        out: output(4, &[1, 1]),
+    }));
+    session.run(&frame([permute, reshape]));
+    assert_eq!(session.error(), None);
     assert_eq!(
         session.usage(),
         Usage {
