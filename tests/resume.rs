@@ -259,7 +259,9 @@ fn restore_from_starts_new_trials_where_a_checkpoint_left_off() {
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert_eq!(refused.status.code(), Some(2), "{stderr}");
     assert!(
-        stderr.contains("num_samples 100000000000 is more trials than the 10000000 allowed"),
+        stderr.contains(
+            "num_samples x grid size = 100000000000 trials, more than the 10000000 allowed"
+        ),
         "{stderr}"
     );
     assert_eq!(
@@ -627,7 +629,12 @@ fn resume_with_new_stopping_criteria_extends_a_finished_run() {
     let refused = common::wtune()
         .arg("resume")
         .arg(&out)
-        .args(["--stop", "training_iterations=9"])
+        .args([
+            "--stop",
+            "training_iteration=6",
+            "--stop",
+            "training_iterations=9",
+        ])
         .output()
         .unwrap();
     assert_eq!(refused.status.code(), Some(2));

@@ -9,8 +9,7 @@ use serde_json::{Value, json};
 use crate::compute::ComputeOptions;
 use crate::config;
 use crate::sandbox::{CompileOptions, Limits};
-use crate::tune::space::MAX_TRIALS;
-use crate::tune::{Listed, RunSpec, Scheduler, SchedulerSpec, SearchSpec, Searcher};
+use crate::tune::{Listed, RunSpec, Scheduler, SchedulerSpec, SearchSpace, SearchSpec, Searcher};
 use crate::wasm_backend::CheckpointMode;
 
 use super::Failure;
@@ -94,14 +93,11 @@ impl Setup {
     pub(super) fn searcher(&self) -> Result<Box<dyn Searcher>, Failure> {
         if let Some(config) = &self.fixed_config {
             // `wtune run` bounds the count through the empty search space;
-            // `wtune resume --num-samples` comes here unchecked.
-            if self.num_samples > MAX_TRIALS {
-                return Err(Failure::user(format!(
-                    "num_samples {} is more trials than the {MAX_TRIALS} allowed",
-                    self.num_samples
-                )));
-            }
-            let count = self.num_samples as usize;
+            // `wtune resume --num-samples` comes here, and is bounded alike.
+            let count = SearchSpace::default()
+                .trial_count(self.num_samples)
+                .map_err(|e| Failure::user(e.to_string()))?;
+            let count = usize::try_from(count).expect("at most MAX_TRIALS");
             return Ok(Box::new(Listed::repeated(config.clone(), count)));
         }
         config::searcher(

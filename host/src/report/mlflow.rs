@@ -310,13 +310,15 @@ fn params(config: &Value) -> Vec<(String, String)> {
     let mut out = Vec::new();
     walk(&mut String::new(), config, &mut out);
     // `{"a/b": 1, "a": {"b": 2}}` flattens to one path twice; a batch
-    // holding a key twice is refused whole.
-    let mut seen = std::collections::HashMap::new();
-    for (key, _) in &mut out {
-        let count: &mut u32 = seen.entry(key.clone()).or_default();
-        *count += 1;
-        if *count > 1 {
-            key.push_str(&format!("_{count}"));
+    // holding a key twice is refused whole. A repeat takes `_2`, `_3`, ...
+    // (made a key again, so still at most 250 characters) until unused.
+    let mut seen = std::collections::HashSet::new();
+    for (name, _) in &mut out {
+        let base = name.clone();
+        let mut n = 1;
+        while !seen.insert(name.clone()) {
+            n += 1;
+            *name = key(&format!("{base}_{n}"));
         }
     }
     out
@@ -365,8 +367,18 @@ mod tests {
         assert_eq!(params[2].1, "[1,2]");
         assert_eq!(params[4].1.len(), 6000);
         assert_eq!(params[5].1, "{}");
-        let twice = super::params(&json!({"a/b": 1, "a": {"b": 2}}));
+        let twice = super::params(&json!({"a/b": 1, "a": {"b": 2}, "a/b_2": 3}));
         let keys: Vec<&str> = twice.iter().map(|(k, _)| k.as_str()).collect();
-        assert_eq!(keys, ["a/b", "a/b_2"]);
+        assert_eq!(keys, ["a/b", "a/b_2", "a/b_2_2"]);
+        // A repeat of a key at the length limit stays within it.
+        let long = "z".repeat(MAX_KEY);
+        let nested = json!({ long.clone(): {"k": 1}, format!("{long}/k"): 2 });
+        let keys: Vec<String> = super::params(&nested).into_iter().map(|(k, _)| k).collect();
+        assert_eq!(keys.len(), 2);
+        assert_ne!(keys[0], keys[1]);
+        assert!(
+            keys.iter().all(|k| k.chars().count() <= MAX_KEY),
+            "{keys:?}"
+        );
     }
 }

@@ -89,6 +89,20 @@ impl StopCriteria {
         self.thresholds.iter().map(|t| t.metric.as_str())
     }
 
+    /// Whether `result` holds every metric a threshold names: the error
+    /// [`StopCriteria::reached`] gives for the first it lacks, whichever
+    /// criteria `result` meets.
+    pub fn check_metrics(&self, result: &Map<String, Value>) -> Result<(), String> {
+        match self
+            .thresholds
+            .iter()
+            .find(|t| !result.contains_key(&t.metric))
+        {
+            Some(t) => Err(unreported(&t.metric, result)),
+            None => Ok(()),
+        }
+    }
+
     /// The first criterion `result` meets, as a reason like
     /// `"training_iteration reached 20"`, or `Ok(None)`. A threshold on a
     /// metric that the result lacks is an error: most likely a typo.
@@ -111,16 +125,7 @@ impl StopCriteria {
         }
         for t in &self.thresholds {
             let Some(entry) = result.get(&t.metric) else {
-                let reported: Vec<&str> = result
-                    .keys()
-                    .map(String::as_str)
-                    .filter(|k| !super::AUTO_FIELDS.contains(k))
-                    .collect();
-                return Err(format!(
-                    "stop criterion `{}` names a metric the trainable does not report (it reports: {})",
-                    t.metric,
-                    reported.join(", ")
-                ));
+                return Err(unreported(&t.metric, result));
             };
             let Some(value) = entry.as_f64() else {
                 continue;
@@ -172,6 +177,19 @@ fn bound(value: &Value, path: &str) -> Result<Bound, String> {
     Err(format!(
         "{path} must be a number (stop when the metric is >= it), {{ at_least = x }} or {{ at_most = x }}, got {value}"
     ))
+}
+
+/// The error for a threshold on `metric`, which `result` lacks.
+fn unreported(metric: &str, result: &Map<String, Value>) -> String {
+    let reported: Vec<&str> = result
+        .keys()
+        .map(String::as_str)
+        .filter(|k| !super::AUTO_FIELDS.contains(k))
+        .collect();
+    format!(
+        "stop criterion `{metric}` names a metric the trainable does not report (it reports: {})",
+        reported.join(", ")
+    )
 }
 
 #[cfg(test)]

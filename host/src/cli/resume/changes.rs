@@ -148,7 +148,7 @@ impl Changes {
         if let Some(e) = trials
             .iter()
             .filter_map(|t| t.last_result.as_ref())
-            .find_map(|result| newer.reached(result).err())
+            .find_map(|result| newer.check_metrics(result).err())
         {
             return Err(Failure::user(format!("--stop: {e}; nothing was changed")));
         }
