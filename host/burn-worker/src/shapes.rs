@@ -68,7 +68,9 @@ pub fn name(op: &OperationIr) -> String {
 /// flip, expand, and a cast to the same type) as views sharing their
 /// input's data, so a small view of a large tensor holds all of it, even
 /// once the tensor itself is freed, and so does a view of that view. Where
-/// burn copies instead, the charge is only conservative.
+/// burn copies instead, and while the input lives beside its view (the
+/// ledger counts each tensor on its own, not the buffers they share), the
+/// charge is only conservative.
 pub fn view_of(op: &OperationIr) -> Option<&TensorIr> {
     match op {
         OperationIr::BaseFloat(op) | OperationIr::BaseInt(op) | OperationIr::BaseBool(op) => {

@@ -40,8 +40,11 @@ pub fn inert(text: &str) -> Cow<'_, str> {
 }
 
 /// Controls, and the characters that draw nothing yet reorder, hide or
-/// blank out text: Unicode's format characters (category Cf) that matter
-/// on a terminal, and the fillers fonts draw as blank space.
+/// blank out text: the format characters (category Cf) that do so, the
+/// supplementary variation selectors, and the fillers fonts draw as blank
+/// space. Not the variation selectors U+FE00..FE0F, which emoji use, nor
+/// the format characters that draw a sign (Arabic number signs and the
+/// like).
 fn needs_escape(c: char) -> bool {
     c.is_control()
         || matches!(c,
@@ -58,7 +61,10 @@ fn needs_escape(c: char) -> bool {
             | '\u{3164}' | '\u{FFA0}'     // Hangul fillers
             | '\u{FEFF}'                  // zero-width no-break space
             | '\u{FFF9}'..='\u{FFFB}'     // interlinear annotation marks
+            | '\u{1BCA0}'..='\u{1BCA3}'   // shorthand format controls
+            | '\u{1D173}'..='\u{1D17A}'   // musical format controls
             | '\u{E0000}'..='\u{E007F}'   // tag characters
+            | '\u{E0100}'..='\u{E01EF}'   // supplementary variation selectors
         )
 }
 

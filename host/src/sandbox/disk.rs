@@ -646,7 +646,8 @@ struct QuotaStream {
     quota: Arc<DiskQuota>,
     /// Where the next write lands, and the file, measured at each write:
     /// a truncation since must not make writes up to the old end free.
-    /// (Without the file, every byte is charged.) `None` when appending.
+    /// (Without the file, it counts as empty: every byte up to the write's
+    /// end is charged.) `None` when appending.
     positioned: Option<(u64, Option<Arc<std::fs::File>>)>,
 }
 

@@ -32,7 +32,7 @@ const $ = (id) => document.getElementById(id);
 // shows them (report/terminal.rs): control characters and invisible
 // characters that reorder or hide text written out, at most 2048 kept.
 const INERT_MAX = 2048;
-const NEEDS_ESCAPE = /[\u0000-\u001f\u007f-\u009f\u00ad\u034f\u061c\u115f\u1160\u180e\u200b-\u200f\u2028\u2029\u202a-\u202e\u2060-\u2064\u2066-\u206f\u3164\ufeff\uffa0\ufff9-\ufffb\u{e0000}-\u{e007f}]/gu;
+const NEEDS_ESCAPE = /[\u0000-\u001f\u007f-\u009f\u00ad\u034f\u061c\u115f\u1160\u180e\u200b-\u200f\u2028\u2029\u202a-\u202e\u2060-\u2064\u2066-\u206f\u3164\ufeff\uffa0\ufff9-\ufffb\u{1bca0}-\u{1bca3}\u{1d173}-\u{1d17a}\u{e0000}-\u{e007f}\u{e0100}-\u{e01ef}]/gu;
 const NAMED_ESCAPES = { '\n': '\\n', '\r': '\\r', '\t': '\\t' };
 function inert(text) {
   if (typeof text !== 'string') return '';
