@@ -62,7 +62,7 @@
 //! | `open_files`       | opens files in its directory and keeps every one open, forever  | ERROR naming the open-handle limit (`limits.open_files`); other trials' files still open |
 //! | `disk_fill`        | writes 1 MiB files (`fill-N`) into its directory forever, rewriting the first in place and removing an older one now and then | ERROR naming the disk limit (`limits.disk`); files rewritten or removed are not counted twice |
 //! | `disk_unlinked`    | writes 1 MiB files (`held-N`) and removes each while it is open, forever: every other one stays open, the rest are truncated through their handle after the removal and a 1 MiB file (`kept-N`) is written in their place | ERROR naming the disk limit (`limits.disk`): a removed file still open keeps its bytes charged, and a truncation after the removal is not credited twice |
-//! | `disk_stale_stream` | forever: gives a file (`stream-N`) 1 MiB with `set-size`, opens a `write-via-stream` at 0, truncates the file to 0, then writes 1 MiB through the stream; and writes 4 KiB through a stream 1 MiB past the end of a new file (`gap-N`), then removes that file | ERROR naming the disk limit (`limits.disk`): the stream's writes up to the old end are charged again, and a write past the end pays for the gap its removal is credited |
+//! | `disk_stale_stream` | forever: gives a file (`stream-N`) 1 MiB with `set-size`, opens a `write-via-stream` at 0, truncates the file to 0, then writes 1 MiB through the stream; and writes 4 KiB (then 4 KiB of zeroes and a 4 KiB splice) through a stream 1 MiB past the end of a new file (`gap-N`), then removes that file | ERROR naming the disk limit (`limits.disk`): the stream's writes up to the old end are charged again, and a write past the end pays for the gap its removal is credited |
 //! | `file_flood`       | creates empty files (`f-N`) in its directory forever            | ERROR naming the file limit (`limits.disk_files`) |
 //! | `probe`            | reports `score`, `env_count`, `args_count`, `cwd_entries`, `cwd_write_ok`, `wall_clock_ok`, `monotonic_ok`, `random_ok`; writes `./probe.txt` | TERMINATED with that report (`done`) |
 //!
@@ -598,7 +598,27 @@ fn fill_disk_through_stale_streams() -> Result<Report> {
             stream
                 .blocking_write_and_flush(&block)
                 .map_err(|e| format!("{e:?}"))?;
-            drop((stream, file));
+            // The other ways to write, which the host runs inside its own
+            // blocking calls: zeroes, and a splice from the first file.
+            stream
+                .blocking_write_zeroes_and_flush(4096)
+                .map_err(|e| format!("{e:?}"))?;
+            let source = dir
+                .open_at(
+                    PathFlags::empty(),
+                    &format!("stream-{n}"),
+                    OpenFlags::empty(),
+                    DescriptorFlags::READ,
+                )
+                .map_err(|e| e.to_string())?;
+            let input = source.read_via_stream(0).map_err(|e| e.to_string())?;
+            let spliced = stream
+                .blocking_splice(&input, 4096)
+                .map_err(|e| format!("{e:?}"))?;
+            if spliced == 0 {
+                return Err("a splice of a 1 MiB file moved nothing".into());
+            }
+            drop((input, source, stream, file));
             dir.unlink_file_at(&gap).map_err(|e| e.to_string())?;
             Ok(())
         };

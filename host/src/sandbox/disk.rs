@@ -14,9 +14,10 @@
 //! Sizes are the files' lengths, so a sparse write far past a file's end
 //! counts in full: the quota is conservative, never short. Writes through
 //! streams (`write-via-stream`, `append-via-stream`) are charged by
-//! [`QuotaStream`], which wraps the stream wasmtime-wasi made, measures
-//! the file at each write (another call may have truncated it since) and
-//! finishes each write before the call returns.
+//! [`QuotaStream`], which wraps the stream wasmtime-wasi made; a
+//! positioned one writes itself, measuring the file at each write (another
+//! call may have truncated it since) and finishing it before the call
+//! returns.
 //!
 //! A file removed while the trial still holds it open keeps its bytes on
 //! disk, so they stay charged until its last handle (descriptor or stream)
@@ -336,11 +337,11 @@ impl GuardedFs<'_> {
     }
 
     /// Wraps a stream wasmtime-wasi made so its writes are charged:
-    /// `positioned` at an offset in `file`, or appending.
+    /// `positioned` at an offset in a file, or appending.
     fn guard_stream(
         &mut self,
         stream: Resource<streams::OutputStream>,
-        positioned: Option<(u64, Option<Arc<std::fs::File>>)>,
+        positioned: Option<Positioned>,
     ) -> FsResult<Resource<streams::OutputStream>> {
         let inner: DynOutputStream = self.inner.table.delete(stream)?;
         let guarded: DynOutputStream = Box::new(QuotaStream {
@@ -592,7 +593,15 @@ impl fs::HostDescriptor for GuardedFs<'_> {
     ) -> FsResult<Resource<streams::OutputStream>> {
         let file = self.file_of(&fd);
         let stream = self.inner.write_via_stream(fd, offset)?;
-        self.guard_stream(stream, Some((offset, file)))
+        // A stream is made only on a file, so there is one.
+        let file = file.ok_or(ErrorCode::BadDescriptor)?;
+        self.guard_stream(
+            stream,
+            Some(Positioned {
+                position: offset,
+                file,
+            }),
+        )
     }
 
     fn append_via_stream(
@@ -642,68 +651,75 @@ impl fs::HostDirectoryEntryStream for GuardedFs<'_> {
 /// past the file's end for a positioned stream, every byte for an
 /// appending one.
 struct QuotaStream {
+    /// The stream wasmtime-wasi made: it writes what appends, and answers
+    /// `check_write`, `flush` and readiness for both kinds.
     inner: DynOutputStream,
     quota: Arc<DiskQuota>,
-    /// Where the next write lands, and the file, measured at each write:
-    /// a truncation since must not make writes up to the old end free.
-    /// (Without the file, it counts as empty: every byte up to the write's
-    /// end is charged.) `None` when appending.
-    positioned: Option<(u64, Option<Arc<std::fs::File>>)>,
+    /// `None` when appending.
+    positioned: Option<Positioned>,
 }
 
-/// Bytes a write adds to the quota, charged before it and kept or given
-/// back by [`QuotaStream::settle`] once it is done.
-struct Charge {
-    growth: u64,
-    /// Where the stream stands after the write; `None` when appending.
-    end: Option<u64>,
+/// A positioned stream's own writing, done before each call returns:
+/// wasmtime-wasi's stream would leave a write under way on another thread,
+/// and a truncation the guest made meanwhile would credit bytes the write
+/// then put back, free.
+struct Positioned {
+    /// Where the next write lands.
+    position: u64,
+    file: Arc<std::fs::File>,
+}
+
+impl Positioned {
+    /// Writes `bytes` at the stream's position, charging what the file
+    /// grows by, measured now (another call may have truncated it): a
+    /// write past the end pays for the gap too, as the length counts,
+    /// sparse or not.
+    fn write(&mut self, quota: &DiskQuota, bytes: &[u8]) -> StreamResult<()> {
+        use std::os::unix::fs::FileExt;
+        let failed =
+            |e: std::io::Error| wasmtime_wasi::p2::StreamError::LastOperationFailed(e.into());
+        let size = self.file.metadata().map_err(failed)?.len();
+        let end = self.position.saturating_add(bytes.len() as u64);
+        let growth = end.saturating_sub(size);
+        quota
+            .grow(growth)
+            .map_err(|hit| wasmtime_wasi::p2::StreamError::Trap(wasmtime::Error::new(hit)))?;
+        if let Err(e) = self.file.write_all_at(bytes, self.position) {
+            // Part may have landed: what the file grew by stays charged.
+            let grown = self
+                .file
+                .metadata()
+                .map_or(growth, |m| m.len().saturating_sub(size));
+            quota.shrink(growth - grown.min(growth));
+            return Err(failed(e));
+        }
+        self.position = end;
+        Ok(())
+    }
 }
 
 impl QuotaStream {
-    /// Charges writing `len` bytes at the stream's position.
-    fn charge(&self, len: u64) -> StreamResult<Charge> {
-        let (growth, end) = match &self.positioned {
-            None => (len, None),
-            Some((position, file)) => {
-                // Every write is done before the call returns (see
-                // `write`), so the size holds all of them. A write past
-                // the end pays for the gap too: the length counts, sparse
-                // or not. Unmeasured, the file counts as empty.
-                let size = file
-                    .as_ref()
-                    .and_then(|f| f.metadata().ok())
-                    .map_or(0, |m| m.len());
-                let end = position.saturating_add(len);
-                (end.saturating_sub(size), Some(end))
-            }
-        };
+    /// Runs an appending write, `write`, of `len` bytes with them charged;
+    /// the charge is given back if it fails.
+    fn appended<T>(
+        &mut self,
+        len: u64,
+        write: impl FnOnce(&mut DynOutputStream) -> StreamResult<T>,
+    ) -> StreamResult<T> {
         self.quota
-            .grow(growth)
+            .grow(len)
             .map_err(|hit| wasmtime_wasi::p2::StreamError::Trap(wasmtime::Error::new(hit)))?;
-        Ok(Charge { growth, end })
-    }
-
-    /// Moves the stream on after a write that worked; gives the charge
-    /// back after one that failed.
-    fn settle<T>(&mut self, charge: Charge, result: StreamResult<T>) -> StreamResult<T> {
-        match (&result, charge.end, &mut self.positioned) {
-            (Ok(_), Some(end), Some((position, _))) => *position = end,
-            (Ok(_), _, _) => {}
-            (Err(_), _, _) => self.quota.shrink(charge.growth),
-        }
-        result
+        write(&mut self.inner).inspect_err(|_| self.quota.shrink(len))
     }
 }
 
 #[async_trait]
 impl OutputStream for QuotaStream {
-    /// Done before it returns, where wasmtime-wasi's file stream would
-    /// leave the write under way on another thread: a truncation the guest
-    /// makes meanwhile would credit bytes the write then puts back, free.
     fn write(&mut self, bytes: Bytes) -> StreamResult<()> {
-        let charge = self.charge(bytes.len() as u64)?;
-        let written = wasmtime_wasi::runtime::in_tokio(self.inner.blocking_write_and_flush(bytes));
-        self.settle(charge, written)
+        match &mut self.positioned {
+            Some(positioned) => positioned.write(&self.quota, &bytes),
+            None => self.appended(bytes.len() as u64, |inner| inner.write(bytes)),
+        }
     }
 
     fn flush(&mut self) -> StreamResult<()> {
@@ -715,20 +731,30 @@ impl OutputStream for QuotaStream {
     }
 
     async fn blocking_write_and_flush(&mut self, bytes: Bytes) -> StreamResult<()> {
-        let charge = self.charge(bytes.len() as u64)?;
-        let written = self.inner.blocking_write_and_flush(bytes).await;
-        self.settle(charge, written)
+        match &mut self.positioned {
+            Some(positioned) => positioned.write(&self.quota, &bytes),
+            None => {
+                let len = bytes.len() as u64;
+                self.quota.grow(len).map_err(|hit| {
+                    wasmtime_wasi::p2::StreamError::Trap(wasmtime::Error::new(hit))
+                })?;
+                let written = self.inner.blocking_write_and_flush(bytes).await;
+                written.inspect_err(|_| self.quota.shrink(len))
+            }
+        }
     }
 
     fn write_zeroes(&mut self, nelem: usize) -> StreamResult<()> {
-        // As `write`, done before it returns; as wasmtime-wasi's, at most
-        // what `check_write` allows.
-        if nelem > self.inner.check_write()? {
-            return Err(wasmtime_wasi::p2::StreamError::trap(
-                "cannot write more zeroes than `check_write` allows",
-            ));
+        match &mut self.positioned {
+            // As wasmtime-wasi's: at most what `check_write` allows.
+            Some(_) if nelem > self.inner.check_write()? => {
+                Err(wasmtime_wasi::p2::StreamError::trap(
+                    "cannot write more zeroes than `check_write` allows",
+                ))
+            }
+            Some(positioned) => positioned.write(&self.quota, &vec![0; nelem]),
+            None => self.appended(nelem as u64, |inner| inner.write_zeroes(nelem)),
         }
-        self.write(Bytes::from(vec![0; nelem]))
     }
 
     async fn cancel(&mut self) {
