@@ -227,6 +227,11 @@ fn over(hit: LimitHit) -> FsError {
     FsError::trap(wasmtime::Error::new(hit))
 }
 
+/// The same, for a stream's write.
+fn stream_over(hit: LimitHit) -> wasmtime_wasi::p2::StreamError {
+    wasmtime_wasi::p2::StreamError::Trap(wasmtime::Error::new(hit))
+}
+
 /// A second handle to the descriptor a call borrows.
 fn again(fd: &Resource<Descriptor>) -> Resource<Descriptor> {
     Resource::new_borrow(fd.rep())
@@ -302,10 +307,12 @@ impl GuardedFs<'_> {
         let Some(file) = self.file_of(fd) else {
             return;
         };
-        let regular = fs::HostDescriptor::stat(&mut self.inner, again(fd))
-            .is_ok_and(|s| s.type_ == DescriptorType::RegularFile);
-        let hash = fs::HostDescriptor::metadata_hash(&mut self.inner, again(fd));
-        if let (true, Ok(hash)) = (regular, hash) {
+        // Read from the file itself: no trip through wasmtime-wasi's
+        // blocking pool, where every open would wait for it.
+        if !file.metadata().is_ok_and(|m| m.is_file()) {
+            return;
+        }
+        if let Ok(hash) = fs::HostDescriptor::metadata_hash(&mut self.inner, again(fd)) {
             self.quota.opened((hash.lower, hash.upper), &file);
         }
     }
@@ -681,9 +688,7 @@ impl Positioned {
         let size = self.file.metadata().map_err(failed)?.len();
         let end = self.position.saturating_add(bytes.len() as u64);
         let growth = end.saturating_sub(size);
-        quota
-            .grow(growth)
-            .map_err(|hit| wasmtime_wasi::p2::StreamError::Trap(wasmtime::Error::new(hit)))?;
+        quota.grow(growth).map_err(stream_over)?;
         if let Err(e) = self.file.write_all_at(bytes, self.position) {
             // Part may have landed: what the file grew by stays charged.
             let grown = self
@@ -706,9 +711,7 @@ impl QuotaStream {
         len: u64,
         write: impl FnOnce(&mut DynOutputStream) -> StreamResult<T>,
     ) -> StreamResult<T> {
-        self.quota
-            .grow(len)
-            .map_err(|hit| wasmtime_wasi::p2::StreamError::Trap(wasmtime::Error::new(hit)))?;
+        self.quota.grow(len).map_err(stream_over)?;
         write(&mut self.inner).inspect_err(|_| self.quota.shrink(len))
     }
 }
@@ -735,9 +738,7 @@ impl OutputStream for QuotaStream {
             Some(positioned) => positioned.write(&self.quota, &bytes),
             None => {
                 let len = bytes.len() as u64;
-                self.quota.grow(len).map_err(|hit| {
-                    wasmtime_wasi::p2::StreamError::Trap(wasmtime::Error::new(hit))
-                })?;
+                self.quota.grow(len).map_err(stream_over)?;
                 let written = self.inner.blocking_write_and_flush(bytes).await;
                 written.inspect_err(|_| self.quota.shrink(len))
             }

@@ -149,6 +149,16 @@ pub(super) struct Outcome {
 
 /// The tag of the experiment's best trial's run.
 const BEST_TAG: &str = "wtune.best_trial";
+/// The tag naming a run's experiment directory, which tells this
+/// experiment's runs from another's of the same name.
+const EXPERIMENT_DIR_TAG: &str = "wtune.experiment_dir";
+
+/// The experiment directory a trial's directory `dir` is in, as tagged.
+fn experiment_dir(dir: &Path) -> String {
+    dir.parent()
+        .map(|p| p.display().to_string())
+        .unwrap_or_default()
+}
 
 pub(super) struct Worker {
     client: Client,
@@ -414,18 +424,13 @@ impl Worker {
                     None => self.saved_run(dir, &experiment_id).map(|f| f.run_id),
                 };
                 if let Some(run_id) = run_id {
-                    let experiment_dir = dir.parent().map(|p| p.display().to_string());
-                    if let Some(experiment_dir) = experiment_dir {
-                        for stale in self.client.tagged_runs(
-                            &experiment_id,
-                            &[
-                                (BEST_TAG, "true"),
-                                ("wtune.experiment_dir", &experiment_dir),
-                            ],
-                        )? {
-                            if stale != run_id {
-                                self.client.delete_tag(&stale, BEST_TAG)?;
-                            }
+                    let tags = [
+                        (BEST_TAG, "true"),
+                        (EXPERIMENT_DIR_TAG, &experiment_dir(dir)),
+                    ];
+                    for stale in self.client.tagged_runs(&experiment_id, &tags)? {
+                        if stale != run_id {
+                            self.client.delete_tag(&stale, BEST_TAG)?;
                         }
                     }
                     let tag = [(BEST_TAG.to_string(), "true".to_string())];
@@ -492,12 +497,7 @@ impl Worker {
                     let tags = [
                         ("wtune.trial_id".to_string(), trial_id.to_string()),
                         ("wtune.trial_dir".to_string(), dir.display().to_string()),
-                        (
-                            "wtune.experiment_dir".to_string(),
-                            dir.parent()
-                                .map(|p| p.display().to_string())
-                                .unwrap_or_default(),
-                        ),
+                        (EXPERIMENT_DIR_TAG.to_string(), experiment_dir(&dir)),
                     ];
                     let run_id =
                         self.client
