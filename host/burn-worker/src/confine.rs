@@ -34,7 +34,11 @@ pub fn warm_up_gpu(device: crate::gpu::Device) -> Result<(), String> {
 }
 
 /// Squares (`multiply`) or doubles an `n` x `n` matrix of ones on `device`.
-fn once<B: burn_ir::BackendIr>(device: B::Device, n: usize, multiply: bool) -> Result<(), String> {
+fn once<B: crate::storage::Buffers>(
+    device: B::Device,
+    n: usize,
+    multiply: bool,
+) -> Result<(), String> {
     use burn_ir::{
         BinaryOpIr, FloatOperationIr, MatmulOpIr, NumericOperationIr, OperationIr, TensorId,
         TensorIr, TensorStatus,

@@ -5,12 +5,21 @@
 //! interpreter: an operation is checked against it before the interpreter
 //! sees the operation, so a guest cannot name a tensor it does not hold,
 //! claim a shape a tensor does not have, or reuse an id.
+//!
+//! Its bytes are charged per buffer ([`storage`](crate::storage)): tensors
+//! that share one (burn's views) are charged for it once, and a small view
+//! of a freed tensor for the whole buffer it keeps. A buffer is charged at
+//! least the bytes of its tensors, each counted whole, because that is what
+//! a snapshot of them holds ([`Session::image`](crate::Session::image)):
+//! a reshape of a tensor costs as much as a copy while both are held.
 
 use std::collections::HashMap;
 use std::fmt;
 
 use burn_ir::{TensorId, TensorIr, TensorStatus};
 use burn_std::{DType, Shape};
+
+use crate::storage::Buffer;
 
 /// Most dimensions a tensor may have: burn's models use up to 6.
 pub const MAX_RANK: usize = 16;
@@ -26,15 +35,36 @@ pub const MAX_TENSORS: usize = 1 << 16;
 pub struct Entry {
     pub shape: Shape,
     pub dtype: DType,
+    /// Its elements' bytes, all of them, however its buffer holds them.
     pub bytes: u64,
 }
 
 /// The tensors one trial holds on the host.
 #[derive(Debug)]
 pub struct Ledger {
-    tensors: HashMap<TensorId, Entry>,
+    /// Each tensor, with the key of the buffer it holds.
+    tensors: HashMap<TensorId, (Entry, usize)>,
+    buffers: HashMap<usize, Held>,
+    /// What the buffers are charged, together.
     bytes: u64,
     quota: u64,
+}
+
+/// A buffer the trial's tensors hold.
+#[derive(Debug)]
+struct Held {
+    /// Its size.
+    bytes: u64,
+    /// Its tensors' bytes, each counted whole.
+    shown: u64,
+    /// How many tensors hold it.
+    tensors: usize,
+}
+
+impl Held {
+    fn charge(&self) -> u64 {
+        self.bytes.max(self.shown)
+    }
 }
 
 /// An operation's tensors, checked: what it reads, what it frees after
@@ -107,6 +137,7 @@ impl Ledger {
     pub fn new(quota: u64) -> Self {
         Self {
             tensors: HashMap::new(),
+            buffers: HashMap::new(),
             bytes: 0,
             quota,
         }
@@ -128,7 +159,7 @@ impl Ledger {
 
     /// The entry for `id`, if the trial holds it.
     pub fn get(&self, id: TensorId) -> Option<&Entry> {
-        self.tensors.get(&id)
+        self.tensors.get(&id).map(|(entry, _)| entry)
     }
 
     /// Checks that `tensor` is one the trial holds, as the guest describes it.
@@ -137,7 +168,7 @@ impl Ledger {
         if matches!(tensor.status, TensorStatus::NotInit) {
             return Err(format!("{id} is read before it was written"));
         }
-        let entry = self.tensors.get(&tensor.id).ok_or_else(|| {
+        let entry = self.get(tensor.id).ok_or_else(|| {
             format!("{id} is not one of this trial's tensors (never made, or already freed)")
         })?;
         if entry.shape != tensor.shape || entry.dtype != tensor.dtype {
@@ -225,7 +256,7 @@ impl Ledger {
 
     /// Every tensor held, by ascending id.
     pub fn entries(&self) -> Vec<(TensorId, &Entry)> {
-        let mut entries: Vec<_> = self.tensors.iter().map(|(&id, e)| (id, e)).collect();
+        let mut entries: Vec<_> = self.tensors.iter().map(|(&id, (e, _))| (id, e)).collect();
         entries.sort_unstable_by_key(|(id, _)| id.value());
         entries
     }
@@ -243,28 +274,49 @@ impl Ledger {
         Ok(())
     }
 
-    /// Records a checked operation as done.
-    pub fn commit(&mut self, plan: Plan) {
+    /// Records a checked operation as done, its outputs holding
+    /// `buffers`, in order.
+    pub fn commit(&mut self, plan: Plan, buffers: &[Buffer]) {
         for id in plan.frees {
             self.free(id);
         }
-        for (id, entry) in plan.makes {
-            self.insert(id, entry);
+        for ((id, entry), &buffer) in plan.makes.into_iter().zip(buffers) {
+            self.insert(id, entry, buffer);
         }
     }
 
-    /// Records a new tensor.
-    pub fn insert(&mut self, id: TensorId, entry: Entry) {
-        self.bytes += entry.bytes;
-        if let Some(old) = self.tensors.insert(id, entry) {
-            self.bytes -= old.bytes;
+    /// Records a new tensor, which holds `buffer`.
+    pub fn insert(&mut self, id: TensorId, entry: Entry, buffer: Buffer) {
+        self.free(id);
+        let held = self.buffers.entry(buffer.key).or_insert(Held {
+            bytes: buffer.bytes,
+            shown: 0,
+            tensors: 0,
+        });
+        // A buffer no tensor held is not charged yet.
+        if held.tensors > 0 {
+            self.bytes -= held.charge();
         }
+        held.bytes = held.bytes.max(buffer.bytes);
+        held.shown += entry.bytes;
+        held.tensors += 1;
+        self.bytes += held.charge();
+        self.tensors.insert(id, (entry, buffer.key));
     }
 
-    /// Forgets `id`.
+    /// Forgets `id`, and its buffer once no tensor holds it.
     pub fn free(&mut self, id: TensorId) {
-        if let Some(entry) = self.tensors.remove(&id) {
-            self.bytes -= entry.bytes;
+        let Some((entry, key)) = self.tensors.remove(&id) else {
+            return;
+        };
+        let held = self.buffers.get_mut(&key).expect("a held tensor's buffer");
+        self.bytes -= held.charge();
+        held.shown -= entry.bytes;
+        held.tensors -= 1;
+        if held.tensors == 0 {
+            self.buffers.remove(&key);
+        } else {
+            self.bytes += held.charge();
         }
     }
 }

@@ -29,5 +29,6 @@ pub mod ledger;
 pub mod protocol;
 mod session;
 pub mod shapes;
+pub mod storage;
 
 pub use session::{MAX_DRAW_RUNS, MAX_REPLAY_ELEMENTS, Session, Usage};

@@ -7,8 +7,8 @@
 use std::io::{self, BufReader, BufWriter};
 use std::process::ExitCode;
 
-use burn_ir::BackendIr;
 use wtune_burn_worker::gpu::{self, Adapter};
+use wtune_burn_worker::storage::Buffers;
 use wtune_burn_worker::{Session, confine, protocol};
 
 const USAGE: &str = "usage: wtune-burn-worker --memory-bytes N [--gpu-pci BUS | --gpu NAME]\n       \
@@ -87,7 +87,7 @@ fn main() -> ExitCode {
 }
 
 /// Serves a session made by `session`, once the worker is `confined`.
-fn run<B: BackendIr>(
+fn run<B: Buffers>(
     confined: Result<(), String>,
     args: &Args,
     session: impl FnOnce(u64) -> Session<B>,

@@ -22,7 +22,7 @@
 
 use std::io::{self, Read, Write};
 
-use burn_ir::BackendIr;
+use crate::storage::Buffers;
 
 use crate::{Session, Usage};
 
@@ -157,7 +157,7 @@ impl Reply {
 }
 
 /// Serves `session` until wtune closes `input`.
-pub fn serve<B: BackendIr>(
+pub fn serve<B: Buffers>(
     session: &mut Session<B>,
     input: &mut impl Read,
     output: &mut impl Write,

@@ -21,7 +21,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use burn_backend::{DTypeUsage, TensorMetadata};
 use burn_flex::{Flex, FlexDevice};
-use burn_ir::{BackendIr, HandleKind, OperationIr, TensorId, TensorIr, TensorStatus};
+use burn_ir::{HandleKind, OperationIr, TensorId, TensorIr, TensorStatus};
 use burn_remote::wire::{self, Command};
 use burn_router::TensorInterpreter;
 use burn_std::DType;
@@ -31,6 +31,7 @@ use burn_std::reader::read_sync;
 use crate::cost;
 use crate::ledger::{Entry, Id, Ledger, bytes_of, shown};
 use crate::shapes;
+use crate::storage::{Buffer, Buffers};
 
 /// What a session holds, for the host's accounts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -44,7 +45,7 @@ pub struct Usage {
 /// One trial's tensors and the burn backend that computes them: burn's
 /// CPU backend (`Flex`, the default) or a GPU through burn's wgpu backend
 /// ([`crate::gpu`]).
-pub struct Session<B: BackendIr = Flex> {
+pub struct Session<B: Buffers = Flex> {
     interpreter: TensorInterpreter<B>,
     device: B::Device,
     ledger: Ledger,
@@ -71,7 +72,7 @@ impl Session {
     }
 }
 
-impl<B: BackendIr> Session<B> {
+impl<B: Buffers> Session<B> {
     /// A session like [`Session::new`] whose tensors live on `device`.
     pub fn on(device: B::Device, memory_bytes: u64, fuel: u64) -> Self {
         Self {
@@ -247,10 +248,17 @@ impl<B: BackendIr> Session<B> {
             dtype: data.dtype(),
             bytes,
         };
+        let look = TensorIr {
+            id,
+            shape: entry.shape.clone(),
+            status: TensorStatus::ReadOnly,
+            dtype: entry.dtype,
+        };
         let interpreter = &mut self.interpreter;
         guarded(|| interpreter.register_tensor_data_id(id, data))?;
-        self.ledger.insert(id, entry);
-        Ok(())
+        let buffer = self.made_as_declared(&look)?;
+        self.ledger.insert(id, entry, buffer);
+        self.ledger.check_room(0)
     }
 
     fn operation(&mut self, op: OperationIr) -> Result<(), String> {
@@ -289,13 +297,6 @@ impl<B: BackendIr> Session<B> {
                 ));
             }
         }
-        // A view keeps its input's whole buffer: it is charged for it.
-        if let Some(input) = shapes::view_of(&op) {
-            let held = self.ledger.get(input.id).map_or(0, |e| e.bytes);
-            for (_, entry) in &mut plan.makes {
-                entry.bytes = entry.bytes.max(held);
-            }
-        }
         // Declared types are checked only once burn has made the outputs,
         // so the room is checked with each output element as wide as the
         // widest of its declared type and the inputs' types: a type lie
@@ -321,25 +322,34 @@ impl<B: BackendIr> Session<B> {
         if let Some(draw) = draw {
             self.draws.push(draw);
         }
-        for tensor in &declared {
-            self.made_as_declared(tensor)?;
-        }
-        self.ledger.commit(plan);
-        Ok(())
+        let buffers = declared
+            .iter()
+            .map(|tensor| self.made_as_declared(tensor))
+            .collect::<Result<Vec<_>, _>>()?;
+        self.ledger.commit(plan, &buffers);
+        // The room was checked with each output as a new buffer of its own
+        // size, and the backend made them: this holds unless it made one
+        // larger than its elements.
+        self.ledger.check_room(0)
     }
 
-    /// Checks that the backend made `tensor` with the declared shape and type.
-    fn made_as_declared(&mut self, tensor: &TensorIr) -> Result<(), String> {
+    /// Checks that the backend made `tensor` with the declared shape and
+    /// type, and says which buffer it holds.
+    fn made_as_declared(&mut self, tensor: &TensorIr) -> Result<Buffer, String> {
         let look = TensorIr {
             status: TensorStatus::ReadOnly,
             ..tensor.clone()
         };
         let interpreter = &mut self.interpreter;
-        let made = guarded(|| match interpreter.get_tensor(&look) {
-            HandleKind::Float(t) => (t.shape(), t.dtype()),
-            HandleKind::Int(t) => (t.shape(), t.dtype()),
-            HandleKind::Bool(t) => (t.shape(), t.dtype()),
-            HandleKind::Quantized(t) => (t.shape(), t.dtype()),
+        let (made, buffer) = guarded(|| {
+            let handle = interpreter.get_tensor(&look);
+            let made = match &handle {
+                HandleKind::Float(t) => (t.shape(), t.dtype()),
+                HandleKind::Int(t) => (t.shape(), t.dtype()),
+                HandleKind::Bool(t) => (t.shape(), t.dtype()),
+                HandleKind::Quantized(t) => (t.shape(), t.dtype()),
+            };
+            (made, B::buffer(&handle))
         })?;
         if made != (tensor.shape.clone(), tensor.dtype) {
             return Err(format!(
@@ -351,7 +361,7 @@ impl<B: BackendIr> Session<B> {
                 tensor.dtype
             ));
         }
-        Ok(())
+        buffer.ok_or_else(|| format!("the backend does not say where {} is kept", Id(tensor.id)))
     }
 }
 

@@ -63,32 +63,6 @@ pub fn name(op: &OperationIr) -> String {
     names.join("(") + &")".repeat(names.len().saturating_sub(1))
 }
 
-/// The input whose whole buffer `op`'s output may keep alive: burn-flex
-/// makes slices, unfolds and the layout changes (reshape, swap, permute,
-/// flip, expand, and a cast to the same type) as views sharing their
-/// input's data, so a small view of a large tensor holds all of it, even
-/// once the tensor itself is freed, and so does a view of that view. Where
-/// burn copies instead, and while the input lives beside its view (the
-/// ledger counts each tensor on its own, not the buffers they share), the
-/// charge is only conservative.
-pub fn view_of(op: &OperationIr) -> Option<&TensorIr> {
-    match op {
-        OperationIr::BaseFloat(op) | OperationIr::BaseInt(op) | OperationIr::BaseBool(op) => {
-            match op {
-                BaseOperationIr::Slice(op) => Some(&op.tensor),
-                BaseOperationIr::Unfold(op) => Some(&op.input),
-                BaseOperationIr::Reshape(op) | BaseOperationIr::Expand(op) => Some(&op.input),
-                BaseOperationIr::SwapDims(op) => Some(&op.input),
-                BaseOperationIr::Permute(op) => Some(&op.input),
-                BaseOperationIr::Flip(op) => Some(&op.input),
-                BaseOperationIr::Cast(op) => Some(&op.input),
-                _ => None,
-            }
-        }
-        _ => None,
-    }
-}
-
 fn unsupported(what: &str) -> Shapes {
     Err(format!(
         "{what} is not among the operations the host runs yet \

@@ -496,6 +496,95 @@ fn a_slice_is_charged_for_the_buffer_it_keeps() {
     );
 }
 
+fn drop(tensor: TensorIr) -> Command {
+    Command::Operation(OperationIr::Drop(tensor))
+}
+
+fn held(bytes: u64, tensors: u64) -> Usage {
+    Usage { bytes, tensors }
+}
+
+#[test]
+fn a_view_of_a_live_tensor_adds_only_its_own_elements() {
+    let mut session = session();
+    let slice = base(BaseOperationIr::Slice(SliceOpIr {
+        tensor: input(1, &[1000]),
+        ranges: vec![burn_std::Slice::new(0, Some(10), 1)],
+        out: output(2, &[10]),
+    }));
+    session.run(&frame([data(1, &[1000]), slice]));
+    assert_eq!(session.error(), None);
+    // One buffer of 4000 bytes, and a snapshot of both tensors holds
+    // 4000 + 40: the slice is not charged its input's buffer again.
+    assert_eq!(session.usage(), held(4040, 2));
+    // A reshape shares the buffer too, and a snapshot holds it whole.
+    let reshape = base(BaseOperationIr::Reshape(ShapeOpIr {
+        input: input(1, &[1000]),
+        out: output(3, &[10, 100]),
+    }));
+    session.run(&frame([reshape]));
+    assert_eq!(session.error(), None);
+    assert_eq!(session.usage(), held(8040, 3));
+    // Freeing the views gives back what they showed; the buffer stays
+    // charged whole while any tensor holds it.
+    session.run(&frame([
+        drop(last_use(3, &[10, 100])),
+        drop(last_use(1, &[1000])),
+    ]));
+    assert_eq!(session.error(), None);
+    assert_eq!(session.usage(), held(4000, 1));
+    session.run(&frame([drop(last_use(2, &[10]))]));
+    assert_eq!(session.error(), None);
+    assert_eq!(session.usage(), Usage::default());
+}
+
+#[test]
+fn a_copy_made_by_a_layout_change_is_charged_as_its_own_buffer() {
+    let mut session = session();
+    let permute = base(BaseOperationIr::Permute(PermuteOpIr {
+        input: input(1, &[10, 100]),
+        out: output(2, &[100, 10]),
+        axes: vec![1, 0],
+    }));
+    // The permuted tensor is not contiguous: burn copies to reshape it.
+    let reshape = base(BaseOperationIr::Reshape(ShapeOpIr {
+        input: last_use(2, &[100, 10]),
+        out: output(3, &[1000]),
+    }));
+    let keep_copied = base(BaseOperationIr::Slice(SliceOpIr {
+        tensor: last_use(3, &[1000]),
+        ranges: vec![burn_std::Slice::new(0, Some(1), 1)],
+        out: output(4, &[1]),
+    }));
+    session.run(&frame([data(1, &[10, 100]), permute, reshape, keep_copied]));
+    assert_eq!(session.error(), None);
+    assert_eq!(session.usage(), held(8000, 2));
+    // One element of each buffer, kept: both stay charged whole.
+    let keep_first = base(BaseOperationIr::Slice(SliceOpIr {
+        tensor: last_use(1, &[10, 100]),
+        ranges: vec![burn_std::Slice::new(0, Some(1), 1); 2],
+        out: output(5, &[1, 1]),
+    }));
+    session.run(&frame([keep_first]));
+    assert_eq!(session.error(), None);
+    assert_eq!(session.usage(), held(8000, 2));
+    let read = session.read(&[], last_use(4, &[1])).unwrap();
+    assert_eq!(read.try_to_vec::<f32>().unwrap(), [1.0]);
+    assert_eq!(session.usage(), held(4000, 1));
+}
+
+#[test]
+fn views_cannot_hold_more_than_the_quota() {
+    // 160,000 f32 values take 640 KB of the 1 MiB quota; a reshape of them
+    // shares the buffer but a snapshot would hold both, so it is refused.
+    let reshape = base(BaseOperationIr::Reshape(ShapeOpIr {
+        input: input(1, &[160_000]),
+        out: output(2, &[400, 400]),
+    }));
+    let error = refused(vec![data(1, &[160_000])], reshape);
+    assert!(error.contains("over its quota"), "{error}");
+}
+
 #[test]
 fn convolution_padding_wider_than_the_kernel_is_refused() {
     let conv = Command::Operation(OperationIr::Module(ModuleOperationIr::Conv2d(Conv2dOpIr {

@@ -20,7 +20,7 @@
 
 use burn_backend::Backend;
 use burn_ir::{
-    BackendIr, FloatOperationIr, NumericOperationIr, OperationIr, TensorId, TensorIr, TensorStatus,
+    FloatOperationIr, NumericOperationIr, OperationIr, TensorId, TensorIr, TensorStatus,
 };
 use burn_std::reader::read_sync;
 use burn_std::{DType, Distribution, Shape, TensorData};
@@ -28,6 +28,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{Session, guarded};
 use crate::ledger::{Id, bytes_of};
+use crate::storage::Buffers;
 
 /// Most runs of draws a session records between seeds.
 pub const MAX_DRAW_RUNS: usize = 1 << 16;
@@ -193,7 +194,7 @@ struct Image {
     draws: Draws,
 }
 
-impl<B: BackendIr> Session<B> {
+impl<B: Buffers> Session<B> {
     /// The session as bytes: its tensors' data and its random generator's
     /// record. Charges no fuel: the host takes snapshots, not the guest. A
     /// failed session has no exact state to give.

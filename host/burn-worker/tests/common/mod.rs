@@ -3,11 +3,12 @@
 // Each test file uses its part.
 #![allow(dead_code)]
 
-use burn_ir::{BackendIr, FloatOperationIr, OperationIr, RandomOpIr};
+use burn_ir::{FloatOperationIr, OperationIr, RandomOpIr};
 use burn_ir::{TensorId, TensorIr, TensorStatus};
 use burn_remote::wire::{Command, Frame};
 use burn_std::{DType, Distribution, Shape, TensorData};
 use wtune_burn_worker::Session;
+use wtune_burn_worker::storage::Buffers;
 
 /// An f32 tensor `id` of `shape`, as a command names it.
 pub fn tensor(id: u64, shape: &[usize], status: TensorStatus) -> TensorIr {
@@ -49,7 +50,7 @@ pub fn random(id: u64, n: usize, distribution: Distribution) -> Command {
 }
 
 /// The `n` numbers of tensor `id`, which `session` must read.
-pub fn values<B: BackendIr>(session: &mut Session<B>, id: u64, n: usize) -> Vec<f32> {
+pub fn values<B: Buffers>(session: &mut Session<B>, id: u64, n: usize) -> Vec<f32> {
     let data = session
         .read(&[], tensor(id, &[n], TensorStatus::ReadOnly))
         .expect("the read");
