@@ -155,6 +155,17 @@ fn sigkill_mid_run_then_resume_gives_the_uninterrupted_results() {
         "the run finished before it could be killed; make it longer"
     );
 
+    // What a kill in the middle of an atomic write leaves: the named
+    // temporary file it was writing (whether this kill landed in one is
+    // down to timing, so one is put there), which the resume removes.
+    let left = [
+        out.join(".wtune-tmp-state"),
+        out.join("trial_0000/checkpoints/.wtune-tmp-snapshot"),
+    ];
+    for file in &left {
+        std::fs::write(file, vec![0u8; 1 << 20]).unwrap();
+    }
+
     // A damaged state file is named as such, and the previous one works.
     let good = std::fs::read(out.join("experiment_state.json")).unwrap();
     std::fs::write(out.join("experiment_state.json"), &good[..good.len() / 2]).unwrap();
@@ -176,6 +187,9 @@ fn sigkill_mid_run_then_resume_gives_the_uninterrupted_results() {
         .output()
         .unwrap());
     assert!(log.contains("continue from checkpoints"), "{log}");
+    for file in &left {
+        assert!(!file.exists(), "{} is left", file.display());
+    }
     let outcomes = outcomes(&out);
     for (id, status, _, iters, _) in &outcomes {
         assert_eq!(
@@ -449,6 +463,62 @@ fn bad_resumes_and_short_keys_are_refused_and_change_nothing() {
         "holds 8 bytes; use at least 16 bytes of secret",
     );
     assert!(!keyed_out.exists(), "nothing is written for a refused run");
+}
+
+/// A checkpoint that is intact but unreadable as things stand (the snapshot
+/// key file now holds another key) refuses the resume before anything
+/// changes, rather than starting its trial over, which would cut its
+/// results back to nothing; with the key back, the trials continue from it.
+#[test]
+fn a_changed_snapshot_key_refuses_the_resume_and_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("snapshots.key");
+    std::fs::write(&key, [7u8; 32]).unwrap();
+    // Every trial checkpoints at iteration 1 and traps at 2.
+    let extra = "checkpoint_freq = 1\nsnapshot_key_file = \"snapshots.key\"\n\
+                 [param_space.trap_at]\ngrid_search = [2]";
+    let config = experiment(dir.path(), extra, 64, 3);
+    let out = dir.path().join("out");
+    assert!(!run(&config, &out).status.success());
+    let before = files(&out);
+
+    std::fs::write(&key, [8u8; 32]).unwrap();
+    let resume = || {
+        common::wtune()
+            .arg("resume")
+            .arg(&out)
+            .arg("--retry-errored")
+            .output()
+            .unwrap()
+    };
+    let rotated = resume();
+    refused(&rotated, "written with another key");
+    refused(&rotated, "nothing was changed");
+    assert!(files(&out) == before, "a refused resume changed files");
+
+    std::fs::write(&key, [7u8; 32]).unwrap();
+    let resumed = resume();
+    let stderr = String::from_utf8_lossy(&resumed.stderr);
+    assert!(
+        stderr.contains("4 trials continue from checkpoints, 0 start over"),
+        "{stderr}"
+    );
+    // Continued, not started over: iteration 1's result is the first run's.
+    let first_line = |bytes: &[u8]| {
+        String::from_utf8_lossy(bytes)
+            .lines()
+            .next()
+            .map(String::from)
+    };
+    let results = out.join("trial_0000/result.jsonl");
+    let (_, was) = before.iter().find(|(path, _)| *path == results).unwrap();
+    assert_eq!(
+        first_line(&std::fs::read(&results).unwrap()),
+        first_line(was)
+    );
+    let (from_jsonl, from_csv) = iterations_in_files(&out.join("trial_0000"));
+    assert_eq!(from_jsonl, from_csv);
+    assert_eq!(from_jsonl.first(), Some(&1));
 }
 
 /// `training_iteration` of every line of a trial's `result.jsonl`, and of

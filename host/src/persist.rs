@@ -6,6 +6,9 @@ use std::fs::{self, File};
 use std::io::{self, Write};
 use std::path::Path;
 
+/// How the temporary files of atomic writes are named.
+const TEMPORARY: &str = ".wtune-tmp-";
+
 /// Replaces `path` with `bytes` atomically.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
     write_atomic_with(path, |file| file.write_all(bytes))
@@ -22,13 +25,79 @@ pub fn write_atomic_with(
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
     let mut tmp = tempfile::Builder::new()
-        .prefix(".wtune-tmp-")
+        .prefix(TEMPORARY)
         .tempfile_in(dir)?;
     write(tmp.as_file_mut())?;
     tmp.as_file().sync_all()?;
     tmp.persist(path).map_err(|e| e.error)?;
     // The rename is durable only once the directory entry is on disk.
     File::open(dir)?.sync_all()
+}
+
+/// A copy of a file made under a temporary name beside where it goes
+/// ([`stage_copy`]), on disk but not yet in place: dropped, it is deleted.
+#[derive(Debug)]
+pub struct Staged {
+    path: std::path::PathBuf,
+}
+
+/// Links `from` (or, across file systems, copies and fsyncs it) under a
+/// temporary name beside `to`, so that whatever can fail in the copy fails
+/// before anything is replaced. [`Staged::put`] moves it to `to`.
+pub fn stage_copy(from: &Path, to: &Path) -> io::Result<Staged> {
+    let dir = to
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    fs::create_dir_all(dir)?;
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let staged = Staged {
+        path: dir.join(format!("{TEMPORARY}copy-{}-{nanos}", std::process::id())),
+    };
+    if fs::hard_link(from, &staged.path).is_err() {
+        fs::copy(from, &staged.path)?;
+        File::open(&staged.path)?.sync_all()?;
+    }
+    Ok(staged)
+}
+
+impl Staged {
+    /// Renames the copy to `to` (beside it), replacing what is there, and
+    /// makes the rename durable.
+    pub fn put(self, to: &Path) -> io::Result<()> {
+        fs::rename(&self.path, to)?;
+        let dir = to
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        File::open(dir)?.sync_all()
+    }
+}
+
+impl Drop for Staged {
+    fn drop(&mut self) {
+        // Gone already once put in place.
+        let _ = fs::remove_file(&self.path);
+    }
+}
+
+/// Deletes the temporary files [`write_atomic_with`] left in `dir` when the
+/// process was killed mid-write (they are named, so the kernel does not
+/// remove them; a checkpoint's can be as large as the guest's memory).
+/// Call it only while no write into `dir` can be under way: on resume,
+/// with the experiment's lock held.
+pub fn remove_stale_temporaries(dir: &Path) {
+    for entry in fs::read_dir(dir).into_iter().flatten().flatten() {
+        let stale = entry
+            .file_name()
+            .to_str()
+            .is_some_and(|n| n.starts_with(TEMPORARY));
+        if stale && let Err(err) = fs::remove_file(entry.path()) {
+            tracing::warn!("removing {}: {err}", entry.path().display());
+        }
+    }
 }
 
 /// A background thread that keeps one file current without making its
@@ -123,5 +192,40 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let err = write_atomic(&dir.path().join("nope/x.json"), b"x").unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::NotFound);
+    }
+
+    #[test]
+    fn a_staged_copy_replaces_only_once_put_and_leaves_nothing_else() {
+        let dir = tempfile::tempdir().unwrap();
+        let (from, to) = (dir.path().join("source"), dir.path().join("own/checkpoint"));
+        fs::write(&from, b"clone").unwrap();
+        fs::create_dir(dir.path().join("own")).unwrap();
+        fs::write(&to, b"own").unwrap();
+        // Missing source: an error, and the file in place is untouched.
+        let err = stage_copy(&dir.path().join("missing"), &to).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::NotFound);
+        assert_eq!(fs::read_to_string(&to).unwrap(), "own");
+        // Staged, then given up: no trace.
+        drop(stage_copy(&from, &to).unwrap());
+        assert_eq!(fs::read_dir(dir.path().join("own")).unwrap().count(), 1);
+        assert_eq!(fs::read_to_string(&to).unwrap(), "own");
+        // Put in place: it replaces the file, and nothing is left beside it.
+        stage_copy(&from, &to).unwrap().put(&to).unwrap();
+        assert_eq!(fs::read_to_string(&to).unwrap(), "clone");
+        assert_eq!(fs::read_dir(dir.path().join("own")).unwrap().count(), 1);
+        assert_eq!(fs::read_to_string(&from).unwrap(), "clone");
+    }
+
+    #[test]
+    fn stale_temporaries_are_removed_and_nothing_else() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join(".wtune-tmp-abc"), b"torn").unwrap();
+        fs::write(dir.path().join("checkpoint_000001.wtsnap"), b"kept").unwrap();
+        remove_stale_temporaries(dir.path());
+        let left: Vec<_> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(left, ["checkpoint_000001.wtsnap"]);
     }
 }

@@ -13,8 +13,8 @@ use crate::compute::ComputeOptions;
 use crate::sandbox::{Limits, Program, TrialEnv, TrialFault, TrialInstance};
 use crate::snapshot::{self, Payload, SnapshotFile, SnapshotKey, SnapshotMeta};
 use crate::tune::{
-    CheckpointInfo, CheckpointMeta, RunSpec, Step, TrialBackend, TrialFailure, TrialLaunch,
-    TrialSession, fit_gpu,
+    CheckpointFault, CheckpointInfo, CheckpointMeta, RunSpec, Step, TrialBackend, TrialFailure,
+    TrialLaunch, TrialSession, fit_gpu,
 };
 use crate::units::human_bytes;
 
@@ -154,8 +154,19 @@ impl WasmBackend {
     /// Opens and verifies a checkpoint file written for this component: its
     /// metadata is read, its payload stays on disk until asked for.
     pub fn open_checkpoint(&self, path: &Path) -> Result<SnapshotFile, String> {
-        SnapshotFile::open(path, self.program.digest(), self.key.as_ref())
-            .map_err(|e| format!("checkpoint {}: {e}", path.display()))
+        self.read_checkpoint(path).map_err(|e| e.to_string())
+    }
+
+    /// [`WasmBackend::open_checkpoint`], saying whether the file is damaged.
+    fn read_checkpoint(&self, path: &Path) -> Result<SnapshotFile, CheckpointFault> {
+        SnapshotFile::open(path, self.program.digest(), self.key.as_ref()).map_err(|e| {
+            let why = format!("checkpoint {}: {e}", path.display());
+            if e.is_damage() {
+                CheckpointFault::Damaged(why)
+            } else {
+                CheckpointFault::Unreadable(why)
+            }
+        })
     }
 
     /// Starts a trial: a fresh instance set up with `launch.config`, or,
@@ -361,8 +372,8 @@ impl TrialBackend for WasmBackend {
 
     const CHECKPOINT_EXTENSION: &'static str = "wtsnap";
 
-    fn describe_checkpoint(&self, path: &Path) -> Result<CheckpointMeta, TrialFailure> {
-        let file = self.open_checkpoint(path).map_err(TrialFailure::new)?;
+    fn describe_checkpoint(&self, path: &Path) -> Result<CheckpointMeta, CheckpointFault> {
+        let file = self.read_checkpoint(path)?;
         let mut meta = file.meta().clone();
         Ok(CheckpointMeta {
             iteration: meta.iteration,

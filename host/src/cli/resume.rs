@@ -47,9 +47,6 @@ pub(super) fn resume_experiment(args: ResumeArgs) -> Result<(), Failure> {
     if more_trials {
         scheduler.on_more_trials();
     }
-    if args.previous_state {
-        move_damaged_state_aside(&args.dir)?;
-    }
     let errored = if args.retry_errored {
         ErroredTrials::Retry
     } else if args.restart_errored {
@@ -57,7 +54,11 @@ pub(super) fn resume_experiment(args: ResumeArgs) -> Result<(), Failure> {
     } else {
         ErroredTrials::Keep
     };
-    let output_dir = std::path::absolute(&args.dir).unwrap_or(args.dir);
+    let output_dir = std::path::absolute(&args.dir).unwrap_or(args.dir.clone());
+    resume::refuse_unreadable(&backend, &trials, &output_dir, errored).map_err(Failure::user)?;
+    if args.previous_state {
+        move_damaged_state_aside(&args.dir)?;
+    }
     let moment = fuel_moment(&setup, decisions, &state.status);
     let plan = resume::prepare_at(
         &backend,

@@ -24,7 +24,8 @@ pub use crate::machine::{detect_gpus, machine_gpus};
 pub use asha::{Asha, AshaConfig, AshaVariant};
 pub use backend::closure::{FnBackend, StatefulStep};
 pub use backend::{
-    CheckpointInfo, CheckpointMeta, Step, TrialBackend, TrialFailure, TrialLaunch, TrialSession,
+    CheckpointFault, CheckpointInfo, CheckpointMeta, Step, TrialBackend, TrialFailure, TrialLaunch,
+    TrialSession,
 };
 pub use control::{Command, ControlError, Controller, Reply, Requests};
 pub use decisions::{

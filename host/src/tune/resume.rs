@@ -10,7 +10,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::backend::{CheckpointMeta, TrialBackend};
+use super::backend::{CheckpointFault, CheckpointMeta, TrialBackend};
 use super::decisions::FuelMoment;
 use super::runner::{
     CHECKPOINT_DIR, CheckpointPolicy, DROPPED_DIR, checkpoint_iteration, checkpoint_path,
@@ -86,9 +86,12 @@ pub fn prepare_at<B: TrialBackend>(
     moment: Option<&FuelMoment>,
 ) -> ResumePlan {
     let mut plan = ResumePlan::default();
+    crate::persist::remove_stale_temporaries(output_dir);
     for trial in trials.iter_mut() {
         // The directory may have moved since the state was written.
         trial.dir = output_dir.join(&trial.trial_id);
+        crate::persist::remove_stale_temporaries(&trial.dir);
+        crate::persist::remove_stale_temporaries(&trial.dir.join(CHECKPOINT_DIR));
         if moment.is_some() {
             put_back_dropped(backend, trial);
         }
@@ -151,6 +154,78 @@ pub fn prepare_at<B: TrialBackend>(
     plan
 }
 
+/// Refuses, before [`prepare_at`] changes anything, a resume that would
+/// start a trial over for want of a checkpoint that may well be intact:
+/// its newest one was written with another snapshot key, for another
+/// component, or cannot be read now. Starting over would cut the trial's
+/// results back to nothing and overwrite its checkpoints by name. Checked
+/// are the trials that may continue (RUNNING and PAUSED ones, ERROR ones
+/// that `errored` retries) and trial directories the state does not list
+/// (which the run adopts, [`adopt`]); per trial, its checkpoints newest
+/// first, down to the first intact one, damaged ones passed over as
+/// [`prepare_at`] passes over them.
+pub fn refuse_unreadable<B: TrialBackend>(
+    backend: &B,
+    trials: &[Trial],
+    output_dir: &Path,
+    errored: ErroredTrials,
+) -> Result<(), String> {
+    let continues = |trial: &Trial| match trial.status {
+        TrialStatus::Running | TrialStatus::Paused => true,
+        TrialStatus::Error => errored == ErroredTrials::Retry,
+        TrialStatus::Pending | TrialStatus::Terminated => false,
+    };
+    let mut dirs: Vec<PathBuf> = trials
+        .iter()
+        .filter(|t| continues(t))
+        .map(|t| output_dir.join(&t.trial_id))
+        .collect();
+    let listed: Vec<&str> = trials.iter().map(|t| t.trial_id.as_str()).collect();
+    for entry in std::fs::read_dir(output_dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        // A trial's id, as the runner names trials (not one moved aside).
+        let name = entry.file_name();
+        let unlisted = name.to_str().is_some_and(|n| {
+            n.strip_prefix("trial_")
+                .is_some_and(|k| !k.is_empty() && k.bytes().all(|b| b.is_ascii_digit()))
+                && !listed.contains(&n)
+        });
+        if unlisted {
+            dirs.push(entry.path());
+        }
+    }
+    for dir in dirs {
+        let mut files: Vec<(u64, PathBuf)> = std::fs::read_dir(dir.join(CHECKPOINT_DIR))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|entry| {
+                let iteration = checkpoint_iteration::<B>(entry.file_name().to_str()?)?;
+                Some((iteration, entry.path()))
+            })
+            .collect();
+        files.sort();
+        while let Some((_, file)) = files.pop() {
+            match backend.describe_checkpoint(&file) {
+                Ok(_) => break,
+                Err(CheckpointFault::Damaged(_)) => continue,
+                Err(CheckpointFault::Unreadable(why)) => {
+                    return Err(format!(
+                        "{why}; resuming would start the trial over without it, so \
+                         nothing was changed: resume with the snapshot key and the model \
+                         the experiment ran with, or move the file away to continue from \
+                         an older checkpoint"
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Tells the scheduler and the searcher (restored from the saved state,
 /// where these trials had ended) that the ERROR trials in `plan.retried`
 /// are live again, so that their completion counts once; and the scheduler
@@ -210,6 +285,8 @@ pub fn adopt<B: TrialBackend>(
         Err(_) => None,
     };
     clear_dropped(trial);
+    crate::persist::remove_stale_temporaries(&trial.dir);
+    crate::persist::remove_stale_temporaries(&trial.dir.join(CHECKPOINT_DIR));
     if params.as_ref() != Some(&trial.config) {
         let stamp = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -409,8 +486,8 @@ fn newest_intact_of<B: TrialBackend>(
                 ));
                 continue;
             }
-            Err(failure) => {
-                damaged.push((trial.dir.join(&path), failure.reason));
+            Err(fault) => {
+                damaged.push((trial.dir.join(&path), fault.reason().to_owned()));
                 continue;
             }
         };

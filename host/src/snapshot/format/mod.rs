@@ -288,6 +288,26 @@ impl fmt::Display for ReadError {
 
 impl std::error::Error for ReadError {}
 
+impl ReadError {
+    /// Whether the file itself is damaged (cut short, corrupted, not a
+    /// snapshot at all), rather than unreadable as things stand: written
+    /// with another key, for another component or format version, or the
+    /// read failed. Only damage lets a resume fall back to an older file.
+    pub fn is_damage(&self) -> bool {
+        match self {
+            ReadError::Format(err) => matches!(
+                err,
+                FormatError::NotASnapshot
+                    | FormatError::Truncated
+                    | FormatError::Checksum
+                    | FormatError::Malformed(_)
+            ),
+            ReadError::Io(err) => err.kind() == std::io::ErrorKind::UnexpectedEof,
+            ReadError::Changed => false,
+        }
+    }
+}
+
 impl From<FormatError> for ReadError {
     fn from(err: FormatError) -> Self {
         ReadError::Format(err)

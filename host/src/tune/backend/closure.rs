@@ -18,7 +18,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::{
-    CheckpointInfo, CheckpointMeta, Step, TrialBackend, TrialFailure, TrialLaunch, TrialSession,
+    CheckpointFault, CheckpointInfo, CheckpointMeta, Step, TrialBackend, TrialFailure, TrialLaunch,
+    TrialSession,
 };
 
 /// A trainable with state that checkpoints carry: what
@@ -205,8 +206,13 @@ impl TrialBackend for FnBackend {
         })
     }
 
-    fn describe_checkpoint(&self, path: &Path) -> Result<CheckpointMeta, TrialFailure> {
-        let checkpoint = read(path)?;
+    fn describe_checkpoint(&self, path: &Path) -> Result<CheckpointMeta, CheckpointFault> {
+        let bytes = std::fs::read(path).map_err(|e| {
+            CheckpointFault::Unreadable(format!("reading checkpoint {}: {e}", path.display()))
+        })?;
+        let checkpoint = serde_json::from_slice::<FnCheckpoint>(&bytes).map_err(|e| {
+            CheckpointFault::Damaged(format!("checkpoint {} is damaged: {e}", path.display()))
+        })?;
         Ok(CheckpointMeta {
             iteration: checkpoint.iteration,
             time_total_s: checkpoint.time_total_s,

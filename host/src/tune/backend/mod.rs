@@ -114,6 +114,34 @@ pub struct CheckpointMeta {
     pub result: Option<serde_json::Map<String, Value>>,
 }
 
+/// Why a checkpoint file could not be described.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CheckpointFault {
+    /// The file itself is damaged (truncated, corrupted, not a checkpoint):
+    /// resuming skips it for the trial's next older one.
+    Damaged(String),
+    /// The file may well be intact, but cannot be read as things stand (it
+    /// was written with another snapshot key, for another component or
+    /// format version, or reading it failed): resuming refuses rather than
+    /// start the trial over and overwrite its history.
+    Unreadable(String),
+}
+
+impl CheckpointFault {
+    /// One line naming the file and the cause.
+    pub fn reason(&self) -> &str {
+        match self {
+            CheckpointFault::Damaged(why) | CheckpointFault::Unreadable(why) => why,
+        }
+    }
+}
+
+impl fmt::Display for CheckpointFault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.reason())
+    }
+}
+
 /// Executes trials. Calls block (they run guest code), so the runner makes
 /// them on blocking threads.
 pub trait TrialBackend: Send + Sync + 'static {
@@ -127,8 +155,9 @@ pub trait TrialBackend: Send + Sync + 'static {
     fn launch(&self, launch: &TrialLaunch) -> Result<Self::Session, TrialFailure>;
 
     /// Reads and verifies a checkpoint file this backend wrote; `wtune
-    /// resume` uses it to find each trial's newest intact checkpoint.
-    fn describe_checkpoint(&self, path: &Path) -> Result<CheckpointMeta, TrialFailure>;
+    /// resume` uses it to find each trial's newest intact checkpoint, and
+    /// refuses to resume on a [`CheckpointFault::Unreadable`] one.
+    fn describe_checkpoint(&self, path: &Path) -> Result<CheckpointMeta, CheckpointFault>;
 }
 
 /// A live trial that can be stepped until it is stopped.

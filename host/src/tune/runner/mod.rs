@@ -904,25 +904,33 @@ impl<B: TrialBackend> Runner<B> {
         }
         let wait = self.listing_trusted();
         let trial = &mut trials[index];
+        let path = checkpoint_path::<B>(checkpoint.iteration);
+        let (from, to) = (source_dir.join(&checkpoint.path), trial.dir.join(&path));
+        // The clone is made beside its place first: when it cannot be, the
+        // trial goes on, its own checkpoints untouched.
+        let staged = match crate::persist::stage_copy(&from, &to) {
+            Ok(staged) => staged,
+            Err(e) => {
+                tracing::warn!(trial = %trial.trial_id, "cannot clone {source_id}'s checkpoint, continuing: copying {} to {}: {e}", from.display(), to.display());
+                tasks.train(index, session);
+                return;
+            }
+        };
         // The trial's own checkpoints from this iteration on belong to the
         // trajectory it leaves: recovery and `wtune resume` continue from
         // the newest checkpoint on disk, which must be the clone.
         self.retired
             .unlist(trial, wait, |_, own| own.iteration >= checkpoint.iteration);
-        let path = checkpoint_path::<B>(checkpoint.iteration);
-        let (from, to) = (source_dir.join(&checkpoint.path), trial.dir.join(&path));
-        let copied = to
-            .parent()
-            .map_or(Ok(()), crate::persist::create_dir)
-            .and_then(|()| {
-                let _ = std::fs::remove_file(&to);
-                std::fs::hard_link(&from, &to)
-                    .or_else(|_| std::fs::copy(&from, &to).map(drop))
-                    .map_err(|e| format!("copying {} to {}: {e}", from.display(), to.display()))
-            });
-        if let Err(reason) = copied {
-            tracing::warn!(trial = %trial.trial_id, "cannot clone {source_id}'s checkpoint, continuing: {reason}");
-            tasks.train(index, session);
+        if let Err(e) = staged.put(&to) {
+            // A rename within one directory, which should not fail: the
+            // trial fails as on any checkpoint it cannot write.
+            let reason = format!(
+                "putting {}'s checkpoint in place at {}: {e}",
+                source_id,
+                to.display()
+            );
+            self.fail(trials, index, reason);
+            tasks.stop(index, session, false);
             return;
         }
         tracing::debug!(trial = %trial.trial_id, from = %source_id, iteration = checkpoint.iteration, "exploit");
