@@ -1060,3 +1060,38 @@ fn a_metric_no_result_reports_halts_the_run_once_naming_what_is_reported() {
     );
     assert!(summary.trials.len() <= 2, "trials went on starting");
 }
+
+#[test]
+fn a_scheduler_time_attr_no_result_reports_halts_the_run() {
+    // ASHA ends trials itself, so no default stop applies: with its
+    // `time_attr` misspelt, no rung would ever judge a trial and none
+    // would end. The first result lacking it halts the run instead.
+    let dir = tempfile::tempdir().unwrap();
+    let configs: Vec<Value> = (1..=8).map(|x| json!({"x": x})).collect();
+    use wtune::tune::{Asha, AshaConfig};
+    let config = AshaConfig {
+        time_attr: "training_iterations".into(),
+        ..AshaConfig::default()
+    };
+    let asha = Asha::new(config, "score", Mode::Max, 0).unwrap();
+    // A bound, so that a regression fails rather than runs for ever.
+    let spec = spec(dir.path(), configs, iterations(50), 2);
+    let runner = Runner::new(linear(), spec, Box::new(asha));
+    let summary = tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(runner.run())
+        .unwrap();
+    let halted = summary.halted.as_deref().unwrap();
+    assert!(
+        halted.contains(
+            "time_attr `training_iterations` is not a number in the trainable's report \
+             (it reports: score)"
+        ) && halted.contains("check `scheduler.time_attr`"),
+        "{halted}"
+    );
+    assert!(
+        summary.trials.iter().all(|t| t.iterations <= 1),
+        "{:?}",
+        summary.trials
+    );
+}

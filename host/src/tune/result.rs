@@ -188,14 +188,27 @@ fn seconds(d: Duration) -> Value {
 /// A metric as a JSON value. JSON has no NaN or infinities, so they are
 /// written as the strings `"NaN"`, `"Infinity"` and `"-Infinity"` (as
 /// JavaScript and Python print them; pandas' `read_csv` parses them back),
-/// keeping the three apart. [`Trial::metric`] reads them as unreported:
-/// such a value ranks no trial.
+/// keeping the three apart. [`Trial::metric`] reads them as unreported
+/// (such a value is never the best trial); schedulers read the infinities
+/// back ([`metric_number`]), so that a diverged trial ranks worst.
 pub fn metric_value(x: f64) -> Value {
     match Number::from_f64(x) {
         Some(number) => Value::Number(number),
         None if x.is_nan() => Value::from("NaN"),
         None if x > 0.0 => Value::from("Infinity"),
         None => Value::from("-Infinity"),
+    }
+}
+
+/// A metric as a number, [`metric_value`] undone for the infinities: a
+/// loss that diverged to `"Infinity"` ranks worst under `min` (and a trial
+/// reporting it is stopped as any bad one is), as it would in Ray Tune.
+/// `None` for NaN, a missing value or one that is not a number.
+pub fn metric_number(value: &Value) -> Option<f64> {
+    match value {
+        Value::String(s) if s == "Infinity" => Some(f64::INFINITY),
+        Value::String(s) if s == "-Infinity" => Some(f64::NEG_INFINITY),
+        other => other.as_f64(),
     }
 }
 

@@ -49,8 +49,25 @@ pub enum Domain {
     LogUniform { low: f64, high: f64 },
     /// Integer in `[low, high)`.
     RandInt { low: i64, high: i64 },
-    /// Uniform float rounded to a multiple of `q`, kept within `[low, high]`.
+    /// Uniform float rounded to a multiple of `q`, kept within `[low, high]`
+    /// among the multiples ([`quantized_bounds`]).
     QUniform { low: f64, high: f64, q: f64 },
+}
+
+/// The least and greatest multiples of `q` within `[low, high]` (a bound
+/// that is a multiple, to a rounding, is kept as written): where quniform's
+/// values are clamped, so that a bound that is not a multiple never becomes
+/// a value. The parser refuses a domain that holds no multiple.
+pub fn quantized_bounds(low: f64, high: f64, q: f64) -> (f64, f64) {
+    let snap = |x: f64, outward: fn(f64) -> f64| {
+        let k = (x / q).round();
+        if (k * q - x).abs() <= 1e-9 * q.max(x.abs()) {
+            x
+        } else {
+            outward(x / q) * q
+        }
+    };
+    (snap(low, f64::ceil), snap(high, f64::floor))
 }
 
 const DOMAIN_NAMES: [&str; 6] = [
@@ -371,7 +388,8 @@ fn draw(domain: &Domain, rng: &mut ChaCha8Rng) -> Drawn {
         Domain::RandInt { low, high } => Drawn::Int(rng.random_range(low..high)),
         Domain::QUniform { low, high, q } => {
             let x = (rng.random_range(low..high) / q).round() * q;
-            Drawn::Float(x.clamp(low, high))
+            let (min, max) = quantized_bounds(low, high, q);
+            Drawn::Float(x.clamp(min, max))
         }
     }
 }
@@ -435,7 +453,8 @@ fn enumerate(domain: &Domain, path: &str, points: Option<usize>) -> Result<Vec<V
             }
             Domain::QUniform { low, high, q } => {
                 let x = ((low + (high - low) * t) / q).round() * q;
-                push(float(x.clamp(low, high)))
+                let (min, max) = quantized_bounds(low, high, q);
+                push(float(x.clamp(min, max)))
             }
             Domain::GridSearch(_) | Domain::Choice(_) => unreachable!("returned above"),
         }
@@ -615,6 +634,17 @@ fn parse_domain(name: &str, args: &Value, path: &str) -> Result<Domain, SpaceErr
             if v[2] <= 0.0 {
                 return Err(err(path, format!("quniform needs {shape}, got {args}")));
             }
+            let (min, max) = quantized_bounds(v[0], v[1], v[2]);
+            if min > max {
+                return Err(err(
+                    path,
+                    format!(
+                        "quniform {args} holds no multiple of {} between {} and {}: \
+                         widen the range or make q smaller",
+                        v[2], v[0], v[1]
+                    ),
+                ));
+            }
             Ok(Domain::QUniform {
                 low: v[0],
                 high: v[1],
@@ -696,6 +726,29 @@ mod tests {
             assert!((0.0..1.0).contains(&config["nested"]["deep"]["x"].as_f64().unwrap()));
             assert_eq!(config["nested"]["fixed"], json!(true));
         }
+    }
+
+    /// Bounds that are not multiples of q are never values: draws and grid
+    /// points clamp to the multiples inside them, and a range with none is
+    /// refused.
+    #[test]
+    fn quniform_values_are_multiples_of_q_whatever_the_bounds() {
+        let s = space(json!({"q": {"quniform": [0.04, 1.0, 0.1]}}));
+        let on_grid = |q: f64| ((q / 0.1).round() * 0.1 - q).abs() < 1e-12;
+        for config in s.generate(2000, 3).unwrap() {
+            let q = config["q"].as_f64().unwrap();
+            assert!((0.1 - 1e-12..=1.0).contains(&q) && on_grid(q), "{q}");
+        }
+        assert_eq!(quantized_bounds(0.04, 1.0, 0.1), (0.1, 1.0));
+        assert_eq!(
+            quantized_bounds(0.3, 0.95, 0.1).0,
+            0.3,
+            "a multiple is kept"
+        );
+        let message = SearchSpace::from_json(&json!({"q": {"quniform": [0.11, 0.19, 0.1]}}))
+            .unwrap_err()
+            .to_string();
+        assert!(message.contains("holds no multiple of 0.1"), "{message}");
     }
 
     #[test]

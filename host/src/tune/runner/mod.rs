@@ -160,6 +160,8 @@ pub struct Runner<B: TrialBackend> {
     order: Option<FuelOrder>,
     /// Some result has carried the experiment's metric.
     metric_seen: bool,
+    /// Some result has carried the scheduler's `time_attr`.
+    time_attr_seen: bool,
     /// Some trial's session has launched (its `setup` took its config).
     launched_once: bool,
     /// The first trial to launch failed and is retried without end
@@ -240,6 +242,7 @@ impl<B: TrialBackend> Runner<B> {
             pool_changed: false,
             order,
             metric_seen: false,
+            time_attr_seen: false,
             launched_once: false,
             probe_retried: false,
             extending: HashSet::new(),
@@ -1123,11 +1126,7 @@ impl<B: TrialBackend> Runner<B> {
                 let reason = format!(
                     "the experiment's metric `{metric}` is not in the trainable's report (it \
                      reports: {})",
-                    step.metrics
-                        .iter()
-                        .map(|(n, _)| n.as_str())
-                        .collect::<Vec<_>>()
-                        .join(", ")
+                    reported(step)
                 );
                 if !self.metric_seen {
                     // No result has ever carried it: a misspelt `metric`,
@@ -1141,17 +1140,31 @@ impl<B: TrialBackend> Runner<B> {
             }
             self.metric_seen = true;
         }
+        if let Some(attr) = self.scheduler.time_attr() {
+            if record.get(attr).and_then(Value::as_f64).is_none() {
+                let reason = format!(
+                    "the scheduler's time_attr `{attr}` is not a number in the trainable's \
+                     report (it reports: {})",
+                    reported(step)
+                );
+                if !self.time_attr_seen {
+                    // Without it no trial would ever reach a rung or end.
+                    self.halt_for = Some(format!(
+                        "{reason}; no result has reported it, so no more trials start: check \
+                         `scheduler.time_attr` in the experiment file"
+                    ));
+                }
+                return Err(reason);
+            }
+            self.time_attr_seen = true;
+        }
         if let Some(stopper) = &self.stopper
             && let Some(missing) = stopper.metrics().find(|m| !record.contains_key(*m))
         {
             return Err(format!(
                 "stop_experiment's plateau metric `{missing}` is not in the trainable's report \
                  (it reports: {})",
-                step.metrics
-                    .iter()
-                    .map(|(n, _)| n.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                reported(step)
             ));
         }
         let stop_reason = if step.done {
@@ -1559,4 +1572,10 @@ fn trial_id_width(total: Option<u64>, saved: Option<usize>) -> usize {
             .len()
             .max(4),
     }
+}
+
+/// The metrics `step` reports, for an error about one it lacks.
+fn reported(step: &Step) -> String {
+    let names: Vec<&str> = step.metrics.iter().map(|(n, _)| n.as_str()).collect();
+    names.join(", ")
 }

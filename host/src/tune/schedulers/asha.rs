@@ -44,7 +44,7 @@ use serde_json::{Map, Value};
 
 use super::fifo::Fifo;
 use super::scheduler::{Decision, Scheduler};
-use crate::tune::result::Mode;
+use crate::tune::result::{Mode, metric_number};
 use crate::tune::saved::read_saved;
 use crate::tune::trial::{Trial, TrialStatus};
 
@@ -182,26 +182,31 @@ struct Rung {
 }
 
 /// Recorded rewards as saved: NaN (a missing metric) becomes JSON null and
-/// comes back as NaN, which a plain `f64` field would refuse.
+/// comes back as NaN, which a plain `f64` field would refuse; an infinity
+/// (a diverged trial's) is written as `metric_value` writes it.
 mod nan_as_null {
     use std::collections::BTreeMap;
 
     use serde::{Deserialize, Deserializer, Serializer};
+    use serde_json::Value;
+
+    use crate::tune::result::{metric_number, metric_value};
 
     pub fn serialize<S: Serializer>(
         map: &BTreeMap<String, f64>,
         serializer: S,
     ) -> Result<S::Ok, S::Error> {
-        serializer.collect_map(map.iter().map(|(k, v)| (k, (!v.is_nan()).then_some(*v))))
+        let saved = |v: f64| (!v.is_nan()).then(|| metric_value(v));
+        serializer.collect_map(map.iter().map(|(k, v)| (k, saved(*v))))
     }
 
     pub fn deserialize<'de, D: Deserializer<'de>>(
         deserializer: D,
     ) -> Result<BTreeMap<String, f64>, D::Error> {
-        let raw = BTreeMap::<String, Option<f64>>::deserialize(deserializer)?;
+        let raw = BTreeMap::<String, Value>::deserialize(deserializer)?;
         Ok(raw
             .into_iter()
-            .map(|(k, v)| (k, v.unwrap_or(f64::NAN)))
+            .map(|(k, v)| (k, metric_number(&v).unwrap_or(f64::NAN)))
             .collect())
     }
 }
@@ -466,7 +471,17 @@ fn percentile(ranked: &[Ranked], q: f64) -> f64 {
     let ascending = |k: usize| ranked[n - 1 - k].reward;
     let pos = q / 100.0 * (n - 1) as f64;
     let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
-    ascending(lo) + (ascending(hi) - ascending(lo)) * (pos - lo as f64)
+    let (a, b, f) = (ascending(lo), ascending(hi), pos - lo as f64);
+    // Between an infinite reward (a diverged trial's) and another, the
+    // line is that infinity: the arithmetic would make it NaN, which no
+    // reward falls below.
+    if f == 0.0 || a == b || a.is_infinite() {
+        a
+    } else if b.is_infinite() {
+        b
+    } else {
+        a + (b - a) * f
+    }
 }
 
 impl Asha {
@@ -475,7 +490,7 @@ impl Asha {
     fn record(&mut self, trial: &Trial, t: f64, result: &Map<String, Value>) -> Decision {
         // A missing or NaN metric (JSON null) is recorded as NaN, marking
         // the rung as passed; cutoffs ignore NaN (numpy's nanpercentile).
-        let reward = match result.get(&self.metric).and_then(Value::as_f64) {
+        let reward = match result.get(&self.metric).and_then(metric_number) {
             Some(v) if self.mode == Mode::Min => -v,
             Some(v) => v,
             None => f64::NAN,
@@ -517,7 +532,7 @@ impl Asha {
     /// The reward of a result: the metric, negated under `min` so that
     /// higher is better; NaN when missing.
     fn reward(&self, result: &Map<String, Value>) -> f64 {
-        match result.get(&self.metric).and_then(Value::as_f64) {
+        match result.get(&self.metric).and_then(metric_number) {
             Some(v) if self.mode == Mode::Min => -v,
             Some(v) => v,
             None => f64::NAN,
@@ -675,6 +690,10 @@ impl Asha {
 }
 
 impl Scheduler for Asha {
+    fn time_attr(&self) -> Option<&str> {
+        Some(self.config.time_attr.as_str())
+    }
+
     fn on_result(&mut self, trial: &Trial, result: &Map<String, Value>) -> Decision {
         if self.config.variant == AshaVariant::Promotion {
             return self.on_result_promotion(trial, result);
@@ -872,6 +891,49 @@ mod tests {
             ..AshaConfig::default()
         };
         Asha::new(config, "score", Mode::Max, 0).unwrap()
+    }
+
+    /// A loss that diverged, reported as `"Infinity"`, ranks worst under
+    /// `min` and is stopped at its rung, as Ray's `-inf < cutoff` does;
+    /// cutoffs stay numbers with it among the rewards, and a saved state
+    /// keeps it.
+    #[test]
+    fn a_diverged_trial_is_stopped_and_its_reward_is_kept() {
+        let config = AshaConfig {
+            max_t: 10.0,
+            grace_period: 1.0,
+            reduction_factor: 2.0,
+            ..AshaConfig::default()
+        };
+        let mut asha = Asha::new(config.clone(), "score", Mode::Min, 0).unwrap();
+        let loss = |t: u64, loss: Value| {
+            json!({"training_iteration": t, "score": loss})
+                .as_object()
+                .unwrap()
+                .clone()
+        };
+        assert_eq!(
+            asha.on_result(&trial(0), &loss(1, json!(1.0))),
+            Decision::Continue
+        );
+        assert_eq!(
+            asha.on_result(&trial(1), &loss(1, json!(2.0))),
+            Decision::Stop
+        );
+        assert_eq!(
+            asha.on_result(&trial(2), &loss(1, json!("Infinity"))),
+            Decision::Stop
+        );
+        // The cutoff, the median of -1, -2 and -inf, is -2: 1.5 passes.
+        assert_eq!(
+            asha.on_result(&trial(3), &loss(1, json!(1.5))),
+            Decision::Continue
+        );
+        let state = asha.state();
+        assert!(state.to_string().contains("\"-Infinity\""), "{state}");
+        let mut restored = Asha::new(config, "score", Mode::Min, 0).unwrap();
+        restored.restore_state(&state).unwrap();
+        assert_eq!(restored.state(), state);
     }
 
     #[test]

@@ -44,7 +44,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use super::scheduler::{Decision, Scheduler};
-use crate::tune::result::Mode;
+use crate::tune::result::{Mode, metric_number};
 use crate::tune::saved::read_saved;
 use crate::tune::trial::{Trial, TrialStatus};
 
@@ -376,6 +376,10 @@ impl HyperBand {
 }
 
 impl Scheduler for HyperBand {
+    fn time_attr(&self) -> Option<&str> {
+        Some(self.config.time_attr.as_str())
+    }
+
     fn on_result(&mut self, trial: &Trial, result: &Map<String, Value>) -> Decision {
         let id = trial.trial_id.as_str();
         if self.assigned.contains_key(id) && self.locate(id).is_none() {
@@ -384,7 +388,10 @@ impl Scheduler for HyperBand {
             return Decision::Stop;
         }
         let b = self.join(id);
-        let reward = match result.get(&self.metric).and_then(Value::as_f64) {
+        // An infinity (a diverged trial's) ranks as the extreme finite
+        // value, which the saved state can hold.
+        let metric = result.get(&self.metric).and_then(metric_number);
+        let reward = match metric.map(|v| v.clamp(f64::MIN, f64::MAX)) {
             Some(v) if v.is_nan() => None,
             Some(v) if self.mode == Mode::Min => Some(-v),
             other => other,

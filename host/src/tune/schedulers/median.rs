@@ -187,9 +187,7 @@ fn median(values: &mut [f64]) -> f64 {
     if n % 2 == 1 {
         mid
     } else {
-        // The largest of the lower half in the same total order (a NaN
-        // mean, from an empty window, sorts first and makes the median NaN,
-        // which stops no one).
+        // The largest of the lower half in the same total order.
         let lower = below
             .iter()
             .copied()
@@ -200,6 +198,10 @@ fn median(values: &mut [f64]) -> f64 {
 }
 
 impl Scheduler for MedianStopping {
+    fn time_attr(&self) -> Option<&str> {
+        Some(self.config.time_attr.as_str())
+    }
+
     fn on_result(&mut self, trial: &Trial, result: &Map<String, Value>) -> Decision {
         let Some((own, t)) = self.add(trial, result) else {
             return Decision::Continue;
@@ -216,7 +218,11 @@ impl Scheduler for MedianStopping {
                 .iter()
                 .enumerate()
                 .filter(|&(j, &latest)| j != own && latest >= t)
-                .map(|(j, _)| self.histories[j].running_mean(grace, t)),
+                .map(|(j, _)| self.histories[j].running_mean(grace, t))
+                // A trial with no result in the window has no mean (NaN):
+                // it is no sample, rather than a value whose sign, and so
+                // its place in the order, depends on the CPU.
+                .filter(|mean| !mean.is_nan()),
         );
         let enough = means.len() >= self.config.min_samples_required.max(1);
         let median = if enough { median(&mut means) } else { 0.0 };
@@ -405,12 +411,29 @@ mod tests {
         assert_eq!(median(&mut [5.0, 1.0, 3.0]), 3.0);
         assert_eq!(median(&mut [4.0, 1.0, 3.0, 2.0]), 2.5);
         assert_eq!(median(&mut [7.0, 7.0, 1.0, 9.0, 2.0, 8.0]), 7.0);
-        // Empty windows give NaN means (0/0, a negative NaN on x86): as a
-        // sort puts them, they make an even count's median NaN.
-        for nan in [-f64::NAN, f64::NAN] {
-            assert!(median(&mut [nan, 1.0, nan, 2.0]).is_nan());
-            assert!(median(&mut [1.0, nan]).is_nan());
-        }
+    }
+
+    /// An empty window's NaN mean is no sample: with it among three, the
+    /// median of an odd count was another trial's mean or the NaN,
+    /// depending on the NaN's sign, which depends on the CPU.
+    #[test]
+    fn an_empty_window_is_no_sample() {
+        let config = MedianStoppingConfig {
+            grace_period: 0.0,
+            min_samples_required: 2,
+            ..Default::default()
+        };
+        let mut r = MedianStopping::new(config, "reward", Mode::Min).unwrap();
+        // a's first result is at t = 5: its window at t = 1 is empty.
+        r.on_result(&trial("a"), &result(5.0, 0.0));
+        r.on_result(&trial("b"), &result(1.0, 0.5));
+        r.on_result(&trial("c"), &result(1.0, 0.9));
+        // The median of b and c is 0.7: d's 0.6 is better.
+        assert_eq!(
+            r.on_result(&trial("d"), &result(1.0, 0.6)),
+            Decision::Continue
+        );
+        assert_eq!(r.on_result(&trial("e"), &result(1.0, 0.8)), Decision::Stop);
     }
 
     /// A Min-mode trial is not stopped because other trials' windows are

@@ -63,7 +63,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Number, Value, json};
 
 use super::scheduler::{Decision, Scheduler};
-use crate::tune::result::Mode;
+use crate::tune::result::{Mode, metric_number};
 use crate::tune::saved::read_saved;
 use crate::tune::space::{Domain, SearchSpace};
 use crate::tune::trial::{Trial, TrialStatus};
@@ -615,7 +615,10 @@ fn sample(domain: &Domain, rng: &mut ChaCha8Rng, integer: bool) -> Value {
 fn fit(domain: &Domain, x: f64, integer: bool) -> Value {
     let (low, high, x) = match *domain {
         Domain::Uniform { low, high } | Domain::LogUniform { low, high } => (low, high, x),
-        Domain::QUniform { low, high, q } => (low, high, (x / q).round() * q),
+        Domain::QUniform { low, high, q } => {
+            let (min, max) = crate::tune::space::quantized_bounds(low, high, q);
+            (min, max, (x / q).round() * q)
+        }
         Domain::RandInt { low, high } => {
             let n = (x.round() as i64).clamp(low, high - 1);
             return Value::from(n);
@@ -636,6 +639,13 @@ fn fit(domain: &Domain, x: f64, integer: bool) -> Value {
 }
 
 impl Scheduler for PopulationBasedTraining {
+    fn time_attr(&self) -> Option<&str> {
+        // Unrequired, a result without it goes on unranked.
+        self.config
+            .require_attrs
+            .then_some(self.config.time_attr.as_str())
+    }
+
     fn on_result(&mut self, trial: &Trial, result: &Map<String, Value>) -> Decision {
         self.observe(trial);
         if let Err(reason) = self.config.check_config(&trial.config) {
@@ -660,7 +670,9 @@ impl Scheduler for PopulationBasedTraining {
             }
             return Decision::Continue;
         };
-        let score = match metric.as_f64() {
+        // An infinity (a diverged trial's) ranks as the extreme finite
+        // value, which the saved state can hold.
+        let score = match metric_number(metric).map(|v| v.clamp(f64::MIN, f64::MAX)) {
             Some(v) if self.mode == Mode::Min => -v,
             Some(v) => v,
             None => f64::MIN,

@@ -102,6 +102,16 @@ pub trait Scheduler: Send {
         None
     }
 
+    /// The result field the scheduler measures progress by, which every
+    /// result must report as a number: without it no result can move a
+    /// trial to its next rung or end it, so the runner fails the trial
+    /// (and, when no result has reported it, starts no more: a misspelt
+    /// `time_attr`), as it does a result without the experiment's metric.
+    /// `None` (the default) when the scheduler needs none.
+    fn time_attr(&self) -> Option<&str> {
+        None
+    }
+
     /// Picks the PENDING or PAUSED trial to run next, or `None` to start
     /// nothing now.
     fn choose_next(&mut self, trials: &[Trial]) -> Option<usize>;

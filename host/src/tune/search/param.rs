@@ -73,14 +73,17 @@ impl Param {
                 int: true,
             },
             // As random search draws it: uniform in [low, high), rounded.
-            Domain::QUniform { low, high, q } => Param::Quantized {
-                lo: low,
-                hi: high,
-                q,
-                min: low,
-                max: high,
-                int: false,
-            },
+            Domain::QUniform { low, high, q } => {
+                let (min, max) = crate::tune::space::quantized_bounds(low, high, q);
+                Param::Quantized {
+                    lo: low,
+                    hi: high,
+                    q,
+                    min,
+                    max,
+                    int: false,
+                }
+            }
         })
     }
 
