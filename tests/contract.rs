@@ -218,4 +218,23 @@ fn inspect_prints_the_contract_or_a_one_line_error() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read"));
+
+    // An import's name is the component's own text, which may hold escape
+    // sequences: they reach the operator's terminal inert.
+    let path = dir.path().join("escapes.wasm");
+    let wat = r#"(component (import "url=<x\1b]0;owned\07\1b[2J>" (func)))"#;
+    std::fs::write(&path, wat::parse_str(wat).unwrap()).unwrap();
+    let out = common::wtune().arg("inspect").arg(&path).output().unwrap();
+    let (stdout, stderr) = (out.stdout.clone(), out.stderr.clone());
+    assert!(
+        !stdout.contains(&0x1b) && !stderr.contains(&0x1b) && !stdout.contains(&0x07),
+        "{}{}",
+        String::from_utf8_lossy(&stdout).escape_debug(),
+        String::from_utf8_lossy(&stderr).escape_debug()
+    );
+    assert!(
+        String::from_utf8_lossy(&stdout).contains("imports:\n  url=<x"),
+        "{}",
+        String::from_utf8_lossy(&stdout).escape_debug()
+    );
 }

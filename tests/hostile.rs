@@ -240,6 +240,31 @@ fn printing_costs_fuel_for_every_byte() {
 }
 
 #[test]
+fn rewriting_a_file_in_place_costs_fuel_for_every_byte() {
+    // Overwriting the same bytes grows no quota: without a charge for the
+    // host's work, each MiB cost a few hundred fuel and the call ran until
+    // its deadline. With it, a call moves at most its fuel in bytes.
+    let out = tempfile::tempdir().unwrap();
+    let fuel = 50_000_000;
+    let limits = Limits {
+        fuel_per_call: Some(fuel),
+        ..tight_limits()
+    };
+    let summary = run(vec![attack("disk_churn")], limits, out.path());
+    let trial = &summary.trials[0];
+    assert_error(
+        trial,
+        &["train() at iteration 2 exceeded the per-call fuel limit"],
+    );
+    assert_eq!(
+        std::fs::metadata(trial.dir.join("work/churn"))
+            .unwrap()
+            .len(),
+        1 << 20
+    );
+}
+
+#[test]
 fn a_runaway_call_is_ended_by_its_wall_clock_deadline() {
     let out = tempfile::tempdir().unwrap();
     let limits = Limits {
@@ -876,6 +901,27 @@ fn table_growth_past_the_cap_is_stopped_with_the_limit_named() {
         &[
             "table limit of 100000 elements exceeded (the guest asked for 120001) during \
            train() at iteration 3",
+        ],
+    );
+    assert_eq!(trial.iterations, 2);
+}
+
+#[test]
+fn memory_is_capped_for_all_of_a_trials_memories_together() {
+    // 37.5 MiB in its first memory, and each `train()` grows a second one
+    // by 12.5 MiB: each memory stays under the cap of 64 MiB, the two
+    // together pass it at the third call.
+    let grow = "(if (i32.eq (memory.grow $more (i32.const 200)) (i32.const -1))
+        (then unreachable))
+      (i32.const 16)";
+    let program = wat_program(&wat_trainable(600, "(memory $more 0)", grow, OK));
+    let out = tempfile::tempdir().unwrap();
+    let trial = &run_one(program, tight_limits(), 10, out.path());
+    assert_error(
+        trial,
+        &[
+            "memory limit 64 MiB exceeded (the guest asked for 75 MiB) during train() at \
+           iteration 3",
         ],
     );
     assert_eq!(trial.iterations, 2);

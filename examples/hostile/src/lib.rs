@@ -64,6 +64,7 @@
 //! | `disk_unlinked`    | writes 1 MiB files (`held-N`) and removes each while it is open, forever: every other one stays open, the rest are truncated through their handle after the removal and a 1 MiB file (`kept-N`) is written in their place | ERROR naming the disk limit (`limits.disk`): a removed file still open keeps its bytes charged, and a truncation after the removal is not credited twice |
 //! | `disk_stale_stream` | forever: gives a file (`stream-N`) 1 MiB with `set-size`, opens a `write-via-stream` at 0, truncates the file to 0, then writes 1 MiB through the stream; and writes 4 KiB (then 4 KiB of zeroes and a 4 KiB splice) through a stream 1 MiB past the end of a new file (`gap-N`), then removes that file | ERROR naming the disk limit (`limits.disk`): the stream's writes up to the old end are charged again, and a write past the end pays for the gap its removal is credited |
 //! | `file_flood`       | creates empty files (`f-N`) in its directory forever            | ERROR naming the file limit (`limits.disk_files`) |
+//! | `disk_churn`       | rewrites one 1 MiB file (`churn`) in place and syncs it, forever: no quota grows | ended by fuel: each byte written and each sync is host work charged to the call |
 //! | `probe`            | reports `score`, `env_count`, `args_count`, `cwd_entries`, `cwd_write_ok`, `wall_clock_ok`, `monotonic_ok`, `random_ok`; writes `./probe.txt` | TERMINATED with that report (`done`) |
 //!
 //! Every attack except those marked otherwise fires at the `at`-th `train()`
@@ -167,11 +168,13 @@ pub enum Attack {
     DiskStaleStream,
     /// Fills its directory with empty files.
     FileFlood,
+    /// Rewrites one file in place and syncs it, forever.
+    DiskChurn,
 }
 
 impl Attack {
     /// Every attack, with its config name.
-    pub const ALL: [(&'static str, Attack); 34] = [
+    pub const ALL: [(&'static str, Attack); 35] = [
         ("none", Attack::None),
         ("error", Attack::Error),
         ("panic", Attack::Panic),
@@ -206,6 +209,7 @@ impl Attack {
         ("disk_unlinked", Attack::DiskUnlinked),
         ("disk_stale_stream", Attack::DiskStaleStream),
         ("file_flood", Attack::FileFlood),
+        ("disk_churn", Attack::DiskChurn),
     ];
 
     /// The attack's config name.
@@ -386,6 +390,7 @@ impl Trainable for Hostile {
             Attack::DiskUnlinked => fill_disk_with_removed_files(),
             Attack::DiskStaleStream => fill_disk_through_stale_streams(),
             Attack::FileFlood => flood_files(),
+            Attack::DiskChurn => churn_disk(),
         }
     }
 
@@ -526,6 +531,25 @@ fn fill_disk() -> Result<Report> {
         }
         n += 1;
     }
+}
+
+/// `disk_churn`: 1 MiB written over the same bytes of one file, and synced,
+/// forever. The file never grows, so no quota stops it: only the fuel its
+/// host work costs does.
+fn churn_disk() -> Result<Report> {
+    use std::io::{Seek, Write};
+    let block = vec![0x5Au8; 1 << 20];
+    let churn = || -> io::Result<std::convert::Infallible> {
+        let mut file = fs::File::create("churn")?;
+        loop {
+            file.seek(io::SeekFrom::Start(0))?;
+            file.write_all(&block)?;
+            file.sync_data()?;
+            black_box(&file);
+        }
+    };
+    let Err(err) = churn();
+    Err(Error::msg(format!("rewriting `churn`: {err}")))
 }
 
 /// `disk_unlinked`: 1 MiB files removed while open, forever. Removing a

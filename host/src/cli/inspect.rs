@@ -2,6 +2,7 @@
 
 use std::path::Path;
 
+use crate::report::terminal::inert;
 use crate::sandbox::{SandboxOptions, human_bytes};
 use crate::serve;
 
@@ -63,13 +64,16 @@ pub(super) fn inspect(model: &Path) -> Result<(), Failure> {
     let _ = writeln!(text, "component: {}", model.display());
     let _ = writeln!(text, "size: {}", human_bytes(bytes.len() as u64));
     let _ = writeln!(text, "blake3: {}", blake3::hash(&bytes).to_hex());
+    // Names and types are the component's own text (an import's name may
+    // hold any character but `<` and `>`): shown inert, like all guest text.
+    let item = |name: &str, ty: &str| format!("  {}: {}", inert(name), inert(ty));
     let _ = writeln!(text, "imports:");
     for (name, ty) in &description.imports {
-        let _ = writeln!(text, "  {name}: {ty}");
+        let _ = writeln!(text, "{}", item(name, ty));
     }
     let _ = writeln!(text, "exports:");
     for (name, ty) in &description.exports {
-        let _ = writeln!(text, "  {name}: {ty}");
+        let _ = writeln!(text, "{}", item(name, ty));
     }
     let fits = description.fits.map(|()| {
         let _ = writeln!(text, "contract: fits {}", crate::sandbox::WORLD);

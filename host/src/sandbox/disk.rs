@@ -60,7 +60,16 @@ pub(crate) struct DiskQuota {
     bytes: AtomicU64,
     entries: AtomicU64,
     handles: Mutex<Handles>,
+    /// Host work the trial's file calls did since the store last charged
+    /// it fuel ([`DiskQuota::take_work`]): the bytes read and written, and
+    /// [`SYNC_WORK`] per sync.
+    work: AtomicU64,
 }
+
+/// What a sync costs, in bytes of work: flushing to the disk stalls the
+/// host for about as long as copying a mebibyte, and a loop of syncs would
+/// slow every trial's (and the host's own) durable writes.
+const SYNC_WORK: u64 = 1 << 20;
 
 /// A file as the quota tells files apart: wasmtime-wasi's metadata hash,
 /// which stands for its device and inode.
@@ -92,7 +101,21 @@ impl DiskQuota {
             bytes: AtomicU64::new(bytes),
             entries: AtomicU64::new(entries),
             handles: Mutex::default(),
+            work: AtomicU64::new(0),
         }))
+    }
+
+    /// Notes `bytes` of host work done for one of the trial's file calls.
+    fn worked(&self, bytes: u64) {
+        self.work.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// The host work noted since the last call, for the store to charge:
+    /// a fuel per byte, as for output. Overwriting a file in place costs
+    /// no quota, so without it a guest could keep the host's disk busy for
+    /// free.
+    pub(crate) fn take_work(&self) -> u64 {
+        self.work.swap(0, Ordering::Relaxed)
     }
 
     fn handles(&self) -> std::sync::MutexGuard<'_, Handles> {
@@ -385,6 +408,7 @@ impl fs::HostDescriptor for GuardedFs<'_> {
     }
 
     fn sync_data(&mut self, fd: Resource<Descriptor>) -> FsResult<()> {
+        self.quota.worked(SYNC_WORK);
         self.inner.sync_data(fd)
     }
 
@@ -422,7 +446,9 @@ impl fs::HostDescriptor for GuardedFs<'_> {
         len: Filesize,
         offset: Filesize,
     ) -> FsResult<(Vec<u8>, bool)> {
-        self.inner.read(fd, len, offset)
+        let read = self.inner.read(fd, len, offset)?;
+        self.quota.worked(read.0.len() as u64);
+        Ok(read)
     }
 
     fn write(
@@ -431,6 +457,7 @@ impl fs::HostDescriptor for GuardedFs<'_> {
         buf: Vec<u8>,
         offset: Filesize,
     ) -> FsResult<Filesize> {
+        self.quota.worked(buf.len() as u64);
         let size = self.inner.stat(again(&fd))?.size;
         let end = offset.saturating_add(buf.len() as u64);
         let growth = end.saturating_sub(size);
@@ -449,6 +476,7 @@ impl fs::HostDescriptor for GuardedFs<'_> {
     }
 
     fn sync(&mut self, fd: Resource<Descriptor>) -> FsResult<()> {
+        self.quota.worked(SYNC_WORK);
         self.inner.sync(fd)
     }
 
@@ -685,6 +713,7 @@ impl Positioned {
         use std::os::unix::fs::FileExt;
         let failed =
             |e: std::io::Error| wasmtime_wasi::p2::StreamError::LastOperationFailed(e.into());
+        quota.worked(bytes.len() as u64);
         let size = self.file.metadata().map_err(failed)?.len();
         let end = self.position.saturating_add(bytes.len() as u64);
         let growth = end.saturating_sub(size);
@@ -711,6 +740,7 @@ impl QuotaStream {
         len: u64,
         write: impl FnOnce(&mut DynOutputStream) -> StreamResult<T>,
     ) -> StreamResult<T> {
+        self.quota.worked(len);
         self.quota.grow(len).map_err(stream_over)?;
         write(&mut self.inner).inspect_err(|_| self.quota.shrink(len))
     }
@@ -738,6 +768,7 @@ impl OutputStream for QuotaStream {
             Some(positioned) => positioned.write(&self.quota, &bytes),
             None => {
                 let len = bytes.len() as u64;
+                self.quota.worked(len);
                 self.quota.grow(len).map_err(stream_over)?;
                 let written = self.inner.blocking_write_and_flush(bytes).await;
                 written.inspect_err(|_| self.quota.shrink(len))

@@ -16,9 +16,11 @@ pub struct Limits {
     pub fuel_per_call: Option<u64>,
     /// Fuel the whole trial may burn, setup included.
     pub fuel_per_trial: Option<u64>,
-    /// Cap on each linear memory of the instance, in bytes.
+    /// Cap on the trial's linear memories together, in bytes (a component
+    /// may have several; at most 16, in at most 256 core instances).
     pub memory_bytes: u64,
-    /// Cap on the elements of each table (function tables mostly).
+    /// Cap on the elements of the trial's tables together (function tables
+    /// mostly; at most 64 tables).
     pub table_elements: u64,
     /// Wall-clock deadline for one call into the guest.
     pub call_timeout: Option<Duration>,
@@ -234,9 +236,18 @@ impl std::error::Error for LimitHit {}
 /// The store's [`wasmtime::ResourceLimiter`]. It traps on the growth that
 /// crosses a cap (rather than failing `memory.grow`), so the trial ends with
 /// the limit named instead of a guest allocator's generic abort.
+///
+/// The caps are on the trial's memories and tables together, not on each:
+/// a component may hold several (core instances, multi-memory), and a cap
+/// per memory would let it hold that many times the limit. Memories and
+/// tables live as long as the store, so what they hold only grows.
 pub(crate) struct TrialLimiter {
     memory_bytes: u64,
     table_elements: u64,
+    /// What the trial's memories hold together, in bytes.
+    memory_held: u64,
+    /// What the trial's tables hold together, in elements.
+    table_held: u64,
     /// The first limit hit, kept so the fault can be named even when the
     /// trap's error chain is wrapped by the guest's call path.
     pub(crate) hit: Option<LimitHit>,
@@ -247,44 +258,72 @@ impl TrialLimiter {
         Self {
             memory_bytes: limits.memory_bytes,
             table_elements: limits.table_elements,
+            memory_held: 0,
+            table_held: 0,
             hit: None,
         }
     }
 }
 
+/// Most core instances, memories and tables one trial's store may hold: far
+/// more than a component built by a toolchain has (a handful of instances,
+/// one or two memories and tables), far fewer than wasmtime's 10,000 each,
+/// whose address-space reservations alone would weigh on the host.
+const MAX_INSTANCES: usize = 256;
+const MAX_MEMORIES: usize = 16;
+const MAX_TABLES: usize = 64;
+
 impl wasmtime::ResourceLimiter for TrialLimiter {
     fn memory_growing(
         &mut self,
-        _current: usize,
+        current: usize,
         desired: usize,
         _maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
-        if desired as u64 > self.memory_bytes {
+        let grows = (desired as u64).saturating_sub(current as u64);
+        let held = self.memory_held.saturating_add(grows);
+        if held > self.memory_bytes {
             let hit = LimitHit::Memory {
                 limit: self.memory_bytes,
-                requested: desired as u64,
+                requested: held,
             };
             self.hit.get_or_insert(hit);
             return Err(wasmtime::Error::new(hit));
         }
+        self.memory_held = held;
         Ok(true)
     }
 
     fn table_growing(
         &mut self,
-        _current: usize,
+        current: usize,
         desired: usize,
         _maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
-        if desired as u64 > self.table_elements {
+        let grows = (desired as u64).saturating_sub(current as u64);
+        let held = self.table_held.saturating_add(grows);
+        if held > self.table_elements {
             let hit = LimitHit::Table {
                 limit: self.table_elements,
-                requested: desired as u64,
+                requested: held,
             };
             self.hit.get_or_insert(hit);
             return Err(wasmtime::Error::new(hit));
         }
+        self.table_held = held;
         Ok(true)
+    }
+
+    fn instances(&self) -> usize {
+        MAX_INSTANCES
+    }
+
+    fn memories(&self) -> usize {
+        MAX_MEMORIES
+    }
+
+    fn tables(&self) -> usize {
+        MAX_TABLES
     }
 }
 

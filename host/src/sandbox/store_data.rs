@@ -36,16 +36,18 @@ pub(crate) struct TrialHost {
 }
 
 impl TrialHost {
-    /// Charges fuel for what the guest wrote to stdout and stderr since the
-    /// last charge: a byte each, as for `log` lines. The host copies every
-    /// byte (past the cap too), so printing must not be free, or a guest
+    /// Charges fuel for what the guest wrote to stdout and stderr, and read
+    /// and wrote through its files, since the last charge: a byte each, as
+    /// for `log` lines (a sync as a mebibyte). The host copies every byte
+    /// (past the output cap too), so this must not be free, or a guest
     /// could spend host time without spending its budget.
     pub(crate) fn charge_output(&mut self) {
         let offered = self.stdout.offered() + self.stderr.offered();
         let new = offered.saturating_sub(self.output_charged);
-        if new > 0 {
+        let files = self.disk.take_work();
+        if new > 0 || files > 0 {
             self.output_charged = offered;
-            self.compute.charge_host_work(new);
+            self.compute.charge_host_work(new.saturating_add(files));
         }
     }
 }
