@@ -81,6 +81,14 @@ impl MlflowServer {
 
     /// The runs of the MLflow experiment `name`, by run name.
     fn runs(&self, name: &str) -> BTreeMap<String, Value> {
+        self.every_run(name)
+            .into_iter()
+            .map(|run| (run["info"]["run_name"].as_str().unwrap().to_string(), run))
+            .collect()
+    }
+
+    /// Every run of experiment `name`, several of one name included.
+    fn every_run(&self, name: &str) -> Vec<Value> {
         let id = self.get("experiments/get-by-name", &[("experiment_name", name)])["experiment"]
             ["experiment_id"]
             .as_str()
@@ -90,13 +98,7 @@ impl MlflowServer {
             "runs/search",
             json!({"experiment_ids": [id], "max_results": 1000}),
         );
-        found["runs"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default()
-            .into_iter()
-            .map(|run| (run["info"]["run_name"].as_str().unwrap().to_string(), run))
-            .collect()
+        found["runs"].as_array().cloned().unwrap_or_default()
     }
 
     /// `(step, value)` of every point of a run's metric, in order.
@@ -311,6 +313,7 @@ fn trials_are_runs_on_a_real_mlflow_server() {
     let server = MlflowServer::start();
     a_run_logs_every_trial(&server);
     a_failed_trial_is_a_failed_run(&server);
+    a_trial_that_starts_over_is_a_new_run(&server);
     a_killed_and_resumed_run_logs_each_step_once(&server);
     steps_a_killed_run_never_sent_are_sent_on_resume(&server);
     an_outage_in_the_middle_loses_nothing_and_is_said_once(&server);
@@ -360,6 +363,61 @@ fn a_failed_trial_is_a_failed_run(server: &MlflowServer) {
     let output = run_wtune(&toml, dir.path(), &[]);
     assert_eq!(output.status.code(), Some(1), "every trial fails");
     check_runs(server, "failed", &dir.path().join("out"), "FAILED");
+}
+
+/// `--restart-errored` runs failed trials again from scratch: each gets a
+/// new run with the new attempt's steps, its old run (the failed attempt's
+/// steps) ended as KILLED rather than taking the new steps for ones it has.
+fn a_trial_that_starts_over_is_a_new_run(server: &MlflowServer) {
+    let dir = tempfile::tempdir().unwrap();
+    let toml = experiment(&server.url, "restarted", 6, "max_failures = 0")
+        .replace("iterations = 1000", "iterations = 1000\ntrap_at = 3");
+    assert_eq!(run_wtune(&toml, dir.path(), &[]).status.code(), Some(1));
+    let out = dir.path().join("out");
+    let resumed = common::wtune()
+        .arg("resume")
+        .arg(&out)
+        .arg("--restart-errored")
+        .output()
+        .unwrap();
+    // The guest traps once (it leaves `recovered.txt` behind): run again,
+    // the trials finish.
+    assert!(
+        resumed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&resumed.stderr)
+    );
+    let mut by_trial: BTreeMap<String, Vec<(String, Vec<(u64, f64)>)>> = BTreeMap::new();
+    for run in server.every_run("restarted") {
+        let name = run["info"]["run_name"].as_str().unwrap().to_string();
+        let status = run["info"]["status"].as_str().unwrap().to_string();
+        let steps = server.history(&run, "counter");
+        by_trial.entry(name).or_default().push((status, steps));
+    }
+    assert_eq!(by_trial.len(), 4, "{by_trial:?}");
+    for (id, mut runs) in by_trial {
+        runs.sort_by(|a, b| a.0.cmp(&b.0));
+        let logged = |r: &Vec<(u64, f64)>| r.iter().map(|p| p.0).collect::<Vec<_>>();
+        assert_eq!(runs.len(), 2, "{id}: {runs:?}");
+        let all: Vec<u64> = (1..=6).collect();
+        assert_eq!(
+            (runs[0].0.as_str(), logged(&runs[0].1)),
+            ("FINISHED", all),
+            "{id}"
+        );
+        assert_eq!(
+            (runs[1].0.as_str(), logged(&runs[1].1)),
+            ("KILLED", vec![1, 2]),
+            "{id}"
+        );
+        let results = results(&out.join(&id));
+        let counters: Vec<f64> = results
+            .iter()
+            .map(|r| r["counter"].as_f64().unwrap())
+            .collect();
+        let new: Vec<f64> = runs[0].1.iter().map(|p| p.1).collect();
+        assert_eq!(new, counters, "{id}");
+    }
 }
 
 fn a_killed_and_resumed_run_logs_each_step_once(server: &MlflowServer) {

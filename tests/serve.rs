@@ -247,6 +247,18 @@ fn the_api_shows_a_running_experiment_and_carries_out_requests() {
         (!body["results"].as_array().unwrap().is_empty()).then_some(body)
     });
     assert_eq!(more["results"][0]["training_iteration"], seen + 1);
+    // The offset is in the file the answer named: in another (a cut back
+    // replaces it), the answer starts over.
+    let file = first["file"].as_str().unwrap();
+    let (_, same) = get(&format!(
+        "{url}api/trials/trial_0000/results?offset={next}&file={file}"
+    ));
+    assert_eq!(same["reset"], false, "{same}");
+    let (_, other) = get(&format!(
+        "{url}api/trials/trial_0000/results?offset={next}&file=1"
+    ));
+    assert_eq!(other["reset"], true, "{other}");
+    assert_eq!(other["results"][0]["training_iteration"], 1);
     let (_, limited) = get(&format!("{url}api/trials/trial_0000/results?limit=1"));
     assert_eq!(limited["results"].as_array().unwrap().len(), 1);
     let (_, logs) = get(&format!("{url}api/trials/trial_0000/logs?tail=4096"));

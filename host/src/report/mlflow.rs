@@ -202,8 +202,10 @@ impl Callback for MlflowLogger {
             TrialStatus::Error => "FAILED",
             _ => "FINISHED",
         };
+        let trial = &trials[index];
         self.send(Op::End {
             trial: index,
+            dir: std::path::absolute(&trial.dir).unwrap_or_else(|_| trial.dir.clone()),
             status,
             end_ms: now_ms(),
         });

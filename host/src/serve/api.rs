@@ -365,6 +365,8 @@ async fn trial(State(app): State<Arc<App>>, id: Result<Path<String>, PathRejecti
 #[serde(deny_unknown_fields)]
 struct ResultsQuery {
     offset: Option<u64>,
+    /// The file `offset` is in, as the answer that gave it named it.
+    file: Option<u64>,
     limit: Option<usize>,
 }
 
@@ -389,11 +391,13 @@ async fn results(
     blocking(move || {
         let read = app
             .dir
-            .results(&trial, query.offset.unwrap_or(0), limit)
+            .results(&trial, query.offset.unwrap_or(0), query.file, limit)
             .map_err(unreadable)?;
+        // A string: an inode may pass what a JavaScript number holds.
         json_answer(
             StatusCode::OK,
-            json!({"results": read.records, "next_offset": read.next_offset, "reset": read.reset}),
+            json!({"results": read.records, "next_offset": read.next_offset,
+                   "reset": read.reset, "file": read.file.to_string()}),
         )
     })
     .await

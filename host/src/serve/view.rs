@@ -45,9 +45,13 @@ pub struct Results {
     pub records: Vec<Value>,
     /// Where the next read starts.
     pub next_offset: u64,
-    /// The file is shorter than the offset asked for (the trial started
-    /// over): `records` start from the beginning.
+    /// The file is shorter than the offset asked for, or is another file
+    /// than the one the offset was in (the trial's results were cut back,
+    /// which replaces the file): `records` start from the beginning.
     pub reset: bool,
+    /// The file read (its inode; 0 when there is none), for the next
+    /// read's `file`.
+    pub file: u64,
 }
 
 /// A piece of a trial's log.
@@ -116,17 +120,26 @@ impl ExperimentDir {
         self.dir.join(&trial.trial_id)
     }
 
-    /// Records from `trial`'s `result.jsonl`, from byte `offset`, at most
-    /// `limit` of them and [`MAX_CHUNK`] bytes; only complete lines.
-    pub fn results(&self, trial: &Trial, offset: u64, limit: usize) -> Result<Results, String> {
+    /// Records from `trial`'s `result.jsonl`, from byte `offset` of the
+    /// file `file` (as an earlier answer named it; `None`: whatever file is
+    /// there), at most `limit` of them and [`MAX_CHUNK`] bytes; only
+    /// complete lines.
+    pub fn results(
+        &self,
+        trial: &Trial,
+        offset: u64,
+        file: Option<u64>,
+        limit: usize,
+    ) -> Result<Results, String> {
         let path = self.trial_dir(trial).join("result.jsonl");
-        let (bytes, start, reset) = match read_from(&path, offset, MAX_CHUNK)? {
-            Some((bytes, len)) if offset <= len => (bytes, offset, false),
+        let same = |id: u64| file.is_none_or(|f| f == id);
+        let (bytes, start, reset, file) = match read_from(&path, offset, MAX_CHUNK)? {
+            Some((bytes, len, id)) if offset <= len && same(id) => (bytes, offset, false, id),
             Some(_) => match read_from(&path, 0, MAX_CHUNK)? {
-                Some((bytes, _)) => (bytes, 0, true),
-                None => (Vec::new(), 0, true),
+                Some((bytes, _, id)) => (bytes, 0, true, id),
+                None => (Vec::new(), 0, true, 0),
             },
-            None => (Vec::new(), 0, offset > 0),
+            None => (Vec::new(), 0, offset > 0, 0),
         };
         let mut records = Vec::new();
         let mut consumed = 0;
@@ -153,6 +166,7 @@ impl ExperimentDir {
             records,
             next_offset,
             reset,
+            file,
         })
     }
 
@@ -172,7 +186,7 @@ impl ExperimentDir {
             }
         };
         let bytes = match read_from(&path, offset, most)? {
-            Some((bytes, _)) => bytes,
+            Some((bytes, ..)) => bytes,
             None => Vec::new(),
         };
         Ok(LogText {
@@ -183,28 +197,30 @@ impl ExperimentDir {
     }
 }
 
-/// Up to `most` bytes of `path` from `offset`, and the file's length;
-/// `None` when there is no such file.
-fn read_from(path: &Path, offset: u64, most: u64) -> Result<Option<(Vec<u8>, u64)>, String> {
+/// Up to `most` bytes of `path` from `offset`, the file's length and its
+/// inode; `None` when there is no such file.
+fn read_from(path: &Path, offset: u64, most: u64) -> Result<Option<(Vec<u8>, u64, u64)>, String> {
+    use std::os::unix::fs::MetadataExt;
     let fail = |e: std::io::Error| format!("reading {}: {e}", path.display());
     let mut file = match std::fs::File::open(path) {
         Ok(file) => file,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(fail(e)),
     };
-    let len = file.metadata().map_err(fail)?.len();
+    let meta = file.metadata().map_err(fail)?;
+    let (len, id) = (meta.len(), meta.ino());
     if offset > len {
-        return Ok(Some((Vec::new(), len)));
+        return Ok(Some((Vec::new(), len, id)));
     }
     file.seek(SeekFrom::Start(offset)).map_err(fail)?;
     let mut bytes = Vec::new();
     file.take(most).read_to_end(&mut bytes).map_err(fail)?;
-    Ok(Some((bytes, len)))
+    Ok(Some((bytes, len, id)))
 }
 
 /// Where the first `\n` at or after `from` is in `path`.
 fn next_newline(path: &Path, mut from: u64) -> Result<Option<u64>, String> {
-    while let Some((bytes, _)) = read_from(path, from, MAX_CHUNK)? {
+    while let Some((bytes, ..)) = read_from(path, from, MAX_CHUNK)? {
         if bytes.is_empty() {
             return Ok(None);
         }
@@ -300,7 +316,7 @@ mod tests {
         let view = ExperimentDir::new(dir.path());
         let t = trial(dir.path(), "trial_0000");
         // No file yet: nothing, from the start.
-        let none = view.results(&t, 0, 10).unwrap();
+        let none = view.results(&t, 0, None, 10).unwrap();
         assert_eq!(
             (none.records.len(), none.next_offset, none.reset),
             (0, 0, false)
@@ -309,15 +325,15 @@ mod tests {
         std::fs::create_dir_all(&t.dir).unwrap();
         let file = t.dir.join("result.jsonl");
         std::fs::write(&file, "{\"a\":1}\n{\"a\":2}\n{\"a\":").unwrap();
-        let first = view.results(&t, 0, 10).unwrap();
+        let first = view.results(&t, 0, None, 10).unwrap();
         assert_eq!(first.records, vec![json!({"a": 1}), json!({"a": 2})]);
         assert_eq!(first.next_offset, 16, "the partial line is left for later");
-        let limited = view.results(&t, 0, 1).unwrap();
+        let limited = view.results(&t, 0, None, 1).unwrap();
         assert_eq!(limited.records, vec![json!({"a": 1})]);
         assert_eq!(limited.next_offset, 8);
 
         std::fs::write(&file, "{\"a\":1}\n{\"a\":2}\n{\"a\":3}\n").unwrap();
-        let rest = view.results(&t, first.next_offset, 10).unwrap();
+        let rest = view.results(&t, first.next_offset, None, 10).unwrap();
         assert_eq!(rest.records, vec![json!({"a": 3})]);
         assert!(!rest.reset);
 
@@ -327,16 +343,33 @@ mod tests {
             "x".repeat(MAX_CHUNK as usize)
         );
         std::fs::write(&file, &long).unwrap();
-        let skipped = view.results(&t, 0, 10).unwrap();
+        let skipped = view.results(&t, 0, None, 10).unwrap();
         assert!(skipped.records.is_empty());
-        let after = view.results(&t, skipped.next_offset, 10).unwrap();
+        let after = view.results(&t, skipped.next_offset, None, 10).unwrap();
         assert_eq!(after.records, vec![json!({"a": 4})]);
 
         // Started over: shorter than the offset.
         std::fs::write(&file, "{\"b\":1}\n").unwrap();
-        let over = view.results(&t, rest.next_offset, 10).unwrap();
+        let over = view.results(&t, rest.next_offset, None, 10).unwrap();
         assert_eq!(over.records, vec![json!({"b": 1})]);
         assert!(over.reset);
+
+        // Cut back and grown past the old offset before the next read: the
+        // cut replaced the file (as `cut_back` does, by a rename), so the
+        // offset into the old one means nothing in it.
+        let read = view.results(&t, 0, None, 10).unwrap();
+        let replaced = t.dir.join("result.jsonl.new");
+        std::fs::write(&replaced, "{\"c\":1}\n{\"c\":2}\n{\"c\":3}\n").unwrap();
+        std::fs::rename(&replaced, &file).unwrap();
+        let again = view
+            .results(&t, read.next_offset, Some(read.file), 10)
+            .unwrap();
+        assert!(again.reset);
+        assert_eq!(again.records.len(), 3);
+        // The same file, named: read on from the offset.
+        let on = view.results(&t, 8, Some(again.file), 10).unwrap();
+        assert!(!on.reset);
+        assert_eq!(on.records, vec![json!({"c": 2}), json!({"c": 3})]);
     }
 
     #[test]

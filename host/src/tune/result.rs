@@ -84,11 +84,14 @@ impl fmt::Display for Mode {
     }
 }
 
-/// Refuses a step whose metrics use one of the [`AUTO_FIELDS`] names.
+/// Refuses a step whose metrics use one of the [`AUTO_FIELDS`] names, or
+/// a name under `config/`, where `progress.csv`, TensorBoard and MLflow
+/// put the flattened configuration (a metric there would share a column,
+/// tag or key with a parameter).
 pub fn check_metric_names(metrics: &[(String, f64)]) -> Result<(), String> {
     match metrics
         .iter()
-        .find(|(name, _)| AUTO_FIELDS.contains(&name.as_str()))
+        .find(|(name, _)| AUTO_FIELDS.contains(&name.as_str()) || name.starts_with("config/"))
     {
         Some((name, _)) => Err(format!(
             "the trainable reported a metric named `{name}`, which wtune fills in itself; rename it"
@@ -226,6 +229,23 @@ mod tests {
         t.iterations = 3;
         t.fuel_total = 1000;
         t
+    }
+
+    #[test]
+    fn names_wtune_writes_itself_are_refused() {
+        let named = |name: &str| check_metric_names(&[("loss".into(), 1.0), (name.into(), 2.0)]);
+        for taken in [
+            "training_iteration",
+            "config",
+            "config/lr",
+            "config/net/width",
+        ] {
+            let error = named(taken).unwrap_err();
+            assert!(error.contains(&format!("`{taken}`")), "{error}");
+        }
+        for free in ["configured", "val/config/lr", "accuracy"] {
+            assert_eq!(named(free), Ok(()), "{free}");
+        }
     }
 
     #[test]

@@ -77,9 +77,12 @@ pub(super) enum Op {
         timestamp_ms: u64,
         values: Vec<(String, f64)>,
     },
-    /// A trial ended: `FINISHED` or `FAILED`.
+    /// A trial ended: `FINISHED` or `FAILED`. A trial that never launched
+    /// in this process (a paused trial `wtune resume` ended without
+    /// running it) has its run found from `dir`'s `mlflow_run.json`.
     End {
         trial: usize,
+        dir: PathBuf,
         status: &'static str,
         end_ms: u64,
     },
@@ -152,6 +155,9 @@ const BEST_TAG: &str = "wtune.best_trial";
 /// The tag naming a run's experiment directory, which tells this
 /// experiment's runs from another's of the same name.
 const EXPERIMENT_DIR_TAG: &str = "wtune.experiment_dir";
+/// The tag a run is made with that names its creation (the process, the
+/// time and the trial's index), for finding it when the answer is lost.
+const CREATION_TAG: &str = "wtune.creation";
 
 /// The experiment directory a trial's directory `dir` is in, as tagged.
 fn experiment_dir(dir: &Path) -> String {
@@ -166,6 +172,11 @@ pub(super) struct Worker {
     experiment: String,
     experiment_id: Option<String>,
     runs: HashMap<usize, Run>,
+    /// Per trial whose run is being made: the tag its creation carries,
+    /// so that a retry after an answer that never came (the server made
+    /// the run, and the request timed out) finds that run, rather than
+    /// leaving it RUNNING beside a second one.
+    creating: HashMap<usize, String>,
     queue: VecDeque<Op>,
     waiting_values: usize,
     /// The server stopped answering: the first error, told once.
@@ -187,6 +198,7 @@ impl Worker {
             experiment: experiment.to_string(),
             experiment_id: None,
             runs: HashMap::new(),
+            creating: HashMap::new(),
             queue: VecDeque::new(),
             waiting_values: 0,
             down: None,
@@ -364,7 +376,16 @@ impl Worker {
                 let (trial, trial_id, dir, config) =
                     (*trial, trial_id.clone(), dir.clone(), config.clone());
                 let (continues_after, config_metrics) = (*continues_after, *config_metrics);
-                self.start(&experiment_id, trial, &trial_id, dir, &config, false)?;
+                let from_scratch = continues_after == 0;
+                self.start(
+                    &experiment_id,
+                    trial,
+                    &trial_id,
+                    dir,
+                    &config,
+                    false,
+                    from_scratch,
+                )?;
                 self.queue.pop_front();
                 self.catch_up(trial, continues_after, config_metrics);
             }
@@ -374,10 +395,26 @@ impl Worker {
             }
             Op::End {
                 trial,
+                dir,
                 status,
                 end_ms,
             } => {
                 let trial = *trial;
+                if !self.runs.contains_key(&trial)
+                    && let Some(saved) = self.saved_run(dir, &experiment_id)
+                {
+                    // Made by an earlier process, and left RUNNING there.
+                    let run = Run {
+                        dir: dir.clone(),
+                        run_id: saved.run_id,
+                        sent_through: saved.sent_through,
+                        params_logged: true,
+                        found_again: false,
+                        ended: false,
+                        caught_up: true,
+                    };
+                    self.runs.insert(trial, run);
+                }
                 if let Some(run) = self.runs.get(&trial) {
                     self.client.update_run(&run.run_id, status, Some(*end_ms))?;
                 }
@@ -406,11 +443,12 @@ impl Worker {
                     self.queue.pop_front();
                     return Ok(());
                 }
-                self.start(&experiment_id, trial, &trial_id, dir, &config, true)?;
+                self.start(&experiment_id, trial, &trial_id, dir, &config, true, false)?;
                 // In its place: the steps the server lacks, then the end.
                 self.queue.pop_front();
                 self.queue.push_front(Op::End {
                     trial,
+                    dir: self.runs[&trial].dir.clone(),
                     status,
                     end_ms,
                 });
@@ -449,8 +487,13 @@ impl Worker {
     /// earlier `wtune run` of this experiment) made, logs its params the
     /// first time this process sees it, and marks a run found again as
     /// running unless it is only being settled (`settling`: the trial had
-    /// ended; a run made then starts at its first result's time). Safe to
-    /// try again after any failure: each step is kept.
+    /// ended; a run made then starts at its first result's time). A trial
+    /// that starts over (`from_scratch`, its result files cut back to
+    /// nothing) whose run found again holds steps gets a new run, the old
+    /// one ended as KILLED: its steps are of an attempt that was thrown
+    /// away, and the new attempt's would be taken for them. Safe to try
+    /// again after any failure: each step is kept.
+    #[allow(clippy::too_many_arguments)]
     fn start(
         &mut self,
         experiment_id: &str,
@@ -459,9 +502,10 @@ impl Worker {
         dir: PathBuf,
         config: &Value,
         settling: bool,
+        from_scratch: bool,
     ) -> Result<(), CallError> {
         if !self.runs.contains_key(&trial) {
-            let run = match self.saved_run(&dir, experiment_id) {
+            let found = match self.saved_run(&dir, experiment_id) {
                 Some(saved) => {
                     // A process killed between a batch's arrival and the
                     // file's update left the file behind the server: the
@@ -472,10 +516,23 @@ impl Worker {
                         Err(CallError::Rejected(_)) => 0,
                         Err(e) => return Err(e),
                     };
+                    let sent_through = saved.sent_through.max(on_server);
+                    if from_scratch && sent_through > 0 {
+                        self.client
+                            .update_run(&saved.run_id, "KILLED", Some(now_ms()))?;
+                        None
+                    } else {
+                        Some((saved, sent_through))
+                    }
+                }
+                None => None,
+            };
+            let run = match found {
+                Some((saved, sent_through)) => {
                     let run = Run {
                         dir,
                         run_id: saved.run_id,
-                        sent_through: saved.sent_through.max(on_server),
+                        sent_through,
                         params_logged: false,
                         found_again: !settling,
                         ended: false,
@@ -494,14 +551,32 @@ impl Worker {
                     } else {
                         now_ms()
                     };
-                    let tags = [
-                        ("wtune.trial_id".to_string(), trial_id.to_string()),
-                        ("wtune.trial_dir".to_string(), dir.display().to_string()),
-                        (EXPERIMENT_DIR_TAG.to_string(), experiment_dir(&dir)),
-                    ];
-                    let run_id =
-                        self.client
-                            .create_run(experiment_id, trial_id, start_ms, &tags)?;
+                    let retried = self.creating.contains_key(&trial);
+                    let creation = self
+                        .creating
+                        .entry(trial)
+                        .or_insert_with(|| format!("{}-{}-{trial}", std::process::id(), now_ms()))
+                        .clone();
+                    let made = if retried {
+                        let tag = [(CREATION_TAG, creation.as_str())];
+                        self.client.tagged_runs(experiment_id, &tag)?.pop()
+                    } else {
+                        None
+                    };
+                    let run_id = match made {
+                        Some(run_id) => run_id,
+                        None => {
+                            let tags = [
+                                ("wtune.trial_id".to_string(), trial_id.to_string()),
+                                ("wtune.trial_dir".to_string(), dir.display().to_string()),
+                                (EXPERIMENT_DIR_TAG.to_string(), experiment_dir(&dir)),
+                                (CREATION_TAG.to_string(), creation),
+                            ];
+                            self.client
+                                .create_run(experiment_id, trial_id, start_ms, &tags)?
+                        }
+                    };
+                    self.creating.remove(&trial);
                     let run = Run {
                         dir,
                         run_id,

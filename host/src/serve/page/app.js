@@ -428,11 +428,15 @@ async function pollResults() {
       const { id, s, ended } = job;
       s.busy = true;
       try {
-        const d = await api(trialPath(id, `/results?offset=${s.next}&limit=${RESULT_LIMIT}`));
+        // The offset is in the file an earlier answer named: one cut back
+        // since (a resume) is another file, and the answer starts over.
+        const file = s.file ? `&file=${s.file}` : '';
+        const d = await api(trialPath(id, `/results?offset=${s.next}${file}&limit=${RESULT_LIMIT}`));
         // The trial's files were started over: what we had is gone.
         if (d.reset) Object.assign(s, { points: [], count: 0, stride: 1, loose: false });
         addResults(s, Array.isArray(d.results) ? d.results : []);
         if (typeof d.next_offset === 'number' && (d.reset || d.next_offset >= s.next)) s.next = d.next_offset;
+        if (typeof d.file === 'string' && /^[0-9]+$/.test(d.file)) s.file = d.file;
         // It had ended before this read began, so a short read reached its last result.
         if (ended && !(d.results?.length >= RESULT_LIMIT)) s.done = true;
       } finally {
