@@ -927,6 +927,19 @@ fn memory_is_capped_for_all_of_a_trials_memories_together() {
     assert_eq!(trial.iterations, 2);
 }
 
+#[test]
+fn a_growth_past_a_memorys_own_maximum_fails_and_holds_nothing() {
+    // Each `train()` asks to grow a memory declared with at most 10 pages
+    // by 200: the guest gets -1, and nothing is counted against the cap
+    // (37.5 MiB and three such asks would pass 64 MiB).
+    let grow = "(drop (memory.grow $capped (i32.const 200))) (i32.const 16)";
+    let program = wat_program(&wat_trainable(600, "(memory $capped 0 10)", grow, OK));
+    let out = tempfile::tempdir().unwrap();
+    let trial = &run_one(program, tight_limits(), 10, out.path());
+    assert_eq!(trial.status, TrialStatus::Terminated, "{:?}", trial.error);
+    assert_eq!(trial.iterations, 10);
+}
+
 /// `train()`'s body for a report of `count` metrics at address 4096, each
 /// named by the same `len` bytes at address 65536: `first`, then zeros.
 fn aliased_report(count: u32, len: u32, first: u8) -> String {

@@ -387,7 +387,9 @@ fn a_trial_that_starts_over_is_a_new_run(server: &MlflowServer) {
         "{}",
         String::from_utf8_lossy(&resumed.stderr)
     );
-    let mut by_trial: BTreeMap<String, Vec<(String, Vec<(u64, f64)>)>> = BTreeMap::new();
+    // Per trial: each run's status and `(step, counter)` points.
+    type Runs = Vec<(String, Vec<(u64, f64)>)>;
+    let mut by_trial: BTreeMap<String, Runs> = BTreeMap::new();
     for run in server.every_run("restarted") {
         let name = run["info"]["run_name"].as_str().unwrap().to_string();
         let status = run["info"]["status"].as_str().unwrap().to_string();

@@ -468,15 +468,17 @@ fn bad_resumes_and_short_keys_are_refused_and_change_nothing() {
 /// A checkpoint that is intact but unreadable as things stand (the snapshot
 /// key file now holds another key) refuses the resume before anything
 /// changes, rather than starting its trial over, which would cut its
-/// results back to nothing; with the key back, the trials continue from it.
+/// results back to nothing; with the key back, the trials continue from it,
+/// one whose newest checkpoint was corrupted (which, keyed, fails its MAC
+/// as another key's would) from the one before.
 #[test]
 fn a_changed_snapshot_key_refuses_the_resume_and_loses_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let key = dir.path().join("snapshots.key");
     std::fs::write(&key, [7u8; 32]).unwrap();
-    // Every trial checkpoints at iteration 1 and traps at 2.
+    // Every trial checkpoints at iterations 1 and 2 and traps at 3.
     let extra = "checkpoint_freq = 1\nsnapshot_key_file = \"snapshots.key\"\n\
-                 [param_space.trap_at]\ngrid_search = [2]";
+                 [param_space.trap_at]\ngrid_search = [3]";
     let config = experiment(dir.path(), extra, 64, 3);
     let out = dir.path().join("out");
     assert!(!run(&config, &out).status.success());
@@ -497,10 +499,17 @@ fn a_changed_snapshot_key_refuses_the_resume_and_loses_nothing() {
     assert!(files(&out) == before, "a refused resume changed files");
 
     std::fs::write(&key, [7u8; 32]).unwrap();
+    let corrupted = out.join("trial_0001/checkpoints/checkpoint_000002.wtsnap");
+    let mut bytes = std::fs::read(&corrupted).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0xff;
+    std::fs::write(&corrupted, bytes).unwrap();
     let resumed = resume();
     let stderr = String::from_utf8_lossy(&resumed.stderr);
     assert!(
-        stderr.contains("4 trials continue from checkpoints, 0 start over"),
+        stderr.contains("4 trials continue from checkpoints, 0 start over")
+            && stderr.contains("skipping damaged checkpoint")
+            && stderr.contains("checkpoint_000002.wtsnap"),
         "{stderr}"
     );
     // Continued, not started over: iteration 1's result is the first run's.

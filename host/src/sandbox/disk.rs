@@ -48,7 +48,10 @@ use wasmtime_wasi::p2::bindings::sync::filesystem::types::{
     DirectoryEntryStream, Filesize, MetadataHashValue, NewTimestamp, OpenFlags, PathFlags,
 };
 use wasmtime_wasi::p2::bindings::sync::io::streams;
-use wasmtime_wasi::p2::{DynOutputStream, FsError, FsResult, OutputStream, Pollable, StreamResult};
+use wasmtime_wasi::p2::{
+    DynInputStream, DynOutputStream, FsError, FsResult, InputStream, OutputStream, Pollable,
+    StreamResult,
+};
 
 use super::limits::{LimitHit, Limits};
 
@@ -618,7 +621,13 @@ impl fs::HostDescriptor for GuardedFs<'_> {
         fd: Resource<Descriptor>,
         offset: Filesize,
     ) -> FsResult<Resource<streams::InputStream>> {
-        self.inner.read_via_stream(fd, offset)
+        let stream = self.inner.read_via_stream(fd, offset)?;
+        let inner: DynInputStream = self.inner.table.delete(stream)?;
+        let metered: DynInputStream = Box::new(MeteredInput {
+            inner,
+            quota: Arc::clone(self.quota),
+        });
+        Ok(self.inner.table.push(metered)?)
     }
 
     fn write_via_stream(
@@ -679,6 +688,52 @@ impl fs::HostDirectoryEntryStream for GuardedFs<'_> {
 
     fn drop(&mut self, stream: Resource<DirectoryEntryStream>) -> wasmtime::Result<()> {
         fs::HostDirectoryEntryStream::drop(&mut self.inner, stream)
+    }
+}
+
+/// A file's input stream whose reads are noted as host work
+/// ([`DiskQuota::worked`]), as `read` and every write are: wasi-libc reads
+/// files through streams.
+struct MeteredInput {
+    inner: DynInputStream,
+    quota: Arc<DiskQuota>,
+}
+
+#[async_trait]
+impl InputStream for MeteredInput {
+    fn read(&mut self, size: usize) -> StreamResult<Bytes> {
+        let bytes = self.inner.read(size)?;
+        self.quota.worked(bytes.len() as u64);
+        Ok(bytes)
+    }
+
+    async fn blocking_read(&mut self, size: usize) -> StreamResult<Bytes> {
+        let bytes = self.inner.blocking_read(size).await?;
+        self.quota.worked(bytes.len() as u64);
+        Ok(bytes)
+    }
+
+    fn skip(&mut self, nelem: usize) -> StreamResult<usize> {
+        let skipped = self.inner.skip(nelem)?;
+        self.quota.worked(skipped as u64);
+        Ok(skipped)
+    }
+
+    async fn blocking_skip(&mut self, nelem: usize) -> StreamResult<usize> {
+        let skipped = self.inner.blocking_skip(nelem).await?;
+        self.quota.worked(skipped as u64);
+        Ok(skipped)
+    }
+
+    async fn cancel(&mut self) {
+        self.inner.cancel().await
+    }
+}
+
+#[async_trait]
+impl Pollable for MeteredInput {
+    async fn ready(&mut self) {
+        self.inner.ready().await
     }
 }
 

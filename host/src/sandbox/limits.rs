@@ -246,7 +246,11 @@ pub(crate) struct TrialLimiter {
     table_elements: u64,
     /// What the trial's memories hold together, in bytes.
     memory_held: u64,
-    /// What the trial's tables hold together, in elements.
+    /// What the trial's tables hold together, in elements. Growth that
+    /// wasmtime fails after this counted it (no room to map) stays
+    /// counted: wasmtime also reports failures this never counted, so
+    /// taking one back could undercount, which would let a trial past its
+    /// cap.
     table_held: u64,
     /// The first limit hit, kept so the fault can be named even when the
     /// trap's error chain is wrapped by the guest's call path.
@@ -278,8 +282,13 @@ impl wasmtime::ResourceLimiter for TrialLimiter {
         &mut self,
         current: usize,
         desired: usize,
-        _maximum: Option<usize>,
+        maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
+        // Past its own declared maximum the growth fails anyway (the guest
+        // gets -1): it holds nothing more.
+        if maximum.is_some_and(|max| desired > max) {
+            return Ok(false);
+        }
         let grows = (desired as u64).saturating_sub(current as u64);
         let held = self.memory_held.saturating_add(grows);
         if held > self.memory_bytes {
@@ -298,8 +307,11 @@ impl wasmtime::ResourceLimiter for TrialLimiter {
         &mut self,
         current: usize,
         desired: usize,
-        _maximum: Option<usize>,
+        maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
+        if maximum.is_some_and(|max| desired > max) {
+            return Ok(false);
+        }
         let grows = (desired as u64).saturating_sub(current as u64);
         let held = self.table_held.saturating_add(grows);
         if held > self.table_elements {

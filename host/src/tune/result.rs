@@ -192,8 +192,10 @@ fn seconds(d: Duration) -> Value {
 /// written as the strings `"NaN"`, `"Infinity"` and `"-Infinity"` (as
 /// JavaScript and Python print them; pandas' `read_csv` parses them back),
 /// keeping the three apart. [`Trial::metric`] reads them as unreported
-/// (such a value is never the best trial); schedulers read the infinities
-/// back ([`metric_number`]), so that a diverged trial ranks worst.
+/// (such a value is never the best trial); the schedulers that rank
+/// trials (ASHA, HyperBand, PBT) read the infinities back
+/// ([`metric_number`]), so that a diverged trial ranks worst. The median
+/// rule, which averages results, leaves them out as unreported.
 pub fn metric_value(x: f64) -> Value {
     match Number::from_f64(x) {
         Some(number) => Value::Number(number),

@@ -156,14 +156,17 @@ pub fn prepare_at<B: TrialBackend>(
 
 /// Refuses, before [`prepare_at`] changes anything, a resume that would
 /// start a trial over for want of a checkpoint that may well be intact:
-/// its newest one was written with another snapshot key, for another
-/// component, or cannot be read now. Starting over would cut the trial's
-/// results back to nothing and overwrite its checkpoints by name. Checked
-/// are the trials that may continue (RUNNING and PAUSED ones, ERROR ones
-/// that `errored` retries) and trial directories the state does not list
-/// (which the run adopts, [`adopt`]); per trial, its checkpoints newest
-/// first, down to the first intact one, damaged ones passed over as
-/// [`prepare_at`] passes over them.
+/// none of its checkpoints can be read, and one of them for a reason other
+/// than damage (written with another snapshot key, for another component,
+/// or unreadable now). Starting over would cut the trial's results back to
+/// nothing and overwrite its checkpoints by name. A trial with an older
+/// checkpoint that reads continues from it, as from one past damaged ones:
+/// with a snapshot key, a corrupted file fails its MAC, which cannot be
+/// told from another key's but for the older files that verify. Checked
+/// are the trials that may continue (all but TERMINATED ones, and ERROR
+/// ones `errored` does not retry) and trial directories the state does not
+/// list (which the run adopts, [`adopt`]), each down to its newest
+/// checkpoint that reads.
 pub fn refuse_unreadable<B: TrialBackend>(
     backend: &B,
     trials: &[Trial],
@@ -171,9 +174,11 @@ pub fn refuse_unreadable<B: TrialBackend>(
     errored: ErroredTrials,
 ) -> Result<(), String> {
     let continues = |trial: &Trial| match trial.status {
-        TrialStatus::Running | TrialStatus::Paused => true,
+        // PENDING ones too: a run continued from a saved moment resumes
+        // those that held slots then, whatever their status.
+        TrialStatus::Running | TrialStatus::Paused | TrialStatus::Pending => true,
         TrialStatus::Error => errored == ErroredTrials::Retry,
-        TrialStatus::Pending | TrialStatus::Terminated => false,
+        TrialStatus::Terminated => false,
     };
     let mut dirs: Vec<PathBuf> = trials
         .iter()
@@ -208,19 +213,27 @@ pub fn refuse_unreadable<B: TrialBackend>(
             })
             .collect();
         files.sort();
+        let mut unreadable = None;
+        let mut reads = false;
         while let Some((_, file)) = files.pop() {
             match backend.describe_checkpoint(&file) {
-                Ok(_) => break,
-                Err(CheckpointFault::Damaged(_)) => continue,
+                Ok(_) => {
+                    reads = true;
+                    break;
+                }
+                Err(CheckpointFault::Damaged(_)) => {}
                 Err(CheckpointFault::Unreadable(why)) => {
-                    return Err(format!(
-                        "{why}; resuming would start the trial over without it, so \
-                         nothing was changed: resume with the snapshot key and the model \
-                         the experiment ran with, or move the file away to continue from \
-                         an older checkpoint"
-                    ));
+                    unreadable.get_or_insert(why);
                 }
             }
+        }
+        if let (false, Some(why)) = (reads, unreadable) {
+            return Err(format!(
+                "{why}; no checkpoint of {} can be read, and resuming would start it over, so \
+                 nothing was changed: resume with the snapshot key and the model the \
+                 experiment ran with, or move its checkpoints away to start it over",
+                dir.display()
+            ));
         }
     }
     Ok(())

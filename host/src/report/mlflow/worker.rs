@@ -520,6 +520,15 @@ impl Worker {
                     if from_scratch && sent_through > 0 {
                         self.client
                             .update_run(&saved.run_id, "KILLED", Some(now_ms()))?;
+                        // Its file named the old run: gone, so that nothing
+                        // (an end, should the new run's creation be refused)
+                        // takes that run for this attempt's.
+                        let file = dir.join(RUN_FILE);
+                        if let Err(e) = std::fs::remove_file(&file)
+                            && e.kind() != std::io::ErrorKind::NotFound
+                        {
+                            tracing::warn!("removing {}: {e}", file.display());
+                        }
                         None
                     } else {
                         Some((saved, sent_through))

@@ -172,7 +172,10 @@ impl MedianStopping {
     }
 
     /// Appends a result; the trial's position and the result's time, or
-    /// `None` when it lacks the time or the metric.
+    /// `None` when it lacks the time or the metric. A non-finite metric
+    /// (`"Infinity"`) is left out as unreported: the running means are
+    /// differences of prefix sums, which one infinity would make NaN for
+    /// every window after it.
     fn add(&mut self, trial: &Trial, result: &Map<String, Value>) -> Option<(usize, f64)> {
         let time = result.get(&self.config.time_attr)?.as_f64()?;
         let value = result.get(&self.metric)?.as_f64()?;
