@@ -33,6 +33,37 @@ pub(crate) fn plan_experiment(model: PathBuf, config: Option<PathBuf>) -> PyResu
     .to_string())
 }
 
+/// Checks one trial's settings (`settings_json`: the experiment file's
+/// keys that apply to one trial, relative paths from `base_dir`) as a
+/// `wtune.Trainable` made of them would, so that `wtune.ray.trainable`
+/// refuses a mistake on the driver rather than in every trial's `setup`
+/// on the workers. Raises `ConfigError` naming the key.
+#[pyfunction]
+pub(crate) fn check_trial_settings(settings_json: &str, base_dir: PathBuf) -> PyResult<()> {
+    let settings: serde_json::Value = serde_json::from_str(settings_json)
+        .map_err(|e| errors::ConfigError::new_err(format!("trial settings: {e}")))?;
+    // The component is not read while planning one trial's keys.
+    config::plan_value(
+        std::path::Path::new("model.wasm"),
+        &settings,
+        "experiment",
+        &base_dir,
+        &Overrides::default(),
+    )
+    .map_err(|e| errors::ConfigError::new_err(e.to_string()))?;
+    Ok(())
+}
+
+/// Checks that the experiment file at `path` holds only keys an
+/// experiment file may have, with values of the right shapes, planning
+/// nothing else: `wtune.Trainable(experiment=...)` uses only its trial
+/// keys, and must not drop a misspelt table (`[limts]`) in silence. Raises
+/// `ConfigError` naming the key.
+#[pyfunction]
+pub(crate) fn check_experiment_keys(path: PathBuf) -> PyResult<()> {
+    config::check_keys(&path).map_err(|e| errors::ConfigError::new_err(e.to_string()))
+}
+
 /// What `wtune run` prints when an experiment ends, for `outcome_json`: a
 /// `wtune::report::Outcome` (name, output_dir, wall_time_s, metric, mode,
 /// stopped, trials: trial_id, status, config, iterations, value,

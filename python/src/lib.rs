@@ -20,6 +20,8 @@ mod workers;
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<trainable::Trainable>()?;
     m.add_function(wrap_pyfunction!(experiment::plan_experiment, m)?)?;
+    m.add_function(wrap_pyfunction!(experiment::check_trial_settings, m)?)?;
+    m.add_function(wrap_pyfunction!(experiment::check_experiment_keys, m)?)?;
     m.add_function(wrap_pyfunction!(experiment::summary_text, m)?)?;
     m.add_function(wrap_pyfunction!(workers::serve_workers_with, m)?)?;
     m.add_function(wrap_pyfunction!(workers::serve_worker, m)?)?;

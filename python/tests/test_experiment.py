@@ -101,6 +101,21 @@ def test_an_experiment_file_runs_on_the_cluster_as_wtune_run_runs_it(cluster, di
     assert len(nodes) == 2, "the trials ran on one node only"
 
 
+def test_a_scheduler_runs_on_the_cluster(cluster, digits, tmp_path):
+    # ASHA from the experiment file: Ray takes its metric and mode from
+    # TuneConfig, and refuses a scheduler that brings its own.
+    config = tmp_path / "experiment.toml"
+    text = GRID.format(data=DIGITS / "data").replace(
+        "[0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3]", "[0.02, 0.1, 0.2, 0.3]"
+    )
+    config.write_text(
+        text + '\n[scheduler]\ntype = "asha"\nmax_t = 3\ngrace_period = 1\nreduction_factor = 2\n'
+    )
+    on_ray = ray_run(digits, config, cluster, tmp_path / "ray")
+    assert on_ray.returncode == 0, on_ray.stderr[-3000:]
+    assert "4 trials (4 TERMINATED, 0 ERROR)" in on_ray.stdout, on_ray.stdout
+
+
 def plan_of(tmp_path, text: str) -> dict:
     config = tmp_path / "experiment.toml"
     config.write_text(text)
@@ -120,10 +135,29 @@ def plan_of(tmp_path, text: str) -> dict:
 )
 def test_schedulers_map_with_their_parameters(tmp_path, table, kind, checks):
     plan = plan_of(tmp_path, f'metric = "loss"\nmode = "min"\n[scheduler]\n{table}\n')
-    scheduler = experiment.scheduler(plan["scheduler"], "loss", "min")
+    scheduler = experiment.scheduler(plan["scheduler"])
     assert isinstance(scheduler, kind)
     for attribute, value in checks.items():
         assert getattr(scheduler, attribute) == value
+    # Ray refuses a scheduler with a metric of its own beside TuneConfig's.
+    assert scheduler.set_search_properties("loss", "min")
+
+
+def test_nested_mutations_and_checkpoint_scores_map_as_ray_reads_them(tmp_path):
+    plan = plan_of(
+        tmp_path,
+        'metric = "loss"\nmode = "min"\ncheckpoint_score_attr = "min-val_loss"\n'
+        '[scheduler]\ntype = "pbt"\nperturbation_interval = 2\n'
+        "[scheduler.hyperparam_mutations]\nmomentum = [0.5, 0.9]\n"
+        "optimizer.lr = { uniform = [0.1, 0.2] }\n",
+    )
+    pbt = experiment.scheduler(plan["scheduler"])
+    mutations = pbt._hyperparam_mutations
+    assert set(mutations) == {"momentum", "optimizer"}, mutations
+    assert set(mutations["optimizer"]) == {"lr"}, mutations
+    assert experiment._score(plan["spec"]["checkpoint"]["score_attr"]) == ("val_loss", "min")
+    assert experiment._score("accuracy") == ("accuracy", "max")
+    assert experiment._score(None) == (None, "max")
 
 
 def test_notes_about_fuel_order_give_way_to_rays_arrival_order(tmp_path):

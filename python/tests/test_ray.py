@@ -283,6 +283,16 @@ def test_bad_input_gets_a_clear_error(cluster, hostile, tmp_path):
         wtune.ray.trainable(hostile, limtis={"memory": "1GiB"})
     with pytest.raises(wtune.ConfigError, match="limits: unknown field `memroy`"):
         wtune.Trainable(hostile, {}, limits={"memroy": "1GiB"})
+    # Refused on the driver, not in every trial's setup on the workers.
+    with pytest.raises(wtune.ConfigError, match="limits: unknown field `memroy`"):
+        wtune.ray.trainable(hostile, limits={"memroy": "1GiB"})
+    # A misspelt table of an experiment file is named, not dropped.
+    misspelt = tmp_path / "experiment.toml"
+    misspelt.write_text('[limts]\nmemory = "1GiB"\n')
+    with pytest.raises(wtune.ConfigError, match="limts"):
+        wtune.ray.trainable(hostile, experiment=misspelt)
+    with pytest.raises(wtune.ConfigError, match="limts"):
+        wtune.Trainable(hostile, {}, experiment=misspelt)
     # A config the guest's setup() rejects: the trial ends ERROR saying so.
     grid = run(wtune.ray.trainable(hostile), {"attack": "no-such-attack"}, tmp_path)
     error = grid[0].error

@@ -13,7 +13,7 @@ try:
 except ImportError:  # Python 3.10
     import tomli as tomllib
 
-from ._native import ConfigError
+from ._native import ConfigError, check_experiment_keys
 
 #: The experiment file's keys a single trial uses.
 TRIAL_KEYS = ("limits", "data", "compute", "checkpoint", "security", "snapshot_key_file")
@@ -46,6 +46,10 @@ def trial_settings(
     base = Path.cwd()
     if experiment is not None:
         file = read_experiment(experiment)
+        # Only the trial keys are kept: a misspelt one (`[limts]`) would
+        # otherwise be dropped without a word. The others are only read,
+        # not planned (a `restore_from` need not exist on this machine).
+        check_experiment_keys(os.fspath(experiment))
         settings = {k: v for k, v in file.items() if k in TRIAL_KEYS}
         base = Path(experiment).resolve().parent
     for key, value in keys.items():

@@ -101,6 +101,15 @@ pub fn plan(
 /// keys (a JSON object; the Python package passes one built from keyword
 /// arguments), relative paths starting at `base`. Every key is checked as
 /// in a file; `origin` names the value in errors.
+/// Reads the experiment file at `path` and checks that its keys are all
+/// ones an experiment file may have, with values of the right shapes,
+/// without planning anything else (paths, the component, the search): for
+/// embedders that use only some keys of the file and must not drop a
+/// misspelt one in silence.
+pub fn check_keys(path: &Path) -> Result<(), ConfigError> {
+    file::read(Some(path)).map(drop)
+}
+
 pub fn plan_value(
     model: &Path,
     experiment: &Value,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any, Mapping, Union
@@ -9,7 +10,7 @@ from typing import Any, Mapping, Union
 import ray
 from ray import tune
 
-from .. import BadOutput, ComponentError, ConfigError, Trainable
+from .. import BadOutput, ComponentError, ConfigError, Trainable, _native
 from .._cuda import pci_address
 from .._settings import trial_settings
 
@@ -129,6 +130,9 @@ def trainable(
     "node_a": 1}``) goes to ``tune.with_resources``. Data directories must
     exist at the same path on every node."""
     settings, base = trial_settings(experiment, **settings)
+    # Checked here, on the driver: a mistake would otherwise fail every
+    # trial's setup on the workers, again at each retry.
+    _native.check_trial_settings(json.dumps(settings), str(base))
     if not isinstance(wasm, (bytes, bytearray, memoryview)):
         try:
             wasm = Path(wasm).read_bytes()

@@ -121,13 +121,14 @@ def _check_mappable(file: dict, plan: dict) -> None:
         raise _refuse("scheduler.variant", "Ray's ASHA has no promotion variant; use \"stopping\"")
 
 
-def scheduler(spec: dict, metric: str | None, mode: str):
+def scheduler(spec: dict):
     """Ray's scheduler for wtune's planned ``scheduler`` (same names and
-    parameters)."""
+    parameters). Its metric and mode come from ``tune.TuneConfig``: Ray
+    refuses a scheduler made with its own as well."""
     kind = spec["type"]
     if kind == "fifo":
         return FIFOScheduler()
-    common = {"time_attr": spec["time_attr"], "metric": metric, "mode": mode}
+    common = {"time_attr": spec["time_attr"]}
     if kind == "asha":
         return ASHAScheduler(
             max_t=_number(spec["max_t"]),
@@ -153,10 +154,12 @@ def scheduler(spec: dict, metric: str | None, mode: str):
         return PopulationBasedTraining(
             perturbation_interval=_number(spec["perturbation_interval"]),
             burn_in_period=_number(spec["burn_in_period"]),
-            hyperparam_mutations={
-                name: mutation if isinstance(mutation, list) else domain(mutation)
-                for name, mutation in spec["hyperparam_mutations"].items()
-            },
+            hyperparam_mutations=_nested(
+                {
+                    name: mutation if isinstance(mutation, list) else domain(mutation)
+                    for name, mutation in spec["hyperparam_mutations"].items()
+                }
+            ),
             quantile_fraction=spec["quantile_fraction"],
             resample_probability=spec["resample_probability"],
             perturbation_factors=tuple(spec["perturbation_factors"]),
@@ -164,6 +167,28 @@ def scheduler(spec: dict, metric: str | None, mode: str):
             **common,
         )
     raise ConfigError(f"scheduler {kind!r} is not mapped onto Ray Tune")
+
+
+def _nested(flat: dict) -> dict:
+    """wtune's mutations by dotted name (``optimizer.lr``) as the nested
+    tables Ray's PBT finds them in a trial's config by."""
+    nested: dict = {}
+    for name, value in flat.items():
+        *tables, last = name.split(".")
+        at = nested
+        for table in tables:
+            at = at.setdefault(table, {})
+        at[last] = value
+    return nested
+
+
+def _score(attr: str | None) -> tuple[str | None, str]:
+    """wtune's ``checkpoint_score_attr`` (``min-`` for lower is better, as
+    Ray Tune's old ``checkpoint_score_attr``) as ``CheckpointConfig``'s
+    attribute and order."""
+    if attr is not None and attr.startswith("min-"):
+        return attr[len("min-"):], "min"
+    return attr, "max"
 
 
 class Criteria(tune.Stopper):
@@ -252,6 +277,7 @@ def tuner(
     )
     output = Path(storage_path) / spec["name"] if storage_path else Path(spec["output_dir"]).resolve()
     checkpoint = spec["checkpoint"]
+    score_attr, score_order = _score(checkpoint["score_attr"])
     failure = spec["failure"]
     max_failures = failure["max_failures"]
     fail_fast = {"off": False, "stop": True, "raise": "raise"}[failure["fail_fast"]]
@@ -264,8 +290,8 @@ def tuner(
             checkpoint_frequency=checkpoint["freq"],
             checkpoint_at_end=checkpoint["at_end"],
             num_to_keep=checkpoint["keep_num"],
-            checkpoint_score_attribute=checkpoint["score_attr"],
-            checkpoint_score_order=mode,
+            checkpoint_score_attribute=score_attr,
+            checkpoint_score_order=score_order,
         ),
         failure_config=tune.FailureConfig(
             max_failures=-1 if max_failures is None else max_failures, fail_fast=fail_fast
@@ -277,7 +303,7 @@ def tuner(
         mode=mode if metric else None,
         num_samples=plan["num_samples"],
         max_concurrent_trials=spec["max_concurrent"],
-        scheduler=scheduler(plan["scheduler"], metric, mode),
+        scheduler=scheduler(plan["scheduler"]),
         search_alg=BasicVariantGenerator(
             random_state=plan["seed"], max_concurrent=search.get("max_concurrent") or 0
         ),
