@@ -34,24 +34,18 @@ pub(crate) fn plan_experiment(model: PathBuf, config: Option<PathBuf>) -> PyResu
 }
 
 /// Checks one trial's settings (`settings_json`: the experiment file's
-/// keys that apply to one trial, relative paths from `base_dir`) as a
-/// `wtune.Trainable` made of them would, so that `wtune.ray.trainable`
-/// refuses a mistake on the driver rather than in every trial's `setup`
-/// on the workers. Raises `ConfigError` naming the key.
+/// keys that apply to one trial) for the keys and value shapes a
+/// `wtune.Trainable` made of them accepts, so that `wtune.ray.trainable`
+/// refuses a misspelt key on the driver rather than in every trial's
+/// `setup` on the workers. Paths are not checked: the driver need not be
+/// one of the nodes that hold the data. Raises `ConfigError` naming the
+/// key.
 #[pyfunction]
-pub(crate) fn check_trial_settings(settings_json: &str, base_dir: PathBuf) -> PyResult<()> {
+pub(crate) fn check_trial_settings(settings_json: &str) -> PyResult<()> {
     let settings: serde_json::Value = serde_json::from_str(settings_json)
         .map_err(|e| errors::ConfigError::new_err(format!("trial settings: {e}")))?;
-    // The component is not read while planning one trial's keys.
-    config::plan_value(
-        std::path::Path::new("model.wasm"),
-        &settings,
-        "experiment",
-        &base_dir,
-        &Overrides::default(),
-    )
-    .map_err(|e| errors::ConfigError::new_err(e.to_string()))?;
-    Ok(())
+    config::check_value_keys(&settings, "experiment")
+        .map_err(|e| errors::ConfigError::new_err(e.to_string()))
 }
 
 /// Checks that the experiment file at `path` holds only keys an

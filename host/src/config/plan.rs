@@ -110,6 +110,13 @@ pub fn check_keys(path: &Path) -> Result<(), ConfigError> {
     file::read(Some(path)).map(drop)
 }
 
+/// [`check_keys`] for an experiment given as a value (`origin` names it in
+/// errors): its keys and the shapes of their values, with nothing planned,
+/// so nothing on this machine (data directories, key files) need exist.
+pub fn check_value_keys(experiment: &Value, origin: &str) -> Result<(), ConfigError> {
+    file::from_value(experiment, origin, Path::new("")).map(drop)
+}
+
 pub fn plan_value(
     model: &Path,
     experiment: &Value,

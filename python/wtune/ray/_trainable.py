@@ -130,9 +130,9 @@ def trainable(
     "node_a": 1}``) goes to ``tune.with_resources``. Data directories must
     exist at the same path on every node."""
     settings, base = trial_settings(experiment, **settings)
-    # Checked here, on the driver: a mistake would otherwise fail every
-    # trial's setup on the workers, again at each retry.
-    _native.check_trial_settings(json.dumps(settings), str(base))
+    # Misspelt keys are refused here, on the driver: they would otherwise
+    # fail every trial's setup on the workers, again at each retry.
+    _native.check_trial_settings(json.dumps(settings))
     if not isinstance(wasm, (bytes, bytearray, memoryview)):
         try:
             wasm = Path(wasm).read_bytes()
