@@ -20,10 +20,7 @@ pub fn write_atomic_with(
     path: &Path,
     write: impl FnOnce(&mut File) -> io::Result<()>,
 ) -> io::Result<()> {
-    let dir = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
+    let dir = dir_of(path);
     let mut tmp = tempfile::Builder::new()
         .prefix(TEMPORARY)
         .tempfile_in(dir)?;
@@ -32,6 +29,13 @@ pub fn write_atomic_with(
     tmp.persist(path).map_err(|e| e.error)?;
     // The rename is durable only once the directory entry is on disk.
     File::open(dir)?.sync_all()
+}
+
+/// The directory `path` is in: its parent, or `.` for a bare file name.
+fn dir_of(path: &Path) -> &Path {
+    path.parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."))
 }
 
 /// A copy of a file made under a temporary name beside where it goes
@@ -45,10 +49,7 @@ pub struct Staged {
 /// temporary name beside `to`, so that whatever can fail in the copy fails
 /// before anything is replaced. [`Staged::put`] moves it to `to`.
 pub fn stage_copy(from: &Path, to: &Path) -> io::Result<Staged> {
-    let dir = to
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
+    let dir = dir_of(to);
     fs::create_dir_all(dir)?;
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -68,11 +69,7 @@ impl Staged {
     /// makes the rename durable.
     pub fn put(self, to: &Path) -> io::Result<()> {
         fs::rename(&self.path, to)?;
-        let dir = to
-            .parent()
-            .filter(|p| !p.as_os_str().is_empty())
-            .unwrap_or(Path::new("."));
-        File::open(dir)?.sync_all()
+        File::open(dir_of(to))?.sync_all()
     }
 }
 

@@ -203,16 +203,7 @@ pub fn refuse_unreadable<B: TrialBackend>(
         }
     }
     for dir in dirs {
-        let mut files: Vec<(u64, PathBuf)> = std::fs::read_dir(dir.join(CHECKPOINT_DIR))
-            .into_iter()
-            .flatten()
-            .flatten()
-            .filter_map(|entry| {
-                let iteration = checkpoint_iteration::<B>(entry.file_name().to_str()?)?;
-                Some((iteration, entry.path()))
-            })
-            .collect();
-        files.sort();
+        let mut files = checkpoint_files::<B>(&dir);
         let mut unreadable = None;
         let mut reads = false;
         while let Some((_, file)) = files.pop() {
@@ -394,6 +385,23 @@ fn remove_checkpoints_after<B: TrialBackend>(trial: &mut Trial, iteration: u64) 
     trial.checkpoints.retain(|c| c.iteration <= iteration);
 }
 
+/// The checkpoint files in the trial directory `dir`, by iteration, oldest
+/// first: `(iteration, file)`. Files the backend does not name as its
+/// checkpoints are left out.
+fn checkpoint_files<B: TrialBackend>(dir: &Path) -> Vec<(u64, PathBuf)> {
+    let mut files: Vec<(u64, PathBuf)> = std::fs::read_dir(dir.join(CHECKPOINT_DIR))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| {
+            let iteration = checkpoint_iteration::<B>(entry.file_name().to_str()?)?;
+            Some((iteration, entry.path()))
+        })
+        .collect();
+    files.sort();
+    files
+}
+
 /// Whether a checkpoint file described by `meta` holds the `listed` one.
 fn holds(meta: &CheckpointMeta, listed: &Checkpoint) -> bool {
     meta.iteration == listed.iteration
@@ -478,18 +486,9 @@ fn newest_intact_of<B: TrialBackend>(
     damaged: &mut Vec<(PathBuf, String)>,
     listed_only: bool,
 ) -> Option<u64> {
-    let dir = trial.dir.join(CHECKPOINT_DIR);
-    let mut files: Vec<(u64, PathBuf)> = std::fs::read_dir(&dir)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|entry| {
-            let iteration = checkpoint_iteration::<B>(entry.file_name().to_str()?)?;
-            Some((iteration, checkpoint_path::<B>(iteration)))
-        })
-        .collect();
-    files.sort();
-    while let Some((iteration, path)) = files.pop() {
+    let mut files = checkpoint_files::<B>(&trial.dir);
+    while let Some((iteration, _)) = files.pop() {
+        let path = checkpoint_path::<B>(iteration);
         let meta = match backend.describe_checkpoint(&trial.dir.join(&path)) {
             Ok(meta) if meta.iteration == iteration => meta,
             Ok(meta) => {
