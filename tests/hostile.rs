@@ -271,6 +271,26 @@ fn rewriting_a_file_in_place_costs_fuel_for_every_byte() {
 }
 
 #[test]
+fn a_tree_nested_past_path_max_does_not_keep_its_trial_from_starting_again() {
+    // The guest builds the tree through its own descriptors, then fails;
+    // the retry's new instance measures the trial's directory for its disk
+    // quota. Measured by paths, the tree failed that start as a host error
+    // ("File name too long"), at every retry and resume.
+    let out = tempfile::tempdir().unwrap();
+    let mut spec = spec(out.path(), vec![attack("deep_tree"), attack("none")], 50);
+    spec.failure = FailurePolicy {
+        max_failures: Some(1),
+        ..Default::default()
+    };
+    let summary = run_backend(backend(tight_limits(), CheckpointMode::Guest), spec);
+    let deep = &summary.trials[0];
+    assert_benign_finished(deep);
+    assert_eq!(deep.num_failures, 1);
+    assert!(deep.dir.join("work").join("d".repeat(200)).is_dir());
+    assert_benign_finished(&summary.trials[1]);
+}
+
+#[test]
 fn a_runaway_call_is_ended_by_its_wall_clock_deadline() {
     let out = tempfile::tempdir().unwrap();
     let limits = Limits {

@@ -65,6 +65,7 @@
 //! | `disk_stale_stream` | forever: gives a file (`stream-N`) 1 MiB with `set-size`, opens a `write-via-stream` at 0, truncates the file to 0, then writes 1 MiB through the stream; and writes 4 KiB (then 4 KiB of zeroes and a 4 KiB splice) through a stream 1 MiB past the end of a new file (`gap-N`), then removes that file | ERROR naming the disk limit (`limits.disk`): the stream's writes up to the old end are charged again, and a write past the end pays for the gap its removal is credited |
 //! | `file_flood`       | creates empty files (`f-N`) in its directory forever            | ERROR naming the file limit (`limits.disk_files`) |
 //! | `disk_churn`       | rewrites one 1 MiB file (`churn`) in place and syncs it, forever: no quota grows | ended by fuel: each byte written and each sync is host work charged to the call |
+//! | `deep_tree`        | builds, through its own descriptors, a directory tree 40 levels deep with 200-byte names (8 KB of path, past the host's `PATH_MAX`) and a 4 KiB file at the bottom, then fails so the host starts it again; the next instance, finding the tree, behaves as `none` | with `max_failures` >= 1: TERMINATED after one failure (the host measures the tree for the quota without long paths); the tree is counted against `limits.disk` |
 //! | `probe`            | reports `score`, `env_count`, `args_count`, `cwd_entries`, `cwd_write_ok`, `wall_clock_ok`, `monotonic_ok`, `random_ok`; writes `./probe.txt` | TERMINATED with that report (`done`) |
 //!
 //! Every attack except those marked otherwise fires at the `at`-th `train()`
@@ -170,11 +171,13 @@ pub enum Attack {
     FileFlood,
     /// Rewrites one file in place and syncs it, forever.
     DiskChurn,
+    /// Builds a directory tree nested past the host's path length limit.
+    DeepTree,
 }
 
 impl Attack {
     /// Every attack, with its config name.
-    pub const ALL: [(&'static str, Attack); 35] = [
+    pub const ALL: [(&'static str, Attack); 36] = [
         ("none", Attack::None),
         ("error", Attack::Error),
         ("panic", Attack::Panic),
@@ -210,6 +213,7 @@ impl Attack {
         ("disk_stale_stream", Attack::DiskStaleStream),
         ("file_flood", Attack::FileFlood),
         ("disk_churn", Attack::DiskChurn),
+        ("deep_tree", Attack::DeepTree),
     ];
 
     /// The attack's config name.
@@ -391,6 +395,7 @@ impl Trainable for Hostile {
             Attack::DiskStaleStream => fill_disk_through_stale_streams(),
             Attack::FileFlood => flood_files(),
             Attack::DiskChurn => churn_disk(),
+            Attack::DeepTree => deep_tree(n, self.iterations),
         }
     }
 
@@ -550,6 +555,63 @@ fn churn_disk() -> Result<Report> {
     };
     let Err(err) = churn();
     Err(Error::msg(format!("rewriting `churn`: {err}")))
+}
+
+/// How deep `deep_tree` nests, and how long its directories' names are:
+/// 40 levels of 200 bytes, 8 KB of path, twice Linux's `PATH_MAX`.
+const DEEP_LEVELS: usize = 40;
+const DEEP_NAME_BYTES: usize = 200;
+
+/// `deep_tree`: a directory tree nested past `PATH_MAX`, built through
+/// WASI's descriptors (each level opened from the one above, so no path is
+/// long), with a 4 KiB file at the bottom; then a failure, so that the
+/// host starts the trial again and measures its directory anew. An
+/// instance that finds the tree behaves as `none`.
+fn deep_tree(n: u64, iterations: u64) -> Result<Report> {
+    use wasip2::filesystem::preopens::get_directories;
+    use wasip2::filesystem::types::{DescriptorFlags, OpenFlags, PathFlags};
+    let name = "d".repeat(DEEP_NAME_BYTES);
+    if fs::metadata(&name).is_ok() {
+        return Ok(benign(n, iterations));
+    }
+    let dirs = get_directories();
+    let (root, _) = dirs
+        .iter()
+        .find(|(_, path)| path == ".")
+        .ok_or_else(|| Error::msg("no preopened `.`"))?;
+    let build = || -> std::result::Result<(), String> {
+        let mut below = None;
+        for _ in 0..DEEP_LEVELS {
+            let parent = below.as_ref().unwrap_or(root);
+            parent
+                .create_directory_at(&name)
+                .map_err(|e| e.to_string())?;
+            let next = parent
+                .open_at(
+                    PathFlags::empty(),
+                    &name,
+                    OpenFlags::DIRECTORY,
+                    DescriptorFlags::READ | DescriptorFlags::MUTATE_DIRECTORY,
+                )
+                .map_err(|e| e.to_string())?;
+            below = Some(next);
+        }
+        let bottom = below.as_ref().unwrap_or(root);
+        let file = bottom
+            .open_at(
+                PathFlags::empty(),
+                "bottom",
+                OpenFlags::CREATE,
+                DescriptorFlags::WRITE,
+            )
+            .map_err(|e| e.to_string())?;
+        file.write(&[0x5A; 4096], 0).map_err(|e| e.to_string())?;
+        Ok(())
+    };
+    build().map_err(|err| Error::msg(format!("building the deep tree: {err}")))?;
+    Err(Error::msg(format!(
+        "built a tree {DEEP_LEVELS} levels deep; failing so the host starts the trial again"
+    )))
 }
 
 /// `disk_unlinked`: 1 MiB files removed while open, forever. Removing a

@@ -230,22 +230,63 @@ impl DiskQuota {
 }
 
 /// Bytes of regular files and entries under `dir`, links not followed.
+///
+/// The walk goes from descriptor to descriptor (into a directory by its
+/// name, back up through `..`), holding one open at a time: a guest builds
+/// a tree nested past `PATH_MAX` easily, each level opened from the one
+/// above, and a walk by paths would fail on it, so that the trial could
+/// never start again. Nothing else changes the directory while it is
+/// measured: the trial's instance has not started.
 fn usage(dir: &Path) -> std::io::Result<(u64, u64)> {
+    use rustix::fs::{CWD, Mode, openat};
     let (mut bytes, mut entries) = (0u64, 0u64);
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(dir) = stack.pop() {
-        for entry in std::fs::read_dir(&dir)? {
-            let entry = entry?;
-            let meta = entry.path().symlink_metadata()?;
-            entries += 1;
-            if meta.is_dir() {
-                stack.push(entry.path());
-            } else if meta.is_file() {
-                bytes += meta.len();
+    let mut current = openat(CWD, dir, WALK, Mode::empty())?;
+    // Per level walked into, the subdirectories not yet walked.
+    let mut pending = vec![list(&current, &mut bytes, &mut entries)?];
+    while let Some(level) = pending.last_mut() {
+        if let Some(name) = level.pop() {
+            current = openat(&current, name.as_c_str(), WALK, Mode::empty())?;
+            pending.push(list(&current, &mut bytes, &mut entries)?);
+        } else {
+            pending.pop();
+            if !pending.is_empty() {
+                current = openat(&current, c"..", WALK, Mode::empty())?;
             }
         }
     }
     Ok((bytes, entries))
+}
+
+/// How [`usage`] opens directories: never through a link.
+const WALK: rustix::fs::OFlags = rustix::fs::OFlags::RDONLY
+    .union(rustix::fs::OFlags::DIRECTORY)
+    .union(rustix::fs::OFlags::NOFOLLOW)
+    .union(rustix::fs::OFlags::CLOEXEC);
+
+/// Counts the entries of the directory `dir` into `entries`, and its
+/// regular files' lengths into `bytes`; returns its subdirectories' names.
+fn list(
+    dir: &rustix::fd::OwnedFd,
+    bytes: &mut u64,
+    entries: &mut u64,
+) -> std::io::Result<Vec<std::ffi::CString>> {
+    use rustix::fs::{AtFlags, Dir, FileType, statat};
+    let mut subdirs = Vec::new();
+    for entry in Dir::read_from(dir)? {
+        let entry = entry?;
+        let name = entry.file_name();
+        if name == c"." || name == c".." {
+            continue;
+        }
+        let stat = statat(dir, name, AtFlags::SYMLINK_NOFOLLOW)?;
+        *entries += 1;
+        match FileType::from_raw_mode(stat.st_mode) {
+            FileType::Directory => subdirs.push(name.to_owned()),
+            FileType::RegularFile => *bytes += u64::try_from(stat.st_size).unwrap_or(0),
+            _ => {}
+        }
+    }
+    Ok(subdirs)
 }
 
 /// A trap naming the limit crossed.
@@ -853,5 +894,55 @@ impl OutputStream for QuotaStream {
 impl Pollable for QuotaStream {
     async fn ready(&mut self) {
         self.inner.ready().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rustix::fs::{CWD, Mode, OFlags, mkdirat, openat, symlinkat};
+
+    #[test]
+    fn usage_measures_a_tree_nested_past_path_max_and_follows_no_link() {
+        let dir = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("big"), vec![0u8; 1 << 20]).unwrap();
+        std::fs::write(dir.path().join("top"), [1u8; 10]).unwrap();
+        // 60 levels of 100-byte names: 6 KB of path, past PATH_MAX (4096),
+        // made as a guest makes it, one level opened from the one above.
+        let name = "n".repeat(100);
+        let mut current = openat(CWD, dir.path(), WALK, Mode::empty()).unwrap();
+        for _ in 0..60 {
+            mkdirat(&current, name.as_str(), Mode::RWXU).unwrap();
+            current = openat(&current, name.as_str(), WALK, Mode::empty()).unwrap();
+        }
+        let bottom = openat(
+            &current,
+            "bottom",
+            OFlags::WRONLY | OFlags::CREATE | OFlags::CLOEXEC,
+            Mode::RUSR | Mode::WUSR,
+        )
+        .unwrap();
+        rustix::io::write(&bottom, &[2u8; 123]).unwrap();
+        symlinkat(outside.path(), &current, "out").unwrap();
+        symlinkat(outside.path().join("big"), &current, "big").unwrap();
+
+        // 60 directories, `top`, `bottom` and two links; the links' targets
+        // are not counted.
+        assert_eq!(usage(dir.path()).unwrap(), (10 + 123, 64));
+        // A path walk fails on this tree, which is why `usage` walks by
+        // descriptor.
+        let deep: std::path::PathBuf = std::iter::repeat_n(name.as_str(), 60).collect();
+        let path_error = std::fs::symlink_metadata(dir.path().join(deep).join("bottom"));
+        assert_eq!(
+            path_error.unwrap_err().raw_os_error(),
+            Some(rustix::io::Errno::NAMETOOLONG.raw_os_error())
+        );
+    }
+
+    #[test]
+    fn usage_of_a_missing_directory_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(usage(&dir.path().join("gone")).is_err());
     }
 }
