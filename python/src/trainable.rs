@@ -27,14 +27,15 @@ pub struct Trainable {
     backend: WasmBackend,
     /// The GPU of host compute's the trial runs on; the first when `None`.
     gpu: Option<usize>,
-    trial_id: String,
-    trial_dir: PathBuf,
-    /// Held so that a trial given no directory gets one that goes with it.
-    _scratch: Option<tempfile::TempDir>,
     state: Mutex<State>,
 }
 
 struct State {
+    /// Where the instance's files go: a reused Ray actor moves on to the
+    /// next trial's directory ([`Trainable::restart`]).
+    place: Place,
+    /// Held so that a trial given no directory gets one that goes with it.
+    _scratch: Option<tempfile::TempDir>,
     instance: Instance,
     config: Value,
     time_total_s: f64,
@@ -69,6 +70,14 @@ impl Instance {
             let _ = old.close();
         }
     }
+}
+
+/// The trial an instance belongs to: the id its checkpoints carry, and
+/// the directory of its files (its guest's directory is `trial_dir/work`).
+#[derive(Clone)]
+struct Place {
+    trial_id: String,
+    trial_dir: PathBuf,
 }
 
 /// A checkpoint opened for a restore: its trial continues with `config`.
@@ -124,29 +133,30 @@ impl Trainable {
         self.state.get_mut().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn trial_launch(&self, config: &Value) -> TrialLaunch {
+    fn trial_launch(&self, place: &Place, config: &Value) -> TrialLaunch {
         TrialLaunch {
-            trial_id: self.trial_id.clone(),
+            trial_id: place.trial_id.clone(),
             config: config.clone(),
-            trial_dir: self.trial_dir.clone(),
+            trial_dir: place.trial_dir.clone(),
             restore: None,
             resources: Resources::default(),
             gpus: self.gpu.into_iter().collect(),
         }
     }
 
-    /// A fresh instance set up with `config`.
-    fn launch(&self, config: &Value) -> PyResult<WasmSession> {
+    /// A fresh instance set up with `config`, its files in `place`.
+    fn launch(&self, place: &Place, config: &Value) -> PyResult<WasmSession> {
         wtune::sandbox::reinstate_trap_handlers();
         self.backend
-            .start_trial(&self.trial_launch(config))
+            .start_trial(&self.trial_launch(place, config))
             .map_err(|e| errors::wasm(&e))
     }
 
     /// An instance continued from the checkpoint at `path`, with
     /// `config` or, when `None`, the checkpoint's own configuration.
-    /// The file is opened and verified once.
-    fn resume(&self, path: &Path, config: Option<Value>) -> PyResult<Resumed> {
+    /// The file is opened and verified once; the instance's files go in
+    /// `place`.
+    fn resume(&self, place: &Place, path: &Path, config: Option<Value>) -> PyResult<Resumed> {
         let file = self
             .backend
             .open_checkpoint(path)
@@ -157,7 +167,7 @@ impl Trainable {
         wtune::sandbox::reinstate_trap_handlers();
         let session = self
             .backend
-            .resume_trial(&self.trial_launch(&config), path, file)
+            .resume_trial(&self.trial_launch(place, &config), path, file)
             .map_err(|e| errors::wasm(&e))?;
         Ok(Resumed {
             session,
@@ -171,7 +181,7 @@ impl Trainable {
     /// fails leaves it deferred: nothing changed.
     fn live<'s>(&self, state: &'s mut State) -> PyResult<&'s mut WasmSession> {
         if let Instance::Deferred = state.instance {
-            let session = self.launch(&state.config)?;
+            let session = self.launch(&state.place, &state.config)?;
             state.instance = Instance::Live(Box::new(session));
         }
         match &mut state.instance {
@@ -285,13 +295,16 @@ impl Trainable {
                 (scratch.path().to_path_buf(), Some(scratch))
             }
         };
+        let place = Place {
+            trial_id: trial_id.unwrap_or_else(|| "trial".into()),
+            trial_dir,
+        };
         let mut trainable = Self {
             backend,
             gpu,
-            trial_id: trial_id.unwrap_or_else(|| "trial".into()),
-            trial_dir,
-            _scratch: scratch,
             state: Mutex::new(State {
+                place: place.clone(),
+                _scratch: scratch,
                 instance: Instance::Deferred,
                 config: Value::Object(Map::new()),
                 time_total_s: 0.0,
@@ -300,13 +313,13 @@ impl Trainable {
         };
         match restore {
             Some(path) => {
-                let resumed = py.detach(|| trainable.resume(&path, config))?;
+                let resumed = py.detach(|| trainable.resume(&place, &path, config))?;
                 trainable.state_mut().resumed(resumed);
             }
             None => {
                 let config = config.unwrap_or_else(|| Value::Object(Map::new()));
                 if !deferred {
-                    let session = py.detach(|| trainable.launch(&config))?;
+                    let session = py.detach(|| trainable.launch(&place, &config))?;
                     trainable.state_mut().instance = Instance::Live(Box::new(session));
                 }
                 trainable.state_mut().config = config;
@@ -373,9 +386,10 @@ impl Trainable {
                 let config = state.config.clone();
                 let time_total_s = state.time_total_s;
                 let result = state.last_result.clone();
+                let trial_id = state.place.trial_id.clone();
                 let session = self.live(state)?;
                 let info = CheckpointInfo {
-                    trial_id: &self.trial_id,
+                    trial_id: &trial_id,
                     config: &config,
                     iteration: session.iteration(),
                     time_total_s,
@@ -402,7 +416,8 @@ impl Trainable {
     ) -> PyResult<()> {
         let config = config_json.map(parse_config).transpose()?;
         py.detach(|| {
-            let resumed = self.resume(&path, config)?;
+            let place = self.locked(|state| Ok(state.place.clone()))?;
+            let resumed = self.resume(&place, &path, config)?;
             self.locked(|state| {
                 state.resumed(resumed);
                 Ok(())
@@ -414,18 +429,41 @@ impl Trainable {
     /// up with `config_json` (a new trial on a reused Ray actor). The
     /// current instance is replaced only once the new one is set up; with
     /// `deferred`, it is closed now and the new one is set up when first
-    /// needed (a restore that comes first skips the setup).
-    #[pyo3(signature = (config_json, deferred=false))]
-    fn restart(&self, py: Python<'_>, config_json: &str, deferred: bool) -> PyResult<()> {
+    /// needed (a restore that comes first skips the setup). `trial_dir` and
+    /// `trial_id`, when given, are the new trial's: its files go there,
+    /// not among the old trial's (whose guest files the new guest must not
+    /// see, nor count against its disk quota); by default they stay.
+    #[pyo3(signature = (config_json, deferred=false, trial_dir=None, trial_id=None))]
+    fn restart(
+        &self,
+        py: Python<'_>,
+        config_json: &str,
+        deferred: bool,
+        trial_dir: Option<PathBuf>,
+        trial_id: Option<String>,
+    ) -> PyResult<()> {
         let config = parse_config(config_json)?;
         py.detach(|| {
+            let mut place = self.locked(|state| Ok(state.place.clone()))?;
+            let moved = trial_dir.is_some();
+            if let Some(dir) = trial_dir {
+                place.trial_dir = dir;
+            }
+            if let Some(id) = trial_id {
+                place.trial_id = id;
+            }
             let next = if deferred {
                 Instance::Deferred
             } else {
-                Instance::Live(Box::new(self.launch(&config)?))
+                Instance::Live(Box::new(self.launch(&place, &config)?))
             };
             self.locked(|state| {
                 state.instance.set(next);
+                if moved {
+                    // The old trial's scratch directory goes with it.
+                    state._scratch = None;
+                }
+                state.place = place;
                 state.config = config;
                 state.time_total_s = 0.0;
                 state.last_result = None;
@@ -510,7 +548,7 @@ impl Trainable {
     /// The trial's directory: `stdout.log`, `stderr.log` and `guest.log`
     /// here, the guest's own files under `work/`.
     #[getter]
-    fn trial_dir(&self) -> PathBuf {
-        self.trial_dir.clone()
+    fn trial_dir(&self, py: Python<'_>) -> PyResult<PathBuf> {
+        py.detach(|| self.locked(|state| Ok(state.place.trial_dir.clone())))
     }
 }

@@ -141,6 +141,28 @@ class KillNodeAt(Callback):
             add_worker(cluster, "replacement")
 
 
+def test_a_reused_actor_gives_each_trial_a_sandbox_of_its_own(cluster, hostile, tmp_path):
+    # One trial at a time on one node: Ray hands each trial the actor the
+    # last one ran in (reset_config). The probe lists its directory, then
+    # writes probe.txt there: a trial shown the last trial's directory
+    # would list that file.
+    trainable = tune.with_resources(
+        wtune.ray.trainable(hostile, limits=LIMITS), {"cpu": 1, worker_resources()[0]: 1}
+    )
+    grid = run(
+        trainable,
+        {"attack": "probe", "iterations": 1, "n": tune.grid_search([1, 2, 3])},
+        tmp_path,
+        reuse_actors=True,
+        max_concurrent_trials=1,
+    )
+    assert not grid.errors
+    assert len({result.metrics["pid"] for result in grid}) == 1, "no actor was reused"
+    for result in grid:
+        assert result.metrics["cwd_write_ok"] == 1, result.path
+        assert result.metrics["cwd_entries"] == 0, result.path
+
+
 def test_a_killed_node_s_trials_continue_from_their_last_snapshot(cluster, hostile, tmp_path):
     CLUSTERS["cluster"] = cluster
     kill = KillNodeAt(iteration=3)

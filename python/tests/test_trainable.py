@@ -215,6 +215,23 @@ def test_reset_keeps_what_was_learned_and_restart_starts_over(digits):
     assert trainable.train()["training_iteration"] == 1
 
 
+def test_restart_into_a_new_trial_directory_leaves_the_old_trial_s_files(hostile, tmp_path):
+    probe = {"attack": "probe", "iterations": 1}
+    trainable = wtune.Trainable(hostile, probe, trial_dir=tmp_path / "a", trial_id="a")
+    assert trainable.train()["cwd_entries"] == 0
+    assert (tmp_path / "a" / "work" / "probe.txt").exists()
+    # A new trial on the same compiled component (a reused Ray actor):
+    # its guest sees a directory of its own, not the last trial's file.
+    trainable.restart(probe, trial_dir=tmp_path / "b", trial_id="b")
+    assert trainable.trial_dir == tmp_path / "b"
+    assert trainable.train()["cwd_entries"] == 0
+    assert (tmp_path / "b" / "work" / "probe.txt").exists()
+    # Without a directory, the restart stays where it was.
+    trainable.restart(probe)
+    assert trainable.trial_dir == tmp_path / "b"
+    assert trainable.train()["cwd_entries"] == 1
+
+
 def test_an_experiment_file_gives_its_limits_and_data(digits, tmp_path):
     # digits-mlp reads its data from the file's [data] grant.
     with wtune.Trainable(digits, DIGITS_CONFIG, experiment=DIGITS / "experiment.toml") as t:

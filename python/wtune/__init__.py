@@ -217,13 +217,28 @@ class Trainable:
         with _checkpoint_file(checkpoint) as path:
             self._native.restore_from(path, config_json)
 
-    def restart(self, config: Mapping[str, Any], *, deferred: bool = False) -> None:
+    def restart(
+        self,
+        config: Mapping[str, Any],
+        *,
+        deferred: bool = False,
+        trial_dir: Union[str, "os.PathLike[str]", None] = None,
+        trial_id: str | None = None,
+    ) -> None:
         """Starts a new trial with ``config`` in a fresh instance of the
         same compiled component (``setup`` runs again; nothing learned is
         kept). The running instance is replaced once the new one is set
         up; with ``deferred`` it is closed now, and the new one is set up
-        at the first call that needs it (a `restore` first skips that)."""
-        self._native.restart(_to_json(dict(config), "config"), deferred)
+        at the first call that needs it (a `restore` first skips that).
+        ``trial_dir`` and ``trial_id``, when given, are the new trial's: its
+        files (its guest's directory is ``trial_dir/work``) go there rather
+        than among the old trial's; by default they stay the same."""
+        self._native.restart(
+            _to_json(dict(config), "config"),
+            deferred,
+            None if trial_dir is None else os.fspath(trial_dir),
+            trial_id,
+        )
 
     def reset(self, config: Mapping[str, Any]) -> bool:
         """Switches to ``config`` in place with the guest's ``reset()``,

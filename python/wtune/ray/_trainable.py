@@ -34,7 +34,8 @@ class WasmTrainable(tune.Trainable):
       any node, and a checkpoint of another trial (a PBT exploit) continues
       with this trial's config through the guest's ``reset``.
     - ``reset_config`` (``reuse_actors=True``) starts the new trial in a
-      fresh instance of the component the actor has already compiled.
+      fresh instance of the component the actor has already compiled, in a
+      sandbox directory of its own.
     - the guest's ``setup`` runs at the first ``step``, not in ``setup``:
       a trial Ray recovers (or a PBT exploit on a reused actor) restores
       its checkpoint without first setting up an instance it would throw
@@ -95,8 +96,15 @@ class WasmTrainable(tune.Trainable):
         self._trial.restore(Path(checkpoint) / CHECKPOINT_FILE, config=self.config)
 
     def reset_config(self, new_config: dict) -> bool:
+        # Ray has moved `logdir` to the new trial's directory: its guest
+        # gets a sandbox there, not the old trial's files (and disk quota).
         # A PBT exploit follows with load_checkpoint: set up only if not.
-        self._trial.restart(new_config, deferred=True)
+        self._trial.restart(
+            new_config,
+            deferred=True,
+            trial_dir=Path(self.logdir) / "sandbox",
+            trial_id=self.trial_id or "trial",
+        )
         return True
 
     def cleanup(self) -> None:
