@@ -106,6 +106,10 @@ impl<B: TrialBackend> Shared<B> {
                     if decision != Decision::Pause {
                         runner.halt_kept.insert(index);
                     }
+                    if matches!(decision, Decision::Exploit { .. }) {
+                        // Paused on its own trajectory: the clone is not made.
+                        runner.scheduler.on_exploit_skipped(&trials[index]);
+                    }
                     if runner.order.is_some() && !runner.checkpoint_due(&trials[index], &decision) {
                         runner.halt_saves.insert(index);
                     }

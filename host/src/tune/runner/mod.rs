@@ -883,6 +883,7 @@ impl<B: TrialBackend> Runner<B> {
             .and_then(|t| Some((t, t.clone_at(ranked_at)?.clone())));
         let Some((source_trial, checkpoint)) = cloned else {
             tracing::warn!(trial = %trials[index].trial_id, "the {} scheduler asked to clone trial index {source}, which has no checkpoint; continuing", self.scheduler.name());
+            self.scheduler.on_exploit_skipped(&trials[index]);
             tasks.train(index, session);
             return;
         };
@@ -896,6 +897,7 @@ impl<B: TrialBackend> Runner<B> {
                 checkpoint.iteration,
                 source_trial.stop_reason.as_deref().unwrap_or_default()
             );
+            self.scheduler.on_exploit_skipped(&trials[index]);
             tasks.train(index, session);
             return;
         }
@@ -915,6 +917,7 @@ impl<B: TrialBackend> Runner<B> {
             Ok(staged) => staged,
             Err(e) => {
                 tracing::warn!(trial = %trial.trial_id, "cannot clone {source_id}'s checkpoint, continuing: copying {} to {}: {e}", from.display(), to.display());
+                self.scheduler.on_exploit_skipped(&trials[index]);
                 tasks.train(index, session);
                 return;
             }
@@ -965,6 +968,7 @@ impl<B: TrialBackend> Runner<B> {
             // run halted at, so it is carried out (the clone then pauses
             // as it launches), as a resume expects.
             if halting && self.order.is_none() {
+                self.scheduler.on_exploit_skipped(&trials[parked.index]);
                 self.after_step(tasks, trials, parked.index, parked.session, Decision::Pause);
             } else if let Some(reason) = stopped {
                 // The experiment stopped while the exploit waited: the trial

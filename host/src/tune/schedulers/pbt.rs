@@ -359,6 +359,11 @@ struct Member {
     config: Value,
     /// `time_attr` at its last perturbation (0 before the first).
     last_perturbation_time: f64,
+    /// Its own `time_attr` at an exploit just decided, which gave it the
+    /// source's perturbation time: put back if the exploit is skipped
+    /// ([`Scheduler::on_exploit_skipped`]); cleared at its next result.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    before_exploit: Option<f64>,
     /// The score recorded at its last perturbation: the metric, negated
     /// under `min` so that higher is better; a null (NaN) metric is saved
     /// as the lowest finite number, so it ranks last. `None`: not ranked
@@ -485,6 +490,7 @@ impl PopulationBasedTraining {
                 index: guess,
                 config: Value::Null,
                 last_perturbation_time: 0.0,
+                before_exploit: None,
                 score: None,
                 has_checkpoint: false,
                 finished: false,
@@ -686,6 +692,7 @@ impl Scheduler for PopulationBasedTraining {
         }
         member.score = Some(score);
         member.last_perturbation_time = time;
+        member.before_exploit = None;
 
         let (lower, upper) = self.quantiles();
         if upper.iter().any(|u| u == id) {
@@ -716,6 +723,7 @@ impl Scheduler for PopulationBasedTraining {
         let member = self.members.get_mut(id).expect("observed");
         member.config = config.clone();
         member.last_perturbation_time = source.last_perturbation_time;
+        member.before_exploit = Some(time);
         self.perturbations += 1;
         Decision::Exploit {
             source: source.index,
@@ -725,6 +733,15 @@ impl Scheduler for PopulationBasedTraining {
 
     fn on_trial_add(&mut self, trial: &Trial) {
         self.observe(trial);
+    }
+
+    fn on_exploit_skipped(&mut self, trial: &Trial) {
+        // It trains on with its own config (which `observe` takes) and its
+        // own counters, so its clock is its own perturbation's again.
+        let member = self.observe(trial);
+        if let Some(time) = member.before_exploit.take() {
+            member.last_perturbation_time = time;
+        }
     }
 
     fn on_trial_remove(&mut self, trial: &Trial) {
@@ -1065,6 +1082,49 @@ mod tests {
                     .to_string();
             assert!(message.contains(expected), "{bad}: {message}");
         }
+    }
+
+    /// An exploit the runner could not carry out (no clone made) leaves
+    /// the trial on its own trajectory: its next perturbation comes an
+    /// interval after its own, not after the source's it was to take.
+    #[test]
+    fn a_skipped_exploit_leaves_the_trial_its_own_clock() {
+        use Decision::*;
+        let mut s = pbt(
+            json!({
+                "perturbation_interval": 2,
+                "hyperparam_mutations": {"lr": [1, 2, 3]},
+                "resample_probability": 0.0,
+            }),
+            Mode::Max,
+        );
+        let mut t: Vec<Trial> = (0..4)
+            .map(|i| trial(i, json!({"lr": 2, "seed": i})))
+            .collect();
+        for tr in &t {
+            s.on_trial_add(tr);
+        }
+        assert_eq!(s.on_result(&t[0], &result(2, 5.0)), Continue);
+        assert_eq!(s.on_result(&t[1], &result(2, 3.0)), Continue);
+        assert_eq!(s.on_result(&t[2], &result(2, 7.0)), Checkpoint);
+        checkpointed(&mut t[2], 2);
+        assert_eq!(s.on_result(&t[2], &result(3, 7.0)), Continue);
+        assert_eq!(s.on_result(&t[3], &result(2, 6.0)), Continue);
+        // 0 at 4 ranks last and is to clone 2, whose clock says 2.
+        assert!(matches!(
+            s.on_result(&t[0], &result(4, 0.0)),
+            Exploit { source: 2, .. }
+        ));
+        s.on_exploit_skipped(&t[0]);
+        // Its own clock (4): not due at 5, as it would be from 2's.
+        assert_eq!(s.on_result(&t[0], &result(5, 0.0)), Continue);
+        let Exploit { source: 2, config } = s.on_result(&t[0], &result(6, 0.0)) else {
+            panic!("an exploit expected at 6")
+        };
+        // Explored from the source's config, as before.
+        assert_eq!(config["seed"], 2);
+        // The skip is no rank of its own: the exploit decided counts.
+        assert_eq!(s.perturbations(), 2);
     }
 
     /// Interval 2, quantile 0.25: with `n` trials ranked, `ceil(n / 4)` at

@@ -70,6 +70,14 @@ pub trait Scheduler: Send {
         self.on_trial_add(trial);
     }
 
+    /// The [`Decision::Exploit`] given for `trial`'s last result was not
+    /// carried out: its source had no checkpoint to clone (or one where it
+    /// had ended), the copy failed, or the run halted first. The trial
+    /// goes on from where it was, with its own config and counters.
+    fn on_exploit_skipped(&mut self, trial: &Trial) {
+        let _ = trial;
+    }
+
     /// The searcher will create no more trials: a scheduler holding trials
     /// back until a group fills up must now decide with the trials it has.
     /// The runner calls it once, when `choose_next` has nothing and the
