@@ -455,6 +455,36 @@ fn bad_resumes_and_short_keys_are_refused_and_change_nothing() {
     }
     drop(held);
 
+    // An address in use refuses a resume and a run with a dashboard before
+    // anything is written: the restarted trials' checkpoints are kept, and
+    // no directory is made.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let serve = format!("--serve={}", taken.local_addr().unwrap());
+    let output = common::wtune()
+        .arg("resume")
+        .arg(&out)
+        .args(["--restart-errored", &serve])
+        .output()
+        .unwrap();
+    refused(&output, "cannot listen on");
+    assert!(files(&out) == before, "a refused resume changed files");
+    let served_out = dir.path().join("served");
+    let mut served = common::wtune();
+    served
+        .arg("run")
+        .arg(common::guest("stateful"))
+        .arg("--config");
+    served
+        .arg(&config)
+        .arg(&serve)
+        .arg("--output-dir")
+        .arg(&served_out);
+    let output = served.output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("error: cannot listen on"), "{stderr}");
+    assert!(!served_out.exists(), "nothing is written for a refused run");
+
     std::fs::write(dir.path().join("short.key"), b"12345678").unwrap();
     let keyed = experiment(dir.path(), "snapshot_key_file = \"short.key\"", 64, 2);
     let keyed_out = dir.path().join("keyed");

@@ -21,11 +21,11 @@ pub(super) fn sandbox(cache: CacheArgs, mut options: SandboxOptions) -> Result<S
         .map_err(|e| Failure::runtime(format!("cannot start the sandbox engine: {e:#}")))
 }
 
-/// Holds `<dir>/.wtune.lock` for as long as the returned file lives, so
+/// Holds `<dir>/.wtune.lock` ([`crate::config::LOCK_FILE`]) for as long as the returned file lives, so
 /// that two `wtune` processes never run the same experiment directory.
 pub(super) fn lock(dir: &Path) -> Result<std::fs::File, Failure> {
     crate::persist::create_dir(dir).map_err(Failure::runtime)?;
-    let path = dir.join(".wtune.lock");
+    let path = dir.join(crate::config::LOCK_FILE);
     let file = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)

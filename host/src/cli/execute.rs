@@ -27,25 +27,49 @@ pub(super) struct Resumed {
     pub(super) extended: Vec<String>,
 }
 
+/// What `run` and `resume` make sure of before they change anything in
+/// the experiment's directory (create it, delete a restarted trial's
+/// checkpoints): the trials fit the machine's compute, and the dashboard's
+/// address can be listened on. Either failing afterwards left a run's
+/// directory behind, or a resume's checkpoints deleted, for nothing.
+pub(super) struct Ready {
+    spec: RunSpec,
+    listener: Option<serve::Listener>,
+}
+
+impl Ready {
+    /// Fits `spec` to the compute `backend` has ([`WasmBackend::fit_spec`])
+    /// and binds `serve`'s address.
+    pub(super) fn new(
+        backend: &WasmBackend,
+        mut spec: RunSpec,
+        setup: &Setup,
+        serve: Option<serve::ServeOptions>,
+    ) -> Result<Self, Failure> {
+        backend
+            .fit_spec(&mut spec, &setup.compute, |note| eprintln!("note: {note}"))
+            .map_err(Failure::user)?;
+        let listener = serve
+            .map(|options| serve::Listener::bind(&options))
+            .transpose()
+            .map_err(Failure::user)?;
+        Ok(Self { spec, listener })
+    }
+}
+
 /// Runs trials to the end and reports, for `run` and `resume` alike, while
-/// holding the experiment directory's `lock`; with `serve`, beside a
+/// holding the experiment directory's `lock`; with a listener, beside a
 /// control server.
-#[allow(clippy::too_many_arguments)]
 pub(super) fn execute(
     backend: WasmBackend,
-    spec: RunSpec,
-    scheduler: Box<dyn Scheduler>,
-    searcher: Box<dyn Searcher>,
+    ready: Ready,
+    (scheduler, searcher): (Box<dyn Scheduler>, Box<dyn Searcher>),
     resumed: Option<Resumed>,
     setup: &Setup,
     lock: std::fs::File,
-    serve: Option<serve::ServeOptions>,
 ) -> Result<(), Failure> {
     let _lock = lock;
-    let mut spec = spec;
-    backend
-        .fit_spec(&mut spec, &setup.compute, |note| eprintln!("note: {note}"))
-        .map_err(Failure::user)?;
+    let Ready { spec, listener } = ready;
     let runner = assemble(backend, spec, scheduler, searcher, resumed, setup);
     let runtime = tokio::runtime::Runtime::new()
         .map_err(|e| Failure::runtime(format!("cannot start the runtime: {e}")))?;
@@ -53,9 +77,9 @@ pub(super) fn execute(
     let mut runner = runner.interrupts(interrupts);
     let dir = setup.spec.output_dir.clone();
     // Dropped after the run: the page keeps answering until then.
-    let _server = match serve {
-        Some(options) => {
-            let (served, server) = start_server(&runtime, runner, &dir, &options)?;
+    let _server = match listener {
+        Some(listener) => {
+            let (served, server) = start_server(&runtime, runner, &dir, listener)?;
             runner = served;
             Some(server)
         }
@@ -156,19 +180,18 @@ fn start_server(
     runtime: &tokio::runtime::Runtime,
     runner: Runner<WasmBackend>,
     dir: &std::path::Path,
-    options: &serve::ServeOptions,
+    listener: serve::Listener,
 ) -> Result<(Runner<WasmBackend>, serve::Server), Failure> {
     let (controller, requests) = control::channel();
     let runner = runner.control(requests);
-    let server = runtime
-        .block_on(serve::Server::start(
-            dir.to_path_buf(),
-            Some(controller),
-            options,
-        ))
-        .map_err(Failure::user)?;
+    let tokened = listener.tokened();
+    let server = {
+        let _entered = runtime.enter();
+        serve::Server::start_on(listener, dir.to_path_buf(), Some(controller))
+            .map_err(Failure::user)?
+    };
     eprintln!("serving the dashboard at {}", server.url());
-    if options.token.is_some() {
+    if tokened {
         eprintln!(
             "(API requests need the token; open the page as {}#token=TOKEN)",
             server.url()

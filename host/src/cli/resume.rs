@@ -13,7 +13,7 @@ use crate::wasm_backend::WasmBackend;
 use super::Failure;
 use super::args::{CacheArgs, ResumeArgs};
 use super::common::{lock, sandbox, snapshot_key};
-use super::execute::{Resumed, execute};
+use super::execute::{Ready, Resumed, execute};
 use super::setup::Setup;
 use changes::Changes;
 
@@ -56,6 +56,8 @@ pub(super) fn resume_experiment(args: ResumeArgs) -> Result<(), Failure> {
     };
     let output_dir = std::path::absolute(&args.dir).unwrap_or(args.dir.clone());
     resume::refuse_unreadable(&backend, &trials, &output_dir, errored).map_err(Failure::user)?;
+    setup.spec.output_dir = output_dir.clone();
+    let ready = Ready::new(&backend, setup.spec.clone(), &setup, serve)?;
     if args.previous_state {
         move_damaged_state_aside(&args.dir)?;
     }
@@ -102,14 +104,11 @@ pub(super) fn resume_experiment(args: ResumeArgs) -> Result<(), Failure> {
     // it now either.
     let mut extended = extended;
     extended.extend(plan.retried.iter().cloned());
-    setup.spec.output_dir = output_dir;
-    let spec = setup.spec.clone();
     let decisions = decisions.clone();
     execute(
         backend,
-        spec,
-        scheduler,
-        searcher,
+        ready,
+        (scheduler, searcher),
         Some(Resumed {
             trials,
             decisions,
@@ -117,7 +116,6 @@ pub(super) fn resume_experiment(args: ResumeArgs) -> Result<(), Failure> {
         }),
         &setup,
         lock,
-        serve,
     )
 }
 

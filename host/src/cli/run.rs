@@ -7,7 +7,7 @@ use crate::wasm_backend::WasmBackend;
 use super::Failure;
 use super::args::RunArgs;
 use super::common::{limits_line, lock, sandbox, snapshot_key};
-use super::execute::execute;
+use super::execute::{Ready, execute};
 use super::setup::Setup;
 
 /// The entry point of `wtune run`: plans the experiment from the file and
@@ -129,10 +129,8 @@ pub(super) fn run(args: RunArgs) -> Result<(), Failure> {
         allowed_components: plan.allowed_components,
         tracking: plan.tracking,
     };
-    let scheduler = setup.scheduler()?;
-    let searcher = setup.searcher()?;
-    let lock = lock(&spec.output_dir)?;
-    execute(
-        backend, spec, scheduler, searcher, None, &setup, lock, serve,
-    )
+    let deciders = (setup.scheduler()?, setup.searcher()?);
+    let ready = Ready::new(&backend, spec, &setup, serve)?;
+    let lock = lock(&setup.spec.output_dir)?;
+    execute(backend, ready, deciders, None, &setup, lock)
 }

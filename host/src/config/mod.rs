@@ -26,6 +26,7 @@ mod tracking;
 pub use decisions::{DEFAULT_ITERATIONS, stop_flags};
 pub use error::ConfigError;
 pub use overrides::Overrides;
+pub use paths::LOCK_FILE;
 pub use plan::{Plan, check_keys, check_value_keys, plan, plan_value, searcher};
 pub use sandbox::{allowlist, resumed_limits};
 pub use tracking::{MlflowTarget, Tracking};

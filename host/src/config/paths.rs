@@ -82,6 +82,10 @@ pub(super) fn data_grants(
 
 /// `--output-dir` or `output_dir`, which must be empty or new; else a
 /// fresh directory under `wtune_results/`.
+/// The file a `wtune` process holds locked in the experiment directory it
+/// runs, so that no second one runs it too.
+pub const LOCK_FILE: &str = ".wtune.lock";
+
 pub(super) fn output_dir(
     file: &ExperimentToml,
     overrides: &Overrides,
@@ -94,12 +98,22 @@ pub(super) fn output_dir(
         .or_else(|| file.output_dir.as_ref().map(|d| base.join(d)))
     {
         Some(dir) => {
-            if dir
-                .read_dir()
-                .is_ok_and(|mut entries| entries.next().is_some())
-            {
+            // The lock file alone is what a run that failed before writing
+            // anything leaves (or a `wtune resume` of an empty directory).
+            let used = |entries: std::fs::ReadDir| {
+                entries
+                    .flatten()
+                    .any(|entry| entry.file_name() != LOCK_FILE)
+            };
+            if dir.read_dir().is_ok_and(used) {
                 return Err(bad(format!(
                     "output directory {} already exists and is not empty; choose another with --output-dir",
+                    dir.display()
+                )));
+            }
+            if std::fs::symlink_metadata(&dir).is_ok() && !dir.is_dir() {
+                return Err(bad(format!(
+                    "output directory {} exists and is not a directory; choose another with --output-dir",
                     dir.display()
                 )));
             }
@@ -146,4 +160,38 @@ fn fresh_output_dir(name: &str) -> PathBuf {
         n += 1;
     }
     dir
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chosen(dir: &Path) -> Result<PathBuf, ConfigError> {
+        let overrides = Overrides {
+            output_dir: Some(dir.to_path_buf()),
+            ..Overrides::default()
+        };
+        output_dir(&ExperimentToml::default(), &overrides, Path::new("."), "m")
+    }
+
+    #[test]
+    fn an_output_dir_must_be_a_new_or_empty_directory() {
+        let base = tempfile::tempdir().unwrap();
+        let fresh = base.path().join("fresh");
+        assert_eq!(chosen(&fresh).unwrap(), fresh);
+        // What a run refused after taking the lock leaves: still empty.
+        std::fs::create_dir(&fresh).unwrap();
+        std::fs::write(fresh.join(LOCK_FILE), b"").unwrap();
+        assert_eq!(chosen(&fresh).unwrap(), fresh);
+        std::fs::write(fresh.join("results.csv"), b"").unwrap();
+        let used = chosen(&fresh).unwrap_err().to_string();
+        assert!(used.contains("already exists and is not empty"), "{used}");
+        let file = base.path().join("file");
+        std::fs::write(&file, b"").unwrap();
+        let not_dir = chosen(&file).unwrap_err().to_string();
+        assert!(
+            not_dir.contains("exists and is not a directory"),
+            "{not_dir}"
+        );
+    }
 }

@@ -62,6 +62,34 @@ pub struct Server {
     task: tokio::task::JoinHandle<()>,
 }
 
+/// A socket bound to a server's address and not yet served: a command
+/// binds it before it changes anything, so that an address in use refuses
+/// the command rather than failing it halfway ([`Server::start_on`]).
+#[derive(Debug)]
+pub struct Listener {
+    socket: std::net::TcpListener,
+    options: ServeOptions,
+}
+
+impl Listener {
+    /// Checks `options` and binds its address.
+    pub fn bind(options: &ServeOptions) -> Result<Self, String> {
+        options.check()?;
+        let socket = std::net::TcpListener::bind(options.addr)
+            .and_then(|socket| socket.set_nonblocking(true).map(|()| socket))
+            .map_err(|e| format!("cannot listen on {}: {e}", options.addr))?;
+        Ok(Self {
+            socket,
+            options: options.clone(),
+        })
+    }
+
+    /// Whether API requests must carry a token.
+    pub fn tokened(&self) -> bool {
+        self.options.token.is_some()
+    }
+}
+
 impl Server {
     /// Binds `options.addr` and serves the experiment in `dir`, with
     /// control through `controller` when given. Must be called inside a
@@ -71,13 +99,20 @@ impl Server {
         controller: Option<Controller>,
         options: &ServeOptions,
     ) -> Result<Self, String> {
-        options.check()?;
-        let listener = tokio::net::TcpListener::bind(options.addr)
-            .await
-            .map_err(|e| format!("cannot listen on {}: {e}", options.addr))?;
-        let addr = listener
-            .local_addr()
-            .map_err(|e| format!("cannot listen on {}: {e}", options.addr))?;
+        Self::start_on(Listener::bind(options)?, dir, controller)
+    }
+
+    /// Serves the experiment in `dir` on `listener`, as [`Server::start`].
+    /// Must be called inside a tokio runtime.
+    pub fn start_on(
+        listener: Listener,
+        dir: PathBuf,
+        controller: Option<Controller>,
+    ) -> Result<Self, String> {
+        let Listener { socket, options } = listener;
+        let listening = |e: std::io::Error| format!("cannot listen on {}: {e}", options.addr);
+        let addr = socket.local_addr().map_err(listening)?;
+        let listener = tokio::net::TcpListener::from_std(socket).map_err(listening)?;
         let app = Arc::new(api::App {
             dir: view::ExperimentDir::new(dir),
             controller,
