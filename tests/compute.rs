@@ -128,6 +128,26 @@ fn misuse_is_an_error_the_guest_receives_and_the_host_survives() {
     // The host is undisturbed: a trial after them computes correctly.
     let (_, errors) = kernel_check(&program);
     assert!(!errors.is_empty() && errors.iter().all(|(_, e)| *e <= 1e-5));
+
+    // A refused call still pays for the bytes the host copied out of the
+    // guest to refuse it: 1 GiB of refused writes costs 2^26 fuel, past
+    // this limit; without the charge they cost the guest next to nothing.
+    let limits = Limits {
+        fuel_per_call: Some(40_000_000),
+        ..Limits::default()
+    };
+    let mut trial = started(
+        &program,
+        dir.path(),
+        &limits,
+        json!({"misuse": "refused_writes"}),
+    );
+    match trial.train() {
+        Err(fault @ TrialFault::FuelPerCall { .. }) => {
+            assert!(fault.to_string().contains("train()"), "{fault}");
+        }
+        other => panic!("{other:?}"),
+    }
 }
 
 #[test]

@@ -24,7 +24,9 @@
 //!   returns the host's error as the trial's error: `freed` (uses a freed
 //!   tensor), `quota` (allocates until refused), `huge` (one enormous
 //!   buffer), `outside` (reads past a buffer's end), `shader` (asks for a
-//!   custom shader), `shape` (a matmul whose output is too small); and on a
+//!   custom shader), `shape` (a matmul whose output is too small),
+//!   `refused_writes` (1 GiB, in 4 MiB writes to a buffer that does not
+//!   exist, each refused); and on a
 //!   GPU backend `tile` (a matmul output taller than the GPU's grid of
 //!   tiles), `bad_wgsl` (WGSL with a type error), `dispatch` (more
 //!   workgroups than a dispatch allows), `binding` (a pipeline given the
@@ -310,6 +312,16 @@ fn misuse(kind: &str) -> Result<()> {
                 .dispatch(&[&x; 33], [1, 1, 1])
                 .err()
                 .ok_or_else(|| Error::msg("a dispatch of 33 bindings ran"))?
+        }
+        "refused_writes" => {
+            // 4 MiB written 256 times to a buffer that does not exist: the
+            // host copies it out of the guest before each refusal.
+            let data = vec![0u8; 4 << 20];
+            let mut refused = None;
+            for _ in 0..256 {
+                refused = raw::write(u32::MAX, 0, &data).err();
+            }
+            refused.ok_or_else(|| Error::msg("a write to no buffer was accepted"))?
         }
         "entry" => compute::Pipeline::new(SCALE_WGSL, &"m".repeat(300))
             .err()

@@ -11,6 +11,7 @@ use crate::compute::ops::{Axis, Binary, Matmul, Reduce, Unary};
 use crate::compute::{BackendInfo, ComputeError};
 
 type Result<T> = std::result::Result<T, wit::ComputeError>;
+type ComputeResult<T> = std::result::Result<T, ComputeError>;
 
 fn to_wit(err: ComputeError) -> wit::ComputeError {
     match err {
@@ -50,6 +51,22 @@ fn binary(op: wit::BinaryOp) -> Binary {
     }
 }
 
+impl TrialHost {
+    /// `answer` to a call for which wasmtime copied `bytes` out of the
+    /// guest (a list or a string) before the host saw them. A refusal
+    /// charges the copy, as a log line is charged: it was made whatever the
+    /// answer, and a refused call must not be free to repeat. A call that
+    /// goes ahead pays for its bytes in its own charge.
+    fn lifted<T>(&mut self, bytes: usize, answer: ComputeResult<T>) -> Result<T> {
+        if answer.is_err() {
+            let bytes = u64::try_from(bytes).unwrap_or(u64::MAX);
+            self.compute
+                .charge_host_work(crate::compute::cost::fuel(0, bytes));
+        }
+        answer.map_err(to_wit)
+    }
+}
+
 impl wit::Host for TrialHost {
     fn info(&mut self) -> wit::BackendInfo {
         let BackendInfo {
@@ -73,19 +90,24 @@ impl wit::Host for TrialHost {
     }
 
     fn upload(&mut self, data: Vec<u8>) -> Result<wit::Buffer> {
-        self.compute.upload_bytes(&data).map_err(to_wit)
+        let answer = self.compute.upload_bytes(&data);
+        self.lifted(data.len(), answer)
     }
 
     fn upload_f32(&mut self, data: Vec<f32>) -> Result<wit::Buffer> {
-        self.compute.upload_f32(data).map_err(to_wit)
+        let lifted = data.len() * 4;
+        let answer = self.compute.upload_f32(data);
+        self.lifted(lifted, answer)
     }
 
     fn write(&mut self, buf: wit::Buffer, offset: u64, data: Vec<u8>) -> Result<()> {
-        self.compute.write_bytes(buf, offset, &data).map_err(to_wit)
+        let answer = self.compute.write_bytes(buf, offset, &data);
+        self.lifted(data.len(), answer)
     }
 
     fn write_f32(&mut self, buf: wit::Buffer, offset: u64, data: Vec<f32>) -> Result<()> {
-        self.compute.write_f32(buf, offset, &data).map_err(to_wit)
+        let answer = self.compute.write_f32(buf, offset, &data);
+        self.lifted(data.len() * 4, answer)
     }
 
     fn read(&mut self, buf: wit::Buffer, offset: u64, len: u64) -> Result<Vec<u8>> {
@@ -219,9 +241,8 @@ impl wit::Host for TrialHost {
     }
 
     fn create_pipeline(&mut self, wgsl: String, entry_point: String) -> Result<wit::Pipeline> {
-        self.compute
-            .create_pipeline(&wgsl, &entry_point)
-            .map_err(to_wit)
+        let answer = self.compute.create_pipeline(&wgsl, &entry_point);
+        self.lifted(wgsl.len() + entry_point.len(), answer)
     }
 
     fn dispatch(
@@ -230,9 +251,10 @@ impl wit::Host for TrialHost {
         bindings: Vec<wit::Buffer>,
         groups: (u32, u32, u32),
     ) -> Result<()> {
-        self.compute
-            .dispatch(p, &bindings, [groups.0, groups.1, groups.2])
-            .map_err(to_wit)
+        let answer = self
+            .compute
+            .dispatch(p, &bindings, [groups.0, groups.1, groups.2]);
+        self.lifted(bindings.len() * 4, answer)
     }
 
     fn free_pipeline(&mut self, p: wit::Pipeline) -> Result<()> {

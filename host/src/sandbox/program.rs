@@ -59,6 +59,16 @@ pub struct Program {
     _ticker: Arc<EpochTicker>,
 }
 
+/// Whether an import named `name` runs work in the trial's compute
+/// session: the `compute` interface, and `burn`, whose operations share
+/// the session's quota and GPU. A component that imports only `burn` is
+/// placed and capped as one that imports `compute`.
+fn runs_host_compute(name: &str) -> bool {
+    ["wtune:trainable/compute", "wtune:trainable/burn"]
+        .iter()
+        .any(|interface| name.starts_with(interface))
+}
+
 impl Program {
     /// The blake3 hex digest of the component's bytes (as loaded, before
     /// wtune's instrumentation).
@@ -66,7 +76,8 @@ impl Program {
         &self.digest
     }
 
-    /// Whether the component imports the host `compute` interface.
+    /// Whether the component imports host compute ([`runs_host_compute`]):
+    /// its trials then hold a share of the compute quota, and a GPU.
     pub fn uses_compute(&self) -> bool {
         self.uses_compute
     }
@@ -78,7 +89,7 @@ impl Program {
     }
 
     /// How many GPUs the program's host compute can run on: the
-    /// sandbox's adapters when it imports the `compute` interface and the
+    /// sandbox's adapters when it imports host compute and the
     /// backend is a GPU, else 0.
     pub fn compute_gpus(&self) -> usize {
         if self.uses_compute {
@@ -149,7 +160,7 @@ impl Sandbox {
         let uses_compute = component
             .component_type()
             .imports(&self.engine)
-            .any(|(name, _)| name.starts_with("wtune:trainable/compute"));
+            .any(|(name, _)| runs_host_compute(name));
         Ok(Program {
             pre,
             access,
@@ -330,5 +341,18 @@ impl Program {
             .map_err(|fault| SnapshotError::Failed(fault.to_string()))?;
         instance.restore_image(source, iterations, fuel_total)?;
         Ok(instance)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::runs_host_compute;
+
+    #[test]
+    fn compute_and_burn_imports_run_host_compute() {
+        assert!(runs_host_compute("wtune:trainable/compute@0.1.0"));
+        assert!(runs_host_compute("wtune:trainable/burn@0.1.0"));
+        assert!(!runs_host_compute("wtune:trainable/host@0.1.0"));
+        assert!(!runs_host_compute("wasi:filesystem/types@0.2.6"));
     }
 }
