@@ -39,6 +39,7 @@ fn once<B: crate::storage::Buffers>(
     n: usize,
     multiply: bool,
 ) -> Result<(), String> {
+    crate::scratch::threads();
     use burn_ir::{
         BinaryOpIr, FloatOperationIr, MatmulOpIr, NumericOperationIr, OperationIr, TensorId,
         TensorIr, TensorStatus,

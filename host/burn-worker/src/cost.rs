@@ -9,6 +9,8 @@
 use burn_ir::{ActivationOperationIr as Act, FloatOperationIr, ModuleOperationIr, OperationIr};
 use burn_std::Shape;
 
+use crate::scratch;
+
 /// Fuel every operation costs, whatever it does.
 pub const PER_OPERATION: u64 = 100;
 /// Bytes moved per unit of fuel.
@@ -16,7 +18,7 @@ pub const BYTES_PER_FUEL: u64 = 16;
 /// Fuel per element of exp, log, tanh, erf and the like.
 pub const PER_TRANSCENDENTAL: u64 = 20;
 
-fn elements(shape: &Shape) -> u64 {
+pub(crate) fn elements(shape: &Shape) -> u64 {
     shape.iter().fold(1u64, |n, &d| n.saturating_mul(d as u64))
 }
 
@@ -74,15 +76,33 @@ fn flops(op: &OperationIr, out: u64) -> u64 {
         OperationIr::Module(M::Conv2dXBackward(c)) => {
             mul_add(elements(&c.output_grad.shape), window(&c.weight.shape))
         }
-        OperationIr::Module(M::Conv2dWeightBackward(c)) => {
-            mul_add(elements(&c.output_grad.shape), window(&c.weight.shape))
-        }
+        // Over the extent the gradient reaches (`scratch`): wider than the
+        // kernel when the strides are.
+        OperationIr::Module(M::Conv2dWeightBackward(c)) => mul_add(
+            elements(&c.output_grad.shape),
+            scratch::weight_gradient_window(
+                &c.x.shape,
+                &c.weight.shape,
+                &c.output_grad.shape,
+                &c.options.stride,
+                &c.options.padding,
+                &c.options.dilation,
+            ),
+        ),
         OperationIr::Module(M::Conv1dXBackward(c)) => {
             mul_add(elements(&c.output_grad.shape), window(&c.weight.shape))
         }
-        OperationIr::Module(M::Conv1dWeightBackward(c)) => {
-            mul_add(elements(&c.output_grad.shape), window(&c.weight.shape))
-        }
+        OperationIr::Module(M::Conv1dWeightBackward(c)) => mul_add(
+            elements(&c.output_grad.shape),
+            scratch::weight_gradient_window(
+                &c.x.shape,
+                &c.weight.shape,
+                &c.output_grad.shape,
+                &c.options.stride,
+                &c.options.padding,
+                &c.options.dilation,
+            ),
+        ),
         // A pooling window's every element is compared or added, forward
         // and back.
         OperationIr::Module(M::MaxPool2d(p)) => out.saturating_mul(area(p.kernel_size)),
@@ -106,7 +126,7 @@ fn area(kernel: [usize; 2]) -> u64 {
 
 /// A convolution kernel's window: input channels per group times the
 /// kernel's extent.
-fn window(weight: &Shape) -> u64 {
+pub(crate) fn window(weight: &Shape) -> u64 {
     weight.as_slice()[1..]
         .iter()
         .fold(1u64, |n, &d| n.saturating_mul(d as u64))

@@ -6,7 +6,8 @@
 //! through burn's wgpu backend ([`gpu`]), for one trial,
 //! after checking each one: that it names only tensors the trial holds, as
 //! they are; that its outputs have the shapes its inputs make
-//! ([`shapes`]); that they fit the trial's memory quota ([`ledger`]); and
+//! ([`shapes`]); that they fit the trial's memory quota ([`ledger`]), with
+//! the scratch space the backend takes beside them ([`scratch`]); and
 //! that the trial can pay its fuel ([`cost`]). See [`Session`].
 //!
 //! The `wtune-burn-worker` executable serves one [`Session`] over its
@@ -27,6 +28,7 @@ pub mod cost;
 pub mod gpu;
 pub mod ledger;
 pub mod protocol;
+pub mod scratch;
 mod session;
 pub mod shapes;
 pub mod storage;

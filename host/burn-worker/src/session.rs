@@ -30,7 +30,7 @@ use burn_std::reader::read_sync;
 
 use crate::cost;
 use crate::ledger::{Entry, Id, Ledger, bytes_of, shown};
-use crate::shapes;
+use crate::{scratch, shapes};
 use crate::storage::{Buffer, Buffers};
 
 /// What a session holds, for the host's accounts.
@@ -311,7 +311,11 @@ impl<B: Buffers> Session<B> {
             .iter()
             .map(|t| (t.shape.num_elements() as u64).saturating_mul(width))
             .fold(0, u64::saturating_add);
-        self.ledger.check_room(widest.max(plan.bytes()))?;
+        // A convolution's im2col tiles and a weight gradient's unsliced
+        // result, as wide as the outputs' elements.
+        let scratch = scratch::elements_of(&op, scratch::threads()).saturating_mul(width);
+        self.ledger
+            .check_room(widest.max(plan.bytes()).saturating_add(scratch))?;
         self.pay(cost::fuel(&op))?;
         let draw = image::Draw::of(&op);
         if let Some(draw) = &draw {

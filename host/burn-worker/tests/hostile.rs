@@ -6,7 +6,7 @@
 mod common;
 
 use burn_ir::{
-    BaseOperationIr, Conv2dOpIr, Conv2dOptionsIr, CreationOpIr, FlipOpIr, FloatOperationIr,
+    BaseOperationIr, Conv1dOptionsIr, Conv1dWeightBackwardOpIr, Conv2dOpIr, Conv2dOptionsIr, CreationOpIr, FlipOpIr, FloatOperationIr,
     MatmulOpIr, MaxPool2dOpIr, ModuleOperationIr, NumericOperationIr, OperationIr, PadModeIr,
     PadOpIr, PermuteOpIr, ScalarIr, ScatterNdOpIr, SelectOpIr, ShapeOpIr, SliceOpIr, TensorId,
     TensorIr, TensorStatus, UnaryOpIr,
@@ -209,6 +209,67 @@ fn a_convolution_whose_channels_do_not_match_is_refused() {
         error.contains("stride, dilation and groups must be at least 1"),
         "{error}"
     );
+}
+
+/// A weight gradient is a convolution whose result spans as far as the
+/// gradient reaches into the input, sliced to the weight's shape after:
+/// with a stride far wider than the kernel, 64 MiB for a 4 KiB weight.
+/// Counted before it runs, it is refused; a gradient whose stride skips a
+/// little, as a downsampling layer's does, still runs.
+#[test]
+fn a_weight_gradient_that_reaches_past_its_kernel_counts_what_it_computes() {
+    let weight_gradient = |x: &[usize], w: &[usize], grad: &[usize], stride: usize| {
+        Command::Operation(OperationIr::Module(
+            ModuleOperationIr::Conv1dWeightBackward(Conv1dWeightBackwardOpIr {
+                x: input(1, x),
+                weight: input(2, w),
+                output_grad: input(3, grad),
+                options: Conv1dOptionsIr {
+                    stride: [stride],
+                    padding: [(0, 0)],
+                    dilation: [1],
+                    groups: 1,
+                },
+                out: output(4, w),
+            }),
+        ))
+    };
+    let (x, w, grad) = (&[1, 1, 16384][..], &[1024, 1, 1][..], &[1, 1024, 1][..]);
+    let error = refused(
+        vec![data(1, x), data(2, w), data(3, grad)],
+        weight_gradient(x, w, grad, 16384),
+    );
+    assert!(error.contains("over its quota"), "{error}");
+
+    let (x, w, grad) = (&[1, 2, 8][..], &[3, 2, 1][..], &[1, 3, 4][..]);
+    let mut session = session();
+    session.run(&frame([data(1, x), data(2, w), data(3, grad)]));
+    session.run(&frame([weight_gradient(x, w, grad, 2)]));
+    assert_eq!(session.error(), None);
+}
+
+/// A convolution copies each tile of up to 512 output positions' input
+/// windows (im2col) before it multiplies: with a 32 x 32 kernel over 8
+/// channels, 16 MiB per thread, for 160 KiB of tensors. Counted before it
+/// runs, it is refused under a 1 MiB quota.
+#[test]
+fn a_convolution_counts_the_input_windows_it_copies() {
+    let options = Conv2dOptionsIr {
+        stride: [1, 1],
+        padding: [(0, 0), (0, 0)],
+        dilation: [1, 1],
+        groups: 1,
+    };
+    let (x, w, out) = (&[1, 8, 64, 64][..], &[1, 8, 32, 32][..], &[1, 1, 33, 33][..]);
+    let conv = Command::Operation(OperationIr::Module(ModuleOperationIr::Conv2d(Conv2dOpIr {
+        x: input(1, x),
+        weight: input(2, w),
+        bias: None,
+        options,
+        out: output(3, out),
+    })));
+    let error = refused(vec![data(1, x), data(2, w)], conv);
+    assert!(error.contains("over its quota"), "{error}");
 }
 
 #[test]
