@@ -6,7 +6,10 @@
 //! The work is counted from the operation's checked shapes, before it runs,
 //! so a trial that cannot pay for an operation never starts it.
 
-use burn_ir::{ActivationOperationIr as Act, FloatOperationIr, ModuleOperationIr, OperationIr};
+use burn_ir::{
+    ActivationOperationIr as Act, FloatOperationIr, ModuleOperationIr, NumericOperationIr,
+    OperationIr,
+};
 use burn_std::Shape;
 
 use crate::scratch;
@@ -114,9 +117,49 @@ fn flops(op: &OperationIr, out: u64) -> u64 {
         OperationIr::Module(M::AvgPool2dBackward(p)) => {
             elements(&p.grad.shape).saturating_mul(area(p.kernel_size))
         }
-        OperationIr::Module(M::AdaptiveAvgPool2d(p)) => elements(&p.x.shape).max(out),
+        // Each output averages a window of about the input over the output
+        // along each side, plus one: the windows of a side cover it
+        // (input + output) positions in all.
+        OperationIr::Module(M::AdaptiveAvgPool2d(p)) => adaptive(&p.x.shape, p.output_size).max(out),
+        OperationIr::Module(M::AdaptiveAvgPool2dBackward(p)) => {
+            let grad = p.grad.shape.as_slice();
+            let size = [2, 3].map(|d| grad.get(d).copied().unwrap_or(1));
+            adaptive(&p.x.shape, size).max(out)
+        }
+        // Sorting (and burn's top-k, which sorts the whole dimension)
+        // compares each element about log2 of its dimension's length times.
+        OperationIr::NumericFloat(_, n) | OperationIr::NumericInt(_, n) => match n {
+            NumericOperationIr::Sort(s) | NumericOperationIr::ArgSort(s) => {
+                sorted(&s.input.shape, s.dim).max(out)
+            }
+            NumericOperationIr::SortWithIndices(s) => sorted(&s.input.shape, s.dim).max(out),
+            NumericOperationIr::TopK(r) | NumericOperationIr::ArgTopK(r) => {
+                sorted(&r.input.shape, r.axis).max(out)
+            }
+            _ => out,
+        },
         _ => out,
     }
+}
+
+/// Additions of an adaptive average pooling of `x` (`[n, c, h, w]`) to
+/// `size`, forward or back: `n * c * (h + oh) * (w + ow)` at most.
+fn adaptive(x: &Shape, size: [usize; 2]) -> u64 {
+    let x = x.as_slice();
+    let dim = |d: usize| x.get(d).copied().unwrap_or(1) as u64;
+    let side = |d: usize, o: usize| dim(d).saturating_add(o as u64);
+    dim(0)
+        .saturating_mul(dim(1))
+        .saturating_mul(side(2, size[0]))
+        .saturating_mul(side(3, size[1]))
+}
+
+/// Comparisons of a sort of `shape` along `dim`: each element about
+/// `ceil(log2(len))` times.
+fn sorted(shape: &Shape, dim: usize) -> u64 {
+    let len = shape.as_slice().get(dim).copied().unwrap_or(1) as u64;
+    let depth = u64::from(len.max(2).next_power_of_two().trailing_zeros());
+    elements(shape).saturating_mul(depth)
 }
 
 /// Elements in a pooling window.
@@ -130,4 +173,61 @@ pub(crate) fn window(weight: &Shape) -> u64 {
     weight.as_slice()[1..]
         .iter()
         .fold(1u64, |n, &d| n.saturating_mul(d as u64))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn_ir::{
+        AdaptiveAvgPool2dOpIr, ReduceDimOpIr, SortOpIr, TensorId, TensorIr, TensorStatus,
+    };
+    use burn_std::DType;
+
+    fn tensor(id: u64, shape: &[usize]) -> TensorIr {
+        TensorIr {
+            id: TensorId::new(id),
+            shape: Shape::from(shape.to_vec()),
+            status: TensorStatus::ReadOnly,
+            dtype: DType::F32,
+        }
+    }
+
+    #[test]
+    fn an_adaptive_pooling_is_charged_for_its_windows() {
+        // 2^20 outputs, each the mean of all 2^20 rows: 2^40 additions.
+        let op = OperationIr::Module(ModuleOperationIr::AdaptiveAvgPool2d(
+            AdaptiveAvgPool2dOpIr {
+                x: tensor(1, &[1, 1, 1 << 20, 1]),
+                output_size: [1, 1 << 20],
+                out: tensor(2, &[1, 1, 1, 1 << 20]),
+            },
+        ));
+        assert!(fuel(&op) >= 1 << 40, "{}", fuel(&op));
+    }
+
+    #[test]
+    fn sorts_and_top_k_are_charged_n_log_n() {
+        let n = 1usize << 20;
+        let sort = OperationIr::NumericFloat(
+            DType::F32,
+            NumericOperationIr::Sort(SortOpIr {
+                input: tensor(1, &[n]),
+                dim: 0,
+                descending: false,
+                out: tensor(2, &[n]),
+            }),
+        );
+        let top = OperationIr::NumericFloat(
+            DType::F32,
+            NumericOperationIr::TopK(ReduceDimOpIr {
+                input: tensor(1, &[n]),
+                out: tensor(2, &[1]),
+                axis: 0,
+                accumulator_len: 1,
+            }),
+        );
+        for op in [sort, top] {
+            assert!(fuel(&op) >= 20 * (1 << 20), "{op:?}: {}", fuel(&op));
+        }
+    }
 }

@@ -80,7 +80,11 @@ pub struct Plan {
 impl Plan {
     /// Bytes the outputs take.
     pub fn bytes(&self) -> u64 {
-        self.makes.iter().map(|(_, e)| e.bytes).sum()
+        // Each output fits the quota, but a guest may declare several.
+        self.makes
+            .iter()
+            .map(|(_, e)| e.bytes)
+            .fold(0, u64::saturating_add)
     }
 }
 
