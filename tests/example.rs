@@ -83,6 +83,8 @@ fn bad_input_to_run_is_a_one_line_error_with_status_2() {
     let model = common::guest("hostile");
     let bad_config = dir.path().join("bad.toml");
     std::fs::write(&bad_config, "num_samples = \"many\"\n").unwrap();
+    let nan_config = dir.path().join("nan.toml");
+    std::fs::write(&nan_config, "[param_space]\nwd = { choice = [0.1, nan] }\n").unwrap();
     let garbage = dir.path().join("garbage.wasm");
     std::fs::write(&garbage, "not wasm").unwrap();
     let out_dir = dir.path().join("out");
@@ -96,6 +98,24 @@ fn bad_input_to_run_is_a_one_line_error_with_status_2() {
                 bad_config.into(),
             ],
             "bad.toml",
+        ),
+        (
+            vec![
+                "run".into(),
+                model.clone().into(),
+                "--config".into(),
+                nan_config.into(),
+            ],
+            "param_space.wd.choice[1] = NaN: numbers must be finite",
+        ),
+        (
+            vec![
+                "run".into(),
+                model.clone().into(),
+                "--stop".into(),
+                "training_iteration=inf".into(),
+            ],
+            "\"inf\" is not a finite number",
         ),
         (
             vec!["run".into(), garbage.into()],

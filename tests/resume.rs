@@ -485,6 +485,22 @@ fn bad_resumes_and_short_keys_are_refused_and_change_nothing() {
     assert!(stderr.contains("error: cannot listen on"), "{stderr}");
     assert!(!served_out.exists(), "nothing is written for a refused run");
 
+    // A path the state file cannot keep as text is refused, named, before
+    // anything is written.
+    #[cfg(unix)]
+    {
+        use std::os::unix::ffi::OsStrExt;
+        let odd = dir.path().join(std::ffi::OsStr::from_bytes(b"out-\xff"));
+        let output = run(&config, &odd);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{stderr}");
+        assert!(
+            stderr.contains("out-\u{fffd} is not valid UTF-8"),
+            "{stderr}"
+        );
+        assert!(!odd.exists(), "nothing is written for a refused run");
+    }
+
     std::fs::write(dir.path().join("short.key"), b"12345678").unwrap();
     let keyed = experiment(dir.path(), "snapshot_key_file = \"short.key\"", 64, 2);
     let keyed_out = dir.path().join("keyed");
@@ -726,7 +742,7 @@ fn resume_with_new_stopping_criteria_extends_a_finished_run() {
         .unwrap();
     assert_eq!(refused.status.code(), Some(2));
     assert!(
-        String::from_utf8_lossy(&refused.stderr).contains("is not a number"),
+        String::from_utf8_lossy(&refused.stderr).contains("is not a finite number"),
         "{}",
         String::from_utf8_lossy(&refused.stderr)
     );

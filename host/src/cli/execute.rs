@@ -35,11 +35,13 @@ pub(super) struct Resumed {
 pub(super) struct Ready {
     spec: RunSpec,
     listener: Option<serve::Listener>,
+    /// The setup as the state file keeps it ([`Setup::saved`]).
+    saved: serde_json::Value,
 }
 
 impl Ready {
-    /// Fits `spec` to the compute `backend` has ([`WasmBackend::fit_spec`])
-    /// and binds `serve`'s address.
+    /// Fits `spec` to the compute `backend` has ([`WasmBackend::fit_spec`]),
+    /// checks that `setup` can be saved, and binds `serve`'s address.
     pub(super) fn new(
         backend: &WasmBackend,
         mut spec: RunSpec,
@@ -49,11 +51,16 @@ impl Ready {
         backend
             .fit_spec(&mut spec, &setup.compute, |note| eprintln!("note: {note}"))
             .map_err(Failure::user)?;
+        let saved = setup.saved()?;
         let listener = serve
             .map(|options| serve::Listener::bind(&options))
             .transpose()
             .map_err(Failure::user)?;
-        Ok(Self { spec, listener })
+        Ok(Self {
+            spec,
+            listener,
+            saved,
+        })
     }
 }
 
@@ -69,8 +76,12 @@ pub(super) fn execute(
     lock: std::fs::File,
 ) -> Result<(), Failure> {
     let _lock = lock;
-    let Ready { spec, listener } = ready;
-    let runner = assemble(backend, spec, scheduler, searcher, resumed, setup);
+    let Ready {
+        spec,
+        listener,
+        saved,
+    } = ready;
+    let runner = assemble(backend, (spec, saved), scheduler, searcher, resumed, setup);
     let runtime = tokio::runtime::Runtime::new()
         .map_err(|e| Failure::runtime(format!("cannot start the runtime: {e}")))?;
     let (interrupt, interrupts) = tokio::sync::mpsc::unbounded_channel();
@@ -101,7 +112,7 @@ pub(super) fn execute(
 /// left.
 fn assemble(
     backend: WasmBackend,
-    spec: RunSpec,
+    (spec, saved): (RunSpec, serde_json::Value),
     scheduler: Box<dyn Scheduler>,
     searcher: Box<dyn Searcher>,
     resumed: Option<Resumed>,
@@ -116,8 +127,7 @@ fn assemble(
         None => (Vec::new(), None),
     };
     let total = searcher.total().map(|n| n.max(trials.len() as u64));
-    let setup_json = serde_json::to_value(setup).expect("the setup serializes");
-    let state = StateFile::new(setup_json);
+    let state = StateFile::new(saved);
     // In fuel order, the moment the saved state was taken at.
     let moment = resumed
         .as_ref()

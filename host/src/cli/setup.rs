@@ -56,6 +56,28 @@ pub(super) struct Setup {
 }
 
 impl Setup {
+    /// The setup as `experiment_state.json` keeps it. JSON holds text, so
+    /// a path that is not UTF-8 (a file name, or the directory the command
+    /// runs in) is refused, named.
+    pub(super) fn saved(&self) -> Result<Value, Failure> {
+        serde_json::to_value(self).map_err(|e| {
+            let spec = &self.spec;
+            let paths = [Some(&self.model), Some(&spec.output_dir)]
+                .into_iter()
+                .chain([spec.restore_from.as_ref(), self.snapshot_key_file.as_ref()])
+                .chain(self.data.iter().map(|(_, dir)| Some(dir)))
+                .flatten();
+            match paths.into_iter().find(|p| p.to_str().is_none()) {
+                Some(path) => Failure::user(format!(
+                    "{} is not valid UTF-8, and the experiment's state keeps its paths as \
+                     text: rename it, or run from a directory whose path is UTF-8",
+                    path.display()
+                )),
+                None => Failure::runtime(format!("the experiment's setup cannot be saved: {e}")),
+            }
+        })
+    }
+
     /// How the results were produced, for `experiment.json`'s `run`.
     pub(super) fn run_info(&self) -> Value {
         let limits = &self.limits;

@@ -198,8 +198,10 @@ pub fn stop_flags(items: &[String]) -> Result<Map<String, Value>, ConfigError> {
         let value: Value = value
             .trim()
             .parse::<f64>()
+            .ok()
+            .filter(|v| v.is_finite())
             .map(Value::from)
-            .map_err(|_| bad(format!("--stop {item:?}: {value:?} is not a number")))?;
+            .ok_or_else(|| bad(format!("--stop {item:?}: {value:?} is not a finite number")))?;
         table.insert(key.trim().to_string(), value);
     }
     Ok(table)

@@ -89,13 +89,48 @@ pub(super) fn read(config: Option<&Path>) -> Result<(ExperimentToml, PathBuf), C
         Some(path) => {
             let text = std::fs::read_to_string(path)
                 .map_err(|e| bad(format!("cannot read config {}: {e}", path.display())))?;
-            let file: ExperimentToml = toml::from_str(&text)
-                .map_err(|e| bad(format!("{}: {}", path.display(), one_line(&e.to_string()))))?;
+            let malformed = |e: toml::de::Error| {
+                bad(format!("{}: {}", path.display(), one_line(&e.to_string())))
+            };
+            let table: toml::Table = toml::from_str(&text).map_err(malformed)?;
+            if let Some((key, value)) = non_finite(&table, "") {
+                return Err(bad(format!(
+                    "{}: {key} = {value}: numbers must be finite (JSON, which trials get \
+                     their configuration in, has no {value})",
+                    path.display()
+                )));
+            }
+            let file: ExperimentToml = toml::from_str(&text).map_err(malformed)?;
             let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
             Ok((file, base))
         }
         None => Ok((ExperimentToml::default(), PathBuf::new())),
     }
+}
+
+/// The first number in `table` that is not finite (`nan`, `inf`), with its
+/// key's dotted path (under `prefix`). JSON has no such numbers: turned
+/// into `null` they would reach trials as something else than written.
+fn non_finite(table: &toml::Table, prefix: &str) -> Option<(String, f64)> {
+    fn walk(value: &toml::Value, at: String) -> Option<(String, f64)> {
+        match value {
+            toml::Value::Float(f) if !f.is_finite() => Some((at, *f)),
+            toml::Value::Table(table) => non_finite(table, &at),
+            toml::Value::Array(items) => items
+                .iter()
+                .enumerate()
+                .find_map(|(i, item)| walk(item, format!("{at}[{i}]"))),
+            _ => None,
+        }
+    }
+    table.iter().find_map(|(key, value)| {
+        let at = if prefix.is_empty() {
+            key.clone()
+        } else {
+            format!("{prefix}.{key}")
+        };
+        walk(value, at)
+    })
 }
 
 /// Reads an experiment given as a value (a TOML table already parsed, or
