@@ -477,6 +477,9 @@ fn parse_table(map: &Map<String, Value>, path: &str) -> Result<BTreeMap<String, 
 
 fn parse_node(value: &Value, path: &str) -> Result<Node, SpaceError> {
     let Value::Object(map) = value else {
+        if let Value::Array(items) = value {
+            refuse_domains_in(items, path)?;
+        }
         return Ok(Node::Fixed(value.clone()));
     };
     let domain_keys: Vec<&String> = map
@@ -515,6 +518,42 @@ fn parse_node(value: &Value, path: &str) -> Result<Node, SpaceError> {
                     .join(", ")
             ),
         )),
+    }
+}
+
+/// Refuses a domain inside a list (`hidden = [{ choice = [32, 64] }]`),
+/// at any depth: a list is a fixed value, so the trainable would get the
+/// domain's table itself, where Ray Tune samples it.
+fn refuse_domains_in(items: &[Value], path: &str) -> Result<(), SpaceError> {
+    fn domain_at(value: &Value, at: String) -> Option<String> {
+        match value {
+            Value::Object(map)
+                if map.len() == 1 && map.keys().all(|k| DOMAIN_NAMES.contains(&k.as_str())) =>
+            {
+                Some(at)
+            }
+            Value::Object(map) => map
+                .iter()
+                .find_map(|(key, inner)| domain_at(inner, format!("{at}.{key}"))),
+            Value::Array(items) => items
+                .iter()
+                .enumerate()
+                .find_map(|(i, inner)| domain_at(inner, format!("{at}[{i}]"))),
+            _ => None,
+        }
+    }
+    let found = items
+        .iter()
+        .enumerate()
+        .find_map(|(i, item)| domain_at(item, format!("{path}[{i}]")));
+    match found {
+        Some(at) => Err(err(
+            &at,
+            "a domain inside a list is not searched: give each searched value a key of its own \
+             (`layer_0`, `layer_1`, ...) and build the list in the trainable"
+                .to_string(),
+        )),
+        None => Ok(()),
     }
 }
 
@@ -701,6 +740,30 @@ mod tests {
         assert_eq!(pairs[1], (1, "y".into()));
         assert_eq!(pairs[3], (2, "x".into()));
         assert_eq!(configs[6], configs[0], "each sample repeats the grid");
+    }
+
+    /// A list is a fixed value; a domain in it would reach the trainable
+    /// as its table, where Ray Tune samples it: refused, at any depth.
+    #[test]
+    fn a_domain_inside_a_list_is_refused_with_its_place() {
+        for (value, at) in [
+            (json!({"hidden": [{"choice": [32, 64]}, 16]}), "hidden[0]"),
+            (
+                json!({"net": {"layers": [{"width": {"uniform": [0, 1]}}]}}),
+                "net.layers[0].width",
+            ),
+            (json!({"grid": [[1, {"randint": [1, 4]}]]}), "grid[0][1]"),
+        ] {
+            let error = SearchSpace::from_json(&value).unwrap_err().to_string();
+            assert!(
+                error.contains(at) && error.contains("a domain inside a list is not searched"),
+                "{value}: {error}"
+            );
+        }
+        // Lists of plain values, and lists as a choice's options, are fine.
+        let s = space(json!({"sizes": [1, 2, {"a": 3}], "c": {"choice": [[1, 2], [3]]}}));
+        let config = &s.generate(1, 0).unwrap()[0];
+        assert_eq!(config["sizes"], json!([1, 2, {"a": 3}]));
     }
 
     #[test]
