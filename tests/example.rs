@@ -180,6 +180,43 @@ fn bad_input_to_run_is_a_one_line_error_with_status_2() {
     }
 }
 
+/// Runs started together name their directories alike (to the second):
+/// each takes the first free one, and every run completes in its own.
+#[test]
+fn runs_started_together_each_get_a_directory_of_their_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let runs: Vec<std::process::Child> = (1..=3)
+        .map(|seed| {
+            common::wtune()
+                .current_dir(dir.path())
+                .arg("run")
+                .arg(common::guest("hostile"))
+                .args(["--seed", &seed.to_string()])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for run in runs {
+        let output = run.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(output.status.success(), "{stderr}");
+    }
+    let made: Vec<std::path::PathBuf> = std::fs::read_dir(dir.path().join("wtune_results"))
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .collect();
+    assert_eq!(made.len(), 3, "{made:?}");
+    for experiment in made {
+        assert!(
+            experiment.join("experiment_state.json").is_file(),
+            "{}",
+            experiment.display()
+        );
+    }
+}
+
 #[test]
 fn a_run_where_every_trial_fails_exits_non_zero_and_keeps_the_reasons() {
     let run = common::run_cli(

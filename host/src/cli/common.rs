@@ -45,6 +45,81 @@ pub(super) fn lock(dir: &Path) -> Result<std::fs::File, Failure> {
     }
 }
 
+/// The directory a new run writes to, made and locked by [`claim`].
+pub(super) struct Claimed {
+    pub(super) dir: std::path::PathBuf,
+    pub(super) lock: std::fs::File,
+    /// This process made the directory.
+    made: bool,
+}
+
+impl Claimed {
+    /// Gives the directory up, for a run refused before writing anything:
+    /// removed again when this process made it and it holds only the lock.
+    pub(super) fn abandon(self) {
+        if self.made {
+            drop(self.lock);
+            let _ = std::fs::remove_file(self.dir.join(crate::config::LOCK_FILE));
+            let _ = std::fs::remove_dir(&self.dir);
+        }
+    }
+}
+
+/// Takes the directory a new run writes to, and its lock. A directory
+/// wtune named (`named`: `wtune_results/<name>_<time>`) is the first of
+/// `dir`, `dir-2`, `dir-3`, ... that this process makes itself, so that
+/// runs started in the same second each get their own. A directory the
+/// user chose is made if missing, and refused if another process wrote
+/// into it after the plan found it empty.
+pub(super) fn claim(dir: &Path, named: bool) -> Result<Claimed, Failure> {
+    let made = |path: &Path| match std::fs::create_dir(path) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
+        Err(e) => Err(Failure::runtime(format!(
+            "cannot create directory {}: {e}",
+            path.display()
+        ))),
+    };
+    if named {
+        if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+            crate::persist::create_dir(parent).map_err(Failure::runtime)?;
+        }
+        let mut candidate = dir.to_path_buf();
+        let mut n = 1;
+        while !made(&candidate)? {
+            n += 1;
+            candidate = std::path::PathBuf::from(format!("{}-{n}", dir.display()));
+        }
+        let lock = lock(&candidate)?;
+        return Ok(Claimed {
+            dir: candidate,
+            lock,
+            made: true,
+        });
+    }
+    let made = !dir.exists() && {
+        crate::persist::create_dir(dir).map_err(Failure::runtime)?;
+        true
+    };
+    let lock = lock(dir)?;
+    let used = std::fs::read_dir(dir)
+        .map_err(|e| Failure::runtime(format!("cannot read {}: {e}", dir.display())))?
+        .flatten()
+        .any(|entry| entry.file_name() != crate::config::LOCK_FILE);
+    if used {
+        return Err(Failure::user(format!(
+            "output directory {} was written to by another process after this run found it \
+             empty; choose another with --output-dir",
+            dir.display()
+        )));
+    }
+    Ok(Claimed {
+        dir: dir.to_path_buf(),
+        lock,
+        made,
+    })
+}
+
 /// The key that authenticates checkpoints, derived from the bytes of
 /// `file` when the experiment names one.
 pub(super) fn snapshot_key(file: Option<&Path>) -> Result<Option<SnapshotKey>, Failure> {

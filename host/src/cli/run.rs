@@ -6,7 +6,7 @@ use crate::wasm_backend::WasmBackend;
 
 use super::Failure;
 use super::args::RunArgs;
-use super::common::{limits_line, lock, sandbox, snapshot_key};
+use super::common::{claim, limits_line, sandbox, snapshot_key};
 use super::execute::{Ready, execute};
 use super::setup::Setup;
 
@@ -107,7 +107,7 @@ pub(super) fn run(args: RunArgs) -> Result<(), Failure> {
 
     let mut spec = plan.spec;
     spec.configs = Vec::new();
-    let setup = Setup {
+    let mut setup = Setup {
         model,
         model_blake3: program.digest().to_string(),
         spec: spec.clone(),
@@ -130,7 +130,15 @@ pub(super) fn run(args: RunArgs) -> Result<(), Failure> {
         tracking: plan.tracking,
     };
     let deciders = (setup.scheduler()?, setup.searcher()?);
-    let ready = Ready::new(&backend, spec, &setup, serve)?;
-    let lock = lock(&setup.spec.output_dir)?;
-    execute(backend, ready, deciders, None, &setup, lock)
+    let claimed = claim(&setup.spec.output_dir, plan.output_dir_named)?;
+    setup.spec.output_dir.clone_from(&claimed.dir);
+    spec.output_dir.clone_from(&claimed.dir);
+    let ready = match Ready::new(&backend, spec, &setup, serve) {
+        Ok(ready) => ready,
+        Err(refused) => {
+            claimed.abandon();
+            return Err(refused);
+        }
+    };
+    execute(backend, ready, deciders, None, &setup, claimed.lock)
 }

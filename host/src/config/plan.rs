@@ -44,6 +44,10 @@ pub struct Plan {
     /// Whether the search space was empty (trials started from a host
     /// snapshot then take its configuration).
     pub empty_space: bool,
+    /// wtune named the output directory (`wtune_results/<name>_<time>`):
+    /// neither the flags nor the file chose it, so a run that finds it
+    /// taken may take the next free name ([`crate::config::LOCK_FILE`]).
+    pub output_dir_named: bool,
     /// `param_space` as JSON (`{}` when absent), kept so that `wtune
     /// resume` can rebuild the search.
     pub param_space: Value,
@@ -202,6 +206,7 @@ fn plan_file(
         snapshot_key_file,
         scheduler,
         empty_space: file.param_space.as_ref().is_none_or(|t| t.is_empty()),
+        output_dir_named: overrides.output_dir.is_none() && file.output_dir.is_none(),
         param_space: search.param_space,
         search: search.search,
         compute: sandbox.compute,
