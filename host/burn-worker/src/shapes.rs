@@ -247,19 +247,43 @@ fn base(op: &BaseOperationIr) -> Shapes {
             })?;
             same(&op.tensor)
         }
+        // Off the gathered or scattered dimension, an index's position is
+        // the tensor's: the GPU's kernels read and write there unchecked.
         B::Gather(op) => {
             dim_of(&op.tensor, op.dim)?;
-            check(op.indices.shape.rank() == op.tensor.shape.rank(), || {
-                "gather's indices must have the tensor's rank".into()
-            })?;
+            let (tensor, indices) = (&op.tensor.shape, &op.indices.shape);
+            check(
+                indices.rank() == tensor.rank()
+                    && (0..tensor.rank()).all(|d| d == op.dim || indices[d] == tensor[d]),
+                || {
+                    format!(
+                        "gather's indices {} must have the shape of the tensor {} but along \
+                         dimension {}",
+                        shown(indices),
+                        shown(tensor),
+                        op.dim
+                    )
+                },
+            )?;
             same(&op.indices)
         }
         B::Scatter(op) => {
             dim_of(&op.tensor, op.dim)?;
+            let (tensor, indices) = (&op.tensor.shape, &op.indices.shape);
             check(
-                op.indices.shape.rank() == op.tensor.shape.rank()
-                    && op.indices.shape == op.value.shape,
-                || "scatter's indices and values must have one shape, of the tensor's rank".into(),
+                indices.rank() == tensor.rank()
+                    && *indices == op.value.shape
+                    && (0..tensor.rank()).all(|d| d == op.dim || indices[d] <= tensor[d]),
+                || {
+                    format!(
+                        "scatter's indices {} and values {} must have one shape, of the \
+                         tensor's rank and within the tensor {} but along dimension {}",
+                        shown(indices),
+                        shown(&op.value.shape),
+                        shown(tensor),
+                        op.dim
+                    )
+                },
             )?;
             same(&op.tensor)
         }

@@ -6,7 +6,7 @@
 mod common;
 
 use burn_ir::{
-    BaseOperationIr, Conv1dOptionsIr, Conv1dWeightBackwardOpIr, Conv2dOpIr, Conv2dOptionsIr, CreationOpIr, FlipOpIr, FloatOperationIr,
+    BaseOperationIr, Conv1dOptionsIr, GatherOpIr, Conv1dWeightBackwardOpIr, Conv2dOpIr, Conv2dOptionsIr, CreationOpIr, FlipOpIr, FloatOperationIr,
     MatmulOpIr, MaxPool2dOpIr, ModuleOperationIr, NumericOperationIr, OperationIr, PadModeIr,
     PadOpIr, PermuteOpIr, ScalarIr, ScatterNdOpIr, SelectOpIr, ShapeOpIr, SliceOpIr, TensorId,
     TensorIr, TensorStatus, UnaryOpIr,
@@ -457,6 +457,38 @@ fn an_index_out_of_range_stops_the_session_not_the_worker() {
     let error = refused(setup, select);
     assert!(error.contains("the backend stopped: "), "{error}");
     assert!(error.contains("10"), "{error}");
+}
+
+/// Off the gathered dimension an index's position is the tensor's: the
+/// GPU's gather reads there unchecked, so a wider index tensor is refused
+/// by its shape, not left to the backend.
+#[test]
+fn a_gather_whose_indices_are_wider_than_the_tensor_is_refused() {
+    let indices = TensorIr {
+        dtype: DType::I64,
+        ..input(2, &[3, 4])
+    };
+    let gather = base(BaseOperationIr::Gather(GatherOpIr {
+        tensor: input(1, &[2, 2]),
+        dim: 1,
+        indices,
+        out: output(3, &[3, 4]),
+    }));
+    let setup = vec![
+        data(1, &[2, 2]),
+        Command::Data {
+            id: TensorId::new(2),
+            data: TensorData::new(vec![0i64; 12], [3, 4]),
+        },
+    ];
+    let error = refused(setup, gather);
+    assert!(
+        error.ends_with(
+            "gather's indices [3, 4] must have the shape of the tensor [2, 2] but along \
+             dimension 1"
+        ),
+        "{error}"
+    );
 }
 
 fn base(op: BaseOperationIr) -> Command {
