@@ -157,4 +157,36 @@ fn bad_input_to_new_is_refused_and_changes_nothing() {
         .unwrap();
     check(&out, "wtune new into an empty directory");
     assert!(empty.join("src/lib.rs").is_file());
+
+    // `.` (the shell's own directory, which cannot be renamed over) is
+    // filled in place: the same directory, with its own permissions.
+    let here = tmp.path().join("here");
+    std::fs::create_dir(&here).unwrap();
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&here, std::fs::Permissions::from_mode(0o750)).unwrap();
+    }
+    let before = std::fs::metadata(&here).unwrap();
+    let out = wtune()
+        .current_dir(&here)
+        .args(["new", "m", "--dir", "."])
+        .output()
+        .unwrap();
+    check(&out, "wtune new --dir .");
+    assert!(here.join("src/lib.rs").is_file() && here.join("Cargo.lock").is_file());
+    let after = std::fs::metadata(&here).unwrap();
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        assert_eq!(after.ino(), before.ino(), "the directory was replaced");
+        assert_eq!(after.permissions().mode() & 0o777, 0o750);
+    }
+    let hidden: Vec<_> = std::fs::read_dir(&here)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.starts_with(".wtune-new-"))
+        .collect();
+    assert!(hidden.is_empty(), "{hidden:?}");
+    refused(&["new", "m", "--dir", ""], "a value is required for '--dir");
 }

@@ -154,17 +154,34 @@ fn render(name: &str, sdk: &Path, lock: String) -> Vec<(&'static str, String)> {
 }
 
 /// Writes `files` into a fresh hidden directory beside `dir`, then renames
-/// it to `dir` (which is absent or empty).
+/// it to `dir` (which is absent or empty). An empty directory that exists
+/// is filled in place instead ([`fill_in_place`]).
 fn write_atomically(dir: &Path, files: &[(&str, String)]) -> Result<(), Failure> {
+    if dir.is_dir() {
+        return fill_in_place(dir, files);
+    }
     let parent = match dir.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
     };
     std::fs::create_dir_all(&parent)
         .map_err(|e| Failure::runtime(format!("cannot create {}: {e}", parent.display())))?;
+    let staging = staged(&parent, files)?;
+    // rename(2) replaces an empty directory, and refuses a full one that
+    // appeared since the check.
+    std::fs::rename(staging.path(), dir)
+        .map_err(|e| Failure::runtime(format!("cannot create {}: {e}", dir.display())))?;
+    // Renamed away: nothing is left for the guard to delete.
+    let _ = staging.keep();
+    Ok(())
+}
+
+/// `files` written into a fresh hidden directory in `parent`, deleted when
+/// dropped.
+fn staged(parent: &Path, files: &[(&str, String)]) -> Result<tempfile::TempDir, Failure> {
     let staging = tempfile::Builder::new()
         .prefix(".wtune-new-")
-        .tempdir_in(&parent)
+        .tempdir_in(parent)
         .map_err(|e| Failure::runtime(format!("cannot write in {}: {e}", parent.display())))?;
     for (path, text) in files {
         let path = staging.path().join(path);
@@ -176,12 +193,40 @@ fn write_atomically(dir: &Path, files: &[(&str, String)]) -> Result<(), Failure>
         std::fs::write(&path, text)
             .map_err(|e| Failure::runtime(format!("cannot write {}: {e}", path.display())))?;
     }
-    // rename(2) replaces an empty directory, and refuses a full one that
-    // appeared since the check.
-    std::fs::rename(staging.path(), dir)
-        .map_err(|e| Failure::runtime(format!("cannot create {}: {e}", dir.display())))?;
-    // Renamed away: nothing is left for the guard to delete.
-    let _ = staging.keep();
+    Ok(staging)
+}
+
+/// Fills the empty directory `dir` (`.`, the shell's directory, one the
+/// user made with its own permissions) without replacing it: renaming a
+/// directory over it would fail for `.`, and elsewhere swap in another
+/// directory with other permissions under a shell that stands in the old.
+/// The files are staged inside it and moved up one by one; a move that
+/// fails takes back those made before it.
+fn fill_in_place(dir: &Path, files: &[(&str, String)]) -> Result<(), Failure> {
+    let staging = staged(dir, files)?;
+    let mut tops: Vec<&str> = files
+        .iter()
+        .map(|(path, _)| path.split('/').next().unwrap_or(path))
+        .collect();
+    tops.sort_unstable();
+    tops.dedup();
+    let mut moved: Vec<PathBuf> = Vec::new();
+    for top in tops {
+        let to = dir.join(top);
+        if let Err(e) = std::fs::rename(staging.path().join(top), &to) {
+            for done in moved.iter().rev() {
+                let _ = std::fs::rename(
+                    done,
+                    staging.path().join(done.strip_prefix(dir).unwrap_or(done)),
+                );
+            }
+            return Err(Failure::runtime(format!(
+                "cannot create {}: {e}",
+                to.display()
+            )));
+        }
+        moved.push(to);
+    }
     Ok(())
 }
 
