@@ -34,8 +34,15 @@ use crate::storage::Buffers;
 pub const MAX_DRAW_RUNS: usize = 1 << 16;
 
 /// Most elements a restore draws again: a second or two of the worker's
-/// time.
+/// time. Each draw counts as at least [`ELEMENTS_PER_DRAW`].
 pub const MAX_REPLAY_ELEMENTS: u64 = 1 << 28;
+
+/// What a draw counts for at least, whatever its size: replaying one is a
+/// call into the backend, about as long as drawing this many elements.
+/// Without it, draws of no elements (or one) cost a restore a call each
+/// and the record nothing, so a guest could make its own restores run past
+/// the host's wait.
+const ELEMENTS_PER_DRAW: u64 = 1 << 10;
 
 /// One random tensor drawn.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -67,6 +74,11 @@ impl Draw {
         self.shape
             .iter()
             .fold(1u64, |n, &d| n.saturating_mul(d as u64))
+    }
+
+    /// What it counts for against [`MAX_REPLAY_ELEMENTS`].
+    fn replay_cost(&self) -> u64 {
+        self.elements().max(ELEMENTS_PER_DRAW)
     }
 
     /// Draws it again from the backend's generator, as the interpreter did.
@@ -115,7 +127,8 @@ impl Draws {
         let Some(seed) = self.seed else { return };
         let joins = self.runs.last().is_some_and(|(last, _)| last == draw);
         let runs_full = !joins && self.runs.len() >= MAX_DRAW_RUNS;
-        let elements_full = self.elements.saturating_add(draw.elements()) > MAX_REPLAY_ELEMENTS;
+        let elements_full =
+            self.elements.saturating_add(draw.replay_cost()) > MAX_REPLAY_ELEMENTS;
         if runs_full || elements_full {
             let next = next_seed(seed);
             B::seed(device, next);
@@ -128,7 +141,7 @@ impl Draws {
         if self.seed.is_none() {
             return;
         }
-        self.elements = self.elements.saturating_add(draw.elements());
+        self.elements = self.elements.saturating_add(draw.replay_cost());
         match self.runs.last_mut() {
             Some((last, count)) if *last == draw => *count += 1,
             _ => self.runs.push((draw, 1)),
@@ -150,7 +163,7 @@ impl Draws {
                 ));
             }
             elements = draw
-                .elements()
+                .replay_cost()
                 .checked_mul(*count)
                 .and_then(|n| n.checked_add(elements))
                 .filter(|&n| n <= MAX_REPLAY_ELEMENTS)
@@ -253,5 +266,45 @@ impl<B: Buffers> Session<B> {
         guarded(|| image.draws.replay::<B>(device))?;
         self.draws = image.draws;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn_flex::{Flex, FlexDevice};
+
+    fn one_element() -> Draw {
+        Draw {
+            int: false,
+            shape: Shape::from(vec![1]),
+            distribution: Distribution::Default,
+            dtype: DType::F32,
+        }
+    }
+
+    /// A draw of one element costs a restore a backend call all the same:
+    /// counted as [`ELEMENTS_PER_DRAW`], a long series of them starts a new
+    /// record before a restore would spend more than its bound replaying.
+    #[test]
+    fn tiny_draws_count_against_the_replay_bound() {
+        let mut draws = Draws::default();
+        draws.seeded(5);
+        let draw = one_element();
+        let most = MAX_REPLAY_ELEMENTS / ELEMENTS_PER_DRAW;
+        for _ in 0..most + 10 {
+            draws.before::<Flex>(&draw, &FlexDevice);
+            draws.push(draw.clone());
+        }
+        let recorded: u64 = draws.runs.iter().map(|(_, count)| count).sum();
+        assert_eq!(recorded, 10, "the record started over at the bound");
+        assert!(draws.check(1 << 20).is_ok());
+
+        // A record from a file that passes the bound is refused.
+        let mut forged = Draws::default();
+        forged.seeded(5);
+        forged.runs.push((draw, most + 1));
+        let error = forged.check(1 << 20).unwrap_err();
+        assert!(error.contains("random elements a restore draws"), "{error}");
     }
 }
