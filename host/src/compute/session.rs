@@ -588,14 +588,17 @@ impl ComputeSession {
         if self.burn.started() {
             return;
         }
-        let memory = self.set_aside_for_burn();
+        let memory = self.set_aside_for_burn(None);
         self.burn.start(memory, &self.compute.burn_device(self.gpu));
     }
 
-    /// Sets the rest of the trial's quota aside for its burn tensors.
-    fn set_aside_for_burn(&mut self) -> Result<u64, String> {
+    /// Sets the rest of the trial's quota aside for its burn tensors, or
+    /// at most `as_before` (what a snapshot's session held: a restored
+    /// trial splits its quota as the original did, so a buffer the
+    /// original had room for has room again).
+    fn set_aside_for_burn(&mut self, as_before: Option<u64>) -> Result<u64, String> {
         let quota = self.compute.info().quota_bytes;
-        let rest = quota - self.held;
+        let rest = as_before.map_or(quota - self.held, |bytes| bytes.min(quota - self.held));
         if rest == 0 {
             return Err(format!(
                 "this trial's compute buffers hold its whole compute memory quota of {}, \
@@ -616,6 +619,7 @@ impl ComputeSession {
         let burn = self.burn.image()?.map(|bytes| BurnImage {
             backend: self.compute.burn_device(self.gpu).backend(),
             bytes,
+            set_aside: Some(self.burn_bytes),
         });
         if !self.pipelines.is_empty() {
             return Err(ComputeError::Unsupported(format!(
@@ -662,7 +666,7 @@ impl ComputeSession {
             return Err(err);
         }
         if let Some(burn) = &image.burn {
-            let memory = self.set_aside_for_burn();
+            let memory = self.set_aside_for_burn(burn.set_aside);
             let device = self.compute.burn_device(self.gpu);
             self.burn
                 .restore(memory, &device, &burn.bytes)
@@ -1126,6 +1130,28 @@ mod tests {
         let mut u = small.session();
         assert!(matches!(u.restore(&image), Err(ComputeError::Quota(_))));
         assert_eq!((u.buffer_count(), small.used_bytes()), (0, 0));
+    }
+
+    /// The original trial set half its quota aside for burn while a buffer
+    /// held the other half, then freed the buffer: it has room for such a
+    /// buffer again, and a trial restored from its snapshot too. (Burn was
+    /// given everything the restored buffers left: the whole quota.)
+    #[test]
+    fn a_restored_trial_splits_its_quota_between_buffers_and_burn_as_before() {
+        let shared = compute(1 << 20, 1 << 22);
+        let mut s = shared.session();
+        s.enter(Some(1 << 30));
+        let half = s.create(512 << 10).unwrap();
+        s.burn_sync(&[]).unwrap();
+        s.free(half).unwrap();
+        let image = s.image().unwrap();
+        assert_eq!(image.burn.as_ref().unwrap().set_aside, Some(512 << 10));
+        let mut t = shared.session();
+        t.restore(&image).unwrap();
+        t.enter(Some(1 << 30));
+        assert!(s.create(512 << 10).is_ok());
+        assert!(t.create(512 << 10).is_ok());
+        assert!(matches!(t.create(4), Err(ComputeError::Quota(_))));
     }
 
     #[test]

@@ -97,11 +97,18 @@ impl BurnBackend {
 }
 
 /// A trial's burn session in a host snapshot: the worker's image of it
-/// (opaque to wtune) and the kind of backend that held it.
+/// (opaque to wtune), the kind of backend that held it, and the part of
+/// the trial's compute quota set aside for it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BurnImage {
     pub backend: BurnBackend,
     pub bytes: Vec<u8>,
+    /// Bytes of the quota the session held when the snapshot was taken
+    /// (the rest was the compute buffers'), so that a restored trial
+    /// splits its quota as the original did; `None` in files written
+    /// before it was carried, whose restores give burn what the buffers
+    /// leave.
+    pub set_aside: Option<u64>,
 }
 
 #[cfg(test)]

@@ -245,6 +245,10 @@ struct ComputeHeader {
     /// burn ran on GPUs, whose sessions were all on the CPU backend.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     burn_backend: Option<BurnBackend>,
+    /// The bytes of the trial's compute quota its burn session held;
+    /// absent from files written before it was carried.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    burn_set_aside: Option<u64>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -452,6 +456,7 @@ mod tests {
             burn: Some(BurnImage {
                 backend: BurnBackend::Gpu,
                 bytes: b"the worker's image".to_vec(),
+                set_aside: Some(1 << 20),
             }),
         };
         let payload = Payload::Memory(image);
@@ -472,12 +477,14 @@ mod tests {
         // Files from before burn ran on GPUs name no backend: their
         // sessions were all on burn's CPU backend.
         let older = with_header_edited(&bytes, b",\"burn_backend\":\"gpu\"", b"");
+        let older = with_header_edited(&older, b",\"burn_set_aside\":1048576", b"");
         let (_, Payload::Memory(read)) = decode(&older, &meta.component, None).unwrap() else {
             unreachable!()
         };
         let burn = read.compute.burn.unwrap();
         assert_eq!(burn.backend, BurnBackend::Cpu);
         assert_eq!(burn.bytes, b"the worker's image");
+        assert_eq!(burn.set_aside, None);
     }
 
     #[test]

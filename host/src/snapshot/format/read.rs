@@ -52,7 +52,7 @@ enum Contents {
     Memory {
         layout: GuestImage,
         frames: Vec<Frame>,
-        compute: Option<ComputeFrames>,
+        compute: Option<Box<ComputeFrames>>,
     },
 }
 
@@ -61,9 +61,9 @@ struct ComputeFrames {
     next_pipeline: u32,
     /// `(number, elements, frame)` of each buffer.
     buffers: Vec<(u32, u64, Frame)>,
-    /// `(bytes, frame)` of the trial's burn session, and the kind of
-    /// backend that held it.
-    burn: Option<(u64, Frame, BurnBackend)>,
+    /// `(bytes, frame)` of the trial's burn session, the kind of backend
+    /// that held it, and the quota it held.
+    burn: Option<(u64, Frame, BurnBackend, Option<u64>)>,
 }
 
 /// Where one payload frame's bytes lie, and their hash as verified.
@@ -374,7 +374,7 @@ impl<R: Read + Seek> SnapshotFile<R> {
             Contents::Memory {
                 compute: Some(compute),
                 ..
-            } => compute.burn.map(|(_, _, backend)| backend),
+            } => compute.burn.map(|(_, _, backend, _)| backend),
             _ => None,
         }
     }
@@ -403,14 +403,18 @@ impl<R: Read + Seek> SnapshotFile<R> {
             buffers.push((id, bytemuck::pod_collect_to_vec::<u8, f32>(&bytes)));
         }
         let burn = match burn_frame {
-            Some((len, frame, backend)) => {
+            Some((len, frame, backend, set_aside)) => {
                 let bytes = self.read_frame(frame, len as usize, "the burn session")?;
                 if bytes.len() as u64 != len {
                     return Err(malformed(
                         "the burn session: its length differs from the header".into(),
                     ));
                 }
-                Some(BurnImage { backend, bytes })
+                Some(BurnImage {
+                    backend,
+                    bytes,
+                    set_aside,
+                })
             }
             None => None,
         };
@@ -655,7 +659,7 @@ impl Scanned {
                     "a burn session in a version {version} file"
                 )));
             }
-            Some(compute) => Some(compute_frames(compute, &mut next_frame)?),
+            Some(compute) => Some(Box::new(compute_frames(compute, &mut next_frame)?)),
         };
         if frames.next().is_some() || !self.frames_tile {
             return Err(malformed("unused memory data".into()));
@@ -720,7 +724,7 @@ fn compute_frames(
                 return Err(bad("too large"));
             }
             let backend = header.burn_backend.unwrap_or(BurnBackend::Cpu);
-            Some((len, next_frame()?, backend))
+            Some((len, next_frame()?, backend, header.burn_set_aside))
         }
         None => None,
     };

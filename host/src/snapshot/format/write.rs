@@ -128,6 +128,7 @@ fn header_bytes(meta: &SnapshotMeta, image: &GuestImage, data_len: u64) -> Vec<u
                 .collect(),
             burn: image.compute.burn.as_ref().map(|b| b.bytes.len() as u64),
             burn_backend: image.compute.burn.as_ref().map(|b| b.backend),
+            burn_set_aside: image.compute.burn.as_ref().and_then(|b| b.set_aside),
         }),
     };
     serde_json::to_vec(&header).expect("snapshot headers always serialize")
