@@ -24,6 +24,41 @@ pub fn warm_up() -> Result<(), String> {
     once::<burn_flex::Flex>(burn_flex::FlexDevice, 256, true)
 }
 
+/// What the CPU worker may take beside its tensors' quota: the executable,
+/// its stack and the allocator's arena.
+const CPU_BASE: u64 = 1 << 30;
+
+/// The CPU worker's cap on its private writable memory (`RLIMIT_DATA`)
+/// for a session of `memory_bytes`: four times that (the scratch a kernel
+/// takes and the copies it makes of its inputs, which the ledger bounds by
+/// a small multiple of the quota, and a frame and its decoded copy) plus
+/// [`CPU_BASE`].
+pub fn data_limit(memory_bytes: u64) -> u64 {
+    memory_bytes.saturating_mul(4).saturating_add(CPU_BASE)
+}
+
+/// Caps the worker's private writable memory at [`data_limit`]: a
+/// backstop under the ledger for what it does not model. Past it an
+/// allocation fails and the worker dies, ending only its trial, rather
+/// than pressing on the machine's memory. Not for a GPU worker, whose
+/// driver maps device memory into the process. Set by the worker itself,
+/// so that wtune starts it without a hook between fork and exec.
+pub fn limit_data(memory_bytes: u64) -> Result<(), String> {
+    let bytes = libc::rlim_t::try_from(data_limit(memory_bytes)).unwrap_or(libc::RLIM_INFINITY);
+    let limit = libc::rlimit {
+        rlim_cur: bytes,
+        rlim_max: bytes,
+    };
+    // SAFETY: setrlimit only reads the struct passed.
+    match unsafe { libc::setrlimit(libc::RLIMIT_DATA, &limit) } {
+        0 => Ok(()),
+        _ => Err(format!(
+            "setting its data limit: {}",
+            std::io::Error::last_os_error()
+        )),
+    }
+}
+
 /// [`warm_up`] on a GPU: one addition, so that the driver has loaded its
 /// shader compiler and started its threads before [`confine_gpu`], and a
 /// device that cannot run a kernel fails here, with the reason. Not a
@@ -39,7 +74,6 @@ fn once<B: crate::storage::Buffers>(
     n: usize,
     multiply: bool,
 ) -> Result<(), String> {
-    crate::scratch::threads();
     use burn_ir::{
         BinaryOpIr, FloatOperationIr, MatmulOpIr, NumericOperationIr, OperationIr, TensorId,
         TensorIr, TensorStatus,

@@ -67,7 +67,11 @@ fn main() -> ExitCode {
     };
     match &args.gpu {
         None => {
-            let confined = confine::warm_up().and_then(|()| confine::confine());
+            let confined = args
+                .memory
+                .map_or(Ok(()), confine::limit_data)
+                .and_then(|()| confine::warm_up())
+                .and_then(|()| confine::confine());
             run(confined, &args, |memory| Session::new(memory, 0))
         }
         Some(adapter) => match gpu::open(adapter) {

@@ -8,8 +8,9 @@
 //!
 //! - a convolution is lowered (burn-flex) to matrix products over tiles of
 //!   up to 512 output positions, each tile's input windows copied out first
-//!   (im2col), one tile per thread at once: a tile is 512 windows, and a
-//!   window as large as the kernel times its input channels;
+//!   (im2col), one tile at a time (the worker is built without rayon, and
+//!   its system call filter would not let it start threads): a tile is 512
+//!   windows, and a window as large as the kernel times its input channels;
 //! - a convolution's weight gradient is a convolution of the input by the
 //!   output gradient, whose result spans as far as the gradient's positions
 //!   reach into the padded input, and is then sliced to the weight's shape.
@@ -27,39 +28,32 @@ use crate::cost::window;
 /// Output positions burn-flex copies input windows for at once, per thread.
 const TILE: u64 = 512;
 
-/// The threads the backend runs an operation on (rayon's, one per core):
-/// how many scratch tiles it can hold at once. Read once, in
-/// [`crate::confine::warm_up`], before the system call filter (the count
-/// comes from `/proc` and `/sys`).
-pub fn threads() -> u64 {
-    static THREADS: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    *THREADS.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get() as u64))
-}
-
 /// Elements `op` holds beside its inputs and declared outputs while it
-/// runs (and, for a weight gradient, keeps under its output), when the
-/// backend runs on `threads` threads. `op`'s shapes have been checked.
-pub fn elements_of(op: &OperationIr, threads: u64) -> u64 {
+/// runs (and, for a weight gradient, keeps under its output). `op`'s
+/// shapes have been checked.
+pub fn elements_of(op: &OperationIr) -> u64 {
     let OperationIr::Module(module) = op else {
         return 0;
     };
     match module {
-        M::Conv1d(c) => im2col(&c.x.shape, &c.weight.shape, &c.out.shape, threads),
-        M::Conv2d(c) => im2col(&c.x.shape, &c.weight.shape, &c.out.shape, threads),
+        M::Conv1d(c) => im2col(&c.weight.shape, &c.out.shape)
+            .saturating_add(padded_copies(&c.x.shape, &c.options.padding)),
+        M::Conv2d(c) => im2col(&c.weight.shape, &c.out.shape)
+            .saturating_add(padded_copies(&c.x.shape, &c.options.padding)),
         M::Conv1dWeightBackward(c) => weight_gradient(
             &c.x.shape,
             &c.weight.shape,
             &c.output_grad.shape,
             &Spacing::of(&c.options.stride, &c.options.padding, &c.options.dilation),
-            threads,
-        ),
+        )
+        .saturating_add(padded_copies(&c.x.shape, &c.options.padding)),
         M::Conv2dWeightBackward(c) => weight_gradient(
             &c.x.shape,
             &c.weight.shape,
             &c.output_grad.shape,
             &Spacing::of(&c.options.stride, &c.options.padding, &c.options.dilation),
-            threads,
-        ),
+        )
+        .saturating_add(padded_copies(&c.x.shape, &c.options.padding)),
         _ => 0,
     }
 }
@@ -92,25 +86,37 @@ fn spatial(shape: &Shape) -> u64 {
     })
 }
 
-/// The im2col tiles of a convolution of `x` by `weight` into `out`: each
-/// thread's tile holds up to [`TILE`] of the output's positions, each a
-/// window of the weight's size; as many tiles at once as threads, or as
-/// there are tiles.
-fn im2col(x: &Shape, weight: &Shape, out: &Shape, threads: u64) -> u64 {
-    let positions = spatial(out);
-    let batch = x.as_slice().first().map_or(1, |&n| n as u64);
-    let tiles = batch.saturating_mul(positions.div_ceil(TILE));
-    let at_once = threads.max(1).min(tiles.max(1));
-    at_once
-        .saturating_mul(positions.min(TILE))
-        .saturating_mul(window(weight))
+/// Padding that differs before and after is applied by copying the input,
+/// padded (burn's `pad_asymmetric_conv_input`), which the convolution then
+/// copies again into its own layout: twice the padded input, which a wide
+/// padding (allowed up to the dilated kernel's reach) makes far larger than
+/// the input. Symmetric padding is read in place.
+fn padded_copies(x: &Shape, padding: &[(usize, usize)]) -> u64 {
+    if padding.iter().all(|(before, after)| before == after) {
+        return 0;
+    }
+    let x = x.as_slice();
+    let padded = padding.iter().enumerate().fold(1u64, |n, (d, &(a, b))| {
+        let extent = x.get(2 + d).map_or(1, |&e| e as u64);
+        n.saturating_mul(extent.saturating_add(a as u64).saturating_add(b as u64))
+    });
+    let batch_channels = x[..x.len().min(2)]
+        .iter()
+        .fold(1u64, |n, &d| n.saturating_mul(d as u64));
+    batch_channels.saturating_mul(padded).saturating_mul(2)
+}
+
+/// The im2col tile of a convolution by `weight` into `out`: up to
+/// [`TILE`] of the output's positions, each a window of the weight's size.
+fn im2col(weight: &Shape, out: &Shape) -> u64 {
+    spatial(out).min(TILE).saturating_mul(window(weight))
 }
 
 /// A weight gradient's convolution (see the module docs): its result, of
 /// every input channel by every output channel over the extent the
 /// gradient reaches, and its own im2col tiles, whose windows are the
 /// batch's gradients of one output channel.
-fn weight_gradient(x: &Shape, weight: &Shape, grad: &Shape, spacing: &Spacing, threads: u64) -> u64 {
+fn weight_gradient(x: &Shape, weight: &Shape, grad: &Shape, spacing: &Spacing) -> u64 {
     let reached = reached(x, grad, spacing);
     let in_channels = x.as_slice().get(1).map_or(1, |&c| c as u64);
     let out_channels = weight.as_slice().first().map_or(1, |&c| c as u64);
@@ -119,12 +125,7 @@ fn weight_gradient(x: &Shape, weight: &Shape, grad: &Shape, spacing: &Spacing, t
         .saturating_mul(reached);
     let batch = grad.as_slice().first().map_or(1, |&n| n as u64);
     let window = batch.saturating_mul(spatial(grad));
-    let tiles = in_channels.saturating_mul(reached.div_ceil(TILE));
-    let at_once = threads.max(1).min(tiles.max(1));
-    let windows = at_once
-        .saturating_mul(reached.min(TILE))
-        .saturating_mul(window);
-    result.saturating_add(windows)
+    result.saturating_add(reached.min(TILE).saturating_mul(window))
 }
 
 /// The positions a weight gradient's convolution computes per pair of

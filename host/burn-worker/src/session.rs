@@ -313,7 +313,7 @@ impl<B: Buffers> Session<B> {
             .fold(0, u64::saturating_add);
         // A convolution's im2col tiles and a weight gradient's unsliced
         // result, as wide as the outputs' elements.
-        let scratch = scratch::elements_of(&op, scratch::threads()).saturating_mul(width);
+        let scratch = scratch::elements_of(&op).saturating_mul(width);
         self.ledger
             .check_room(widest.max(plan.bytes()).saturating_add(scratch))?;
         self.pay(cost::fuel(&op))?;

@@ -270,6 +270,26 @@ fn a_convolution_counts_the_input_windows_it_copies() {
     })));
     let error = refused(vec![data(1, x), data(2, w)], conv);
     assert!(error.contains("over its quota"), "{error}");
+
+    // Padding that differs before and after is applied to a copy of the
+    // input: a one-element input padded as wide as a dilated 2 x 2 kernel
+    // reaches (2001 x 2001, copied twice) for a one-element output.
+    let options = Conv2dOptionsIr {
+        stride: [2000, 2000],
+        padding: [(1000, 999), (1000, 999)],
+        dilation: [1000, 1000],
+        groups: 1,
+    };
+    let (x, w, out) = (&[1, 1, 1, 1][..], &[1, 1, 2, 2][..], &[1, 1, 1, 1][..]);
+    let conv = Command::Operation(OperationIr::Module(ModuleOperationIr::Conv2d(Conv2dOpIr {
+        x: input(1, x),
+        weight: input(2, w),
+        bias: None,
+        options,
+        out: output(3, out),
+    })));
+    let error = refused(vec![data(1, x), data(2, w)], conv);
+    assert!(error.contains("over its quota"), "{error}");
 }
 
 #[test]

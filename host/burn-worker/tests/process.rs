@@ -222,3 +222,29 @@ fn the_confined_worker_runs_the_kernels_a_cnn_needs() {
     drop(input);
     assert!(worker.wait().unwrap().success());
 }
+
+/// The CPU worker caps its own private writable memory once started: a
+/// backstop under the ledger, so that memory it does not model ends the
+/// trial's worker rather than pressing on the machine.
+#[cfg(target_os = "linux")]
+#[test]
+fn the_cpu_worker_caps_its_data_at_four_times_its_quota_and_a_base() {
+    let mut worker = spawn(64 << 20);
+    let mut input = worker.stdin.take().unwrap();
+    let mut output = BufReader::new(worker.stdout.take().unwrap());
+    // A reply means it is past its start, limit set.
+    request(Kind::Sync, &[], None).write(&mut input).unwrap();
+    input.flush().unwrap();
+    assert_eq!(Reply::read(&mut output).unwrap().outcome, Ok(Vec::new()));
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", worker.id())).unwrap();
+    let data = limits
+        .lines()
+        .find(|line| line.starts_with("Max data size"))
+        .unwrap();
+    let expected = wtune_burn_worker::confine::data_limit(64 << 20);
+    assert_eq!(expected, (256 << 20) + (1 << 30));
+    let values: Vec<&str> = data.split_whitespace().skip(3).take(2).collect();
+    assert_eq!(values, [expected.to_string(), expected.to_string()], "{data}");
+    drop(input);
+    assert!(worker.wait().unwrap().success());
+}

@@ -35,9 +35,6 @@ impl BurnWorker {
         let mut command = program.command();
         command.arg("--memory-bytes").arg(memory_bytes.to_string());
         command.args(device.args());
-        if *device == BurnDevice::Cpu {
-            limit_data(&mut command, cpu_data_limit(memory_bytes));
-        }
         let max_payload = memory_bytes.saturating_add(protocol::PAYLOAD_OVERHEAD);
         let process = Supervised::spawn("the burn worker", command, move |stdout| {
             protocol::read_reply(stdout, max_payload)
@@ -155,47 +152,6 @@ impl BurnWorker {
     }
 }
 
-/// What the CPU worker may take beside its tensors' quota: the
-/// executable, its threads' stacks and allocator arenas.
-const CPU_BASE: u64 = 1 << 30;
-
-/// The CPU worker's private writable memory (`RLIMIT_DATA`): its tensors'
-/// quota four times over (the scratch a kernel takes and the copies it
-/// makes of its inputs, which the worker's ledger bounds by a small
-/// multiple of the quota), plus [`CPU_BASE`]. A backstop under the ledger
-/// for what it does not model: past it an allocation fails and the worker
-/// dies, ending only its trial, rather than pressing on the machine's
-/// memory. Not set for a GPU worker, whose driver maps device memory into
-/// the process.
-fn cpu_data_limit(memory_bytes: u64) -> u64 {
-    memory_bytes.saturating_mul(4).saturating_add(CPU_BASE)
-}
-
-/// Starts `command` with its private writable memory capped at `bytes`.
-#[cfg(unix)]
-fn limit_data(command: &mut std::process::Command, bytes: u64) {
-    use std::os::unix::process::CommandExt;
-    let bytes = libc::rlim_t::try_from(bytes).unwrap_or(libc::RLIM_INFINITY);
-    // SAFETY: the closure runs in the forked child before exec and only
-    // calls setrlimit, which is async-signal-safe, on a value computed
-    // before the fork.
-    unsafe {
-        command.pre_exec(move || {
-            let limit = libc::rlimit {
-                rlim_cur: bytes,
-                rlim_max: bytes,
-            };
-            match libc::setrlimit(libc::RLIMIT_DATA, &limit) {
-                0 => Ok(()),
-                _ => Err(std::io::Error::last_os_error()),
-            }
-        });
-    }
-}
-
-#[cfg(not(unix))]
-fn limit_data(_command: &mut std::process::Command, _bytes: u64) {}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -273,31 +229,6 @@ mod tests {
         );
         assert_eq!(worker.submit(1_000, &[1]), Err(error.clone()));
         assert_eq!(worker.lost(), Some(error.as_str()));
-    }
-
-    /// The limit is the process's own: a shell in the worker's place
-    /// reports it and exits, and the failure quotes what it said.
-    #[cfg(target_os = "linux")]
-    #[test]
-    fn the_cpu_worker_starts_with_its_data_limit() {
-        let reporter = WorkerProgram {
-            program: "/bin/sh".into(),
-            prefix: [
-                "-c",
-                "grep 'Max data size' /proc/self/limits >&2",
-                "reporter",
-            ]
-            .map(Into::into)
-            .to_vec(),
-        };
-        let mut worker = BurnWorker::start(&reporter, 64 << 20, &BurnDevice::Cpu).unwrap();
-        let error = worker.sync(1_000, &[], deadline()).unwrap_err();
-        let limit = cpu_data_limit(64 << 20);
-        assert_eq!(limit, (256 << 20) + (1 << 30));
-        assert!(
-            error.contains("Max data size") && error.contains(&limit.to_string()),
-            "{error}"
-        );
     }
 
     #[test]
