@@ -72,12 +72,22 @@ pub struct Listener {
 }
 
 impl Listener {
-    /// Checks `options` and binds its address.
+    /// Checks `options` and binds its address. With `SO_REUSEADDR`, as
+    /// tokio binds: a server stopped with its page open leaves connections
+    /// in TIME_WAIT, which would keep the next command off the port.
     pub fn bind(options: &ServeOptions) -> Result<Self, String> {
         options.check()?;
-        let socket = std::net::TcpListener::bind(options.addr)
-            .and_then(|socket| socket.set_nonblocking(true).map(|()| socket))
-            .map_err(|e| format!("cannot listen on {}: {e}", options.addr))?;
+        let listen = || -> std::io::Result<std::net::TcpListener> {
+            let domain = socket2::Domain::for_address(options.addr);
+            let socket = socket2::Socket::new(domain, socket2::Type::STREAM, None)?;
+            #[cfg(unix)]
+            socket.set_reuse_address(true)?;
+            socket.bind(&options.addr.into())?;
+            socket.listen(1024)?;
+            socket.set_nonblocking(true)?;
+            Ok(socket.into())
+        };
+        let socket = listen().map_err(|e| format!("cannot listen on {}: {e}", options.addr))?;
         Ok(Self {
             socket,
             options: options.clone(),
@@ -141,5 +151,32 @@ impl Server {
 impl Drop for Server {
     fn drop(&mut self) {
         self.task.abort();
+    }
+}
+
+#[cfg(test)]
+mod listener_tests {
+    use super::*;
+
+    /// A server that closed its connections first (Ctrl-C with the page
+    /// open) leaves them in TIME_WAIT on its port; the next command binds
+    /// the port all the same.
+    #[test]
+    fn a_port_just_served_can_be_bound_again() {
+        let options = |port| ServeOptions {
+            addr: SocketAddr::from(([127, 0, 0, 1], port)),
+            token: None,
+        };
+        let first = Listener::bind(&options(0)).unwrap();
+        let addr = first.socket.local_addr().unwrap();
+        let client = std::net::TcpStream::connect(addr).unwrap();
+        first.socket.set_nonblocking(false).unwrap();
+        let (served, _) = first.socket.accept().unwrap();
+        // The server closes first: its side of the connection waits.
+        drop(served);
+        drop(first);
+        drop(client);
+        let again = Listener::bind(&options(addr.port()));
+        assert!(again.is_ok(), "{:?}", again.err());
     }
 }
