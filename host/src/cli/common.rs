@@ -58,10 +58,12 @@ impl Claimed {
     /// removed again when this process made it and it holds only the lock.
     pub(super) fn abandon(self) {
         if self.made {
-            drop(self.lock);
+            // Unlinked while still locked: a process that opens the lock
+            // file now makes a new one, and waits for no one.
             let _ = std::fs::remove_file(self.dir.join(crate::config::LOCK_FILE));
             let _ = std::fs::remove_dir(&self.dir);
         }
+        drop(self.lock);
     }
 }
 
@@ -90,12 +92,18 @@ pub(super) fn claim(dir: &Path, named: bool) -> Result<Claimed, Failure> {
             n += 1;
             candidate = std::path::PathBuf::from(format!("{}-{n}", dir.display()));
         }
-        let lock = lock(&candidate)?;
-        return Ok(Claimed {
-            dir: candidate,
-            lock,
-            made: true,
-        });
+        return match lock(&candidate) {
+            Ok(lock) => Ok(Claimed {
+                dir: candidate,
+                lock,
+                made: true,
+            }),
+            Err(failure) => {
+                let _ = std::fs::remove_file(candidate.join(crate::config::LOCK_FILE));
+                let _ = std::fs::remove_dir(&candidate);
+                Err(failure)
+            }
+        };
     }
     let made = !dir.exists() && {
         crate::persist::create_dir(dir).map_err(Failure::runtime)?;

@@ -62,6 +62,14 @@ impl Ready {
             saved,
         })
     }
+
+    /// The run writes to `setup`'s output directory, not the one planned
+    /// ([`super::common::claim`] took the next free name).
+    pub(super) fn moved_to(&mut self, setup: &Setup) -> Result<(), Failure> {
+        self.saved = setup.saved()?;
+        self.spec.output_dir.clone_from(&setup.spec.output_dir);
+        Ok(())
+    }
 }
 
 /// Runs trials to the end and reports, for `run` and `resume` alike, while

@@ -130,15 +130,15 @@ pub(super) fn run(args: RunArgs) -> Result<(), Failure> {
         tracking: plan.tracking,
     };
     let deciders = (setup.scheduler()?, setup.searcher()?);
+    let mut ready = Ready::new(&backend, spec, &setup, serve)?;
     let claimed = claim(&setup.spec.output_dir, plan.output_dir_named)?;
-    setup.spec.output_dir.clone_from(&claimed.dir);
-    spec.output_dir.clone_from(&claimed.dir);
-    let ready = match Ready::new(&backend, spec, &setup, serve) {
-        Ok(ready) => ready,
-        Err(refused) => {
+    if claimed.dir != setup.spec.output_dir {
+        // Another run took the name first: this one has the next.
+        setup.spec.output_dir.clone_from(&claimed.dir);
+        if let Err(refused) = ready.moved_to(&setup) {
             claimed.abandon();
             return Err(refused);
         }
-    };
+    }
     execute(backend, ready, deciders, None, &setup, claimed.lock)
 }
