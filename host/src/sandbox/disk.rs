@@ -236,28 +236,45 @@ impl DiskQuota {
 /// a tree nested past `PATH_MAX` easily, each level opened from the one
 /// above, and a walk by paths would fail on it, so that the trial could
 /// never start again. Nothing else changes the directory while it is
-/// measured: the trial's instance has not started.
+/// measured (the trial's instance has not started); should something move
+/// a directory under the walk all the same, the `..` it climbs back
+/// through is checked to be the one it came down from.
 fn usage(dir: &Path) -> std::io::Result<(u64, u64)> {
-    use rustix::fs::{CWD, Mode, openat};
+    use rustix::fs::{CWD, Mode, OFlags, fstat, openat};
     let (mut bytes, mut entries) = (0u64, 0u64);
-    let mut current = openat(CWD, dir, WALK, Mode::empty())?;
-    // Per level walked into, the subdirectories not yet walked.
-    let mut pending = vec![list(&current, &mut bytes, &mut entries)?];
-    while let Some(level) = pending.last_mut() {
+    // The trial's directory itself may be a link (an operator's choice);
+    // nothing under it is followed.
+    let root = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
+    let mut current = openat(CWD, dir, root, Mode::empty())?;
+    let identity = |fd: &rustix::fd::OwnedFd| fstat(fd).map(|st| (st.st_dev, st.st_ino));
+    // Per level walked into, the directory's identity and the
+    // subdirectories not yet walked.
+    let mut pending = vec![(
+        identity(&current)?,
+        list(&current, &mut bytes, &mut entries)?,
+    )];
+    while let Some((_, level)) = pending.last_mut() {
         if let Some(name) = level.pop() {
             current = openat(&current, name.as_c_str(), WALK, Mode::empty())?;
-            pending.push(list(&current, &mut bytes, &mut entries)?);
+            let listed = list(&current, &mut bytes, &mut entries)?;
+            pending.push((identity(&current)?, listed));
         } else {
             pending.pop();
-            if !pending.is_empty() {
+            if let Some((parent, _)) = pending.last() {
                 current = openat(&current, c"..", WALK, Mode::empty())?;
+                if identity(&current)? != *parent {
+                    return Err(std::io::Error::other(
+                        "a directory was moved while the trial's directory was measured",
+                    ));
+                }
             }
         }
     }
     Ok((bytes, entries))
 }
 
-/// How [`usage`] opens directories: never through a link.
+/// How [`usage`] opens the directories under the trial's: never through a
+/// link.
 const WALK: rustix::fs::OFlags = rustix::fs::OFlags::RDONLY
     .union(rustix::fs::OFlags::DIRECTORY)
     .union(rustix::fs::OFlags::NOFOLLOW)
@@ -938,6 +955,18 @@ mod tests {
             path_error.unwrap_err().raw_os_error(),
             Some(rustix::io::Errno::NAMETOOLONG.raw_os_error())
         );
+    }
+
+    /// The trial's directory itself may be a link (an operator who moved
+    /// the guests' files elsewhere); what is under it is not followed.
+    #[test]
+    fn usage_measures_a_trial_directory_that_is_a_link() {
+        let real = tempfile::tempdir().unwrap();
+        std::fs::write(real.path().join("f"), [0u8; 7]).unwrap();
+        let place = tempfile::tempdir().unwrap();
+        let linked = place.path().join("work");
+        std::os::unix::fs::symlink(real.path(), &linked).unwrap();
+        assert_eq!(usage(&linked).unwrap(), (7, 1));
     }
 
     #[test]
