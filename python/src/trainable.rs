@@ -27,15 +27,22 @@ pub struct Trainable {
     backend: WasmBackend,
     /// The GPU of host compute's the trial runs on; the first when `None`.
     gpu: Option<usize>,
+    /// Where the instance's files go: a reused Ray actor moves on to the
+    /// next trial's directory ([`Trainable::restart`]). Apart from the
+    /// state, whose lock a call holds throughout, so that reading it does
+    /// not wait for a `train()`.
+    placed: Mutex<Placed>,
     state: Mutex<State>,
 }
 
-struct State {
-    /// Where the instance's files go: a reused Ray actor moves on to the
-    /// next trial's directory ([`Trainable::restart`]).
+/// The trial's [`Place`], and the directory made for it when it was given
+/// none (held so that it goes with the trial).
+struct Placed {
     place: Place,
-    /// Held so that a trial given no directory gets one that goes with it.
-    _scratch: Option<tempfile::TempDir>,
+    scratch: Option<tempfile::TempDir>,
+}
+
+struct State {
     instance: Instance,
     config: Value,
     time_total_s: f64,
@@ -129,6 +136,12 @@ impl Trainable {
         f(&mut state)
     }
 
+    /// Where the trial's files go now.
+    fn place(&self) -> Place {
+        let placed = self.placed.lock().unwrap_or_else(PoisonError::into_inner);
+        placed.place.clone()
+    }
+
     fn state_mut(&mut self) -> &mut State {
         self.state.get_mut().unwrap_or_else(PoisonError::into_inner)
     }
@@ -181,7 +194,7 @@ impl Trainable {
     /// fails leaves it deferred: nothing changed.
     fn live<'s>(&self, state: &'s mut State) -> PyResult<&'s mut WasmSession> {
         if let Instance::Deferred = state.instance {
-            let session = self.launch(&state.place, &state.config)?;
+            let session = self.launch(&self.place(), &state.config)?;
             state.instance = Instance::Live(Box::new(session));
         }
         match &mut state.instance {
@@ -302,9 +315,11 @@ impl Trainable {
         let mut trainable = Self {
             backend,
             gpu,
-            state: Mutex::new(State {
+            placed: Mutex::new(Placed {
                 place: place.clone(),
-                _scratch: scratch,
+                scratch,
+            }),
+            state: Mutex::new(State {
                 instance: Instance::Deferred,
                 config: Value::Object(Map::new()),
                 time_total_s: 0.0,
@@ -386,7 +401,7 @@ impl Trainable {
                 let config = state.config.clone();
                 let time_total_s = state.time_total_s;
                 let result = state.last_result.clone();
-                let trial_id = state.place.trial_id.clone();
+                let trial_id = self.place().trial_id;
                 let session = self.live(state)?;
                 let info = CheckpointInfo {
                     trial_id: &trial_id,
@@ -416,8 +431,7 @@ impl Trainable {
     ) -> PyResult<()> {
         let config = config_json.map(parse_config).transpose()?;
         py.detach(|| {
-            let place = self.locked(|state| Ok(state.place.clone()))?;
-            let resumed = self.resume(&place, &path, config)?;
+            let resumed = self.resume(&self.place(), &path, config)?;
             self.locked(|state| {
                 state.resumed(resumed);
                 Ok(())
@@ -444,7 +458,7 @@ impl Trainable {
     ) -> PyResult<()> {
         let config = parse_config(config_json)?;
         py.detach(|| {
-            let mut place = self.locked(|state| Ok(state.place.clone()))?;
+            let mut place = self.place();
             let moved = trial_dir.is_some();
             if let Some(dir) = trial_dir {
                 place.trial_dir = dir;
@@ -459,11 +473,15 @@ impl Trainable {
             };
             self.locked(|state| {
                 state.instance.set(next);
-                if moved {
-                    // The old trial's scratch directory goes with it.
-                    state._scratch = None;
+                let mut placed = self.placed.lock().unwrap_or_else(PoisonError::into_inner);
+                // The old trial's scratch directory goes with it, unless the
+                // new trial's files go inside it.
+                let inside =
+                    |scratch: &tempfile::TempDir| place.trial_dir.starts_with(scratch.path());
+                if moved && !placed.scratch.as_ref().is_some_and(inside) {
+                    placed.scratch = None;
                 }
-                state.place = place;
+                placed.place = place;
                 state.config = config;
                 state.time_total_s = 0.0;
                 state.last_result = None;
@@ -548,7 +566,7 @@ impl Trainable {
     /// The trial's directory: `stdout.log`, `stderr.log` and `guest.log`
     /// here, the guest's own files under `work/`.
     #[getter]
-    fn trial_dir(&self, py: Python<'_>) -> PyResult<PathBuf> {
-        py.detach(|| self.locked(|state| Ok(state.place.trial_dir.clone())))
+    fn trial_dir(&self) -> PathBuf {
+        self.place().trial_dir
     }
 }

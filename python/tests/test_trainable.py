@@ -230,6 +230,13 @@ def test_restart_into_a_new_trial_directory_leaves_the_old_trial_s_files(hostile
     trainable.restart(probe)
     assert trainable.trial_dir == tmp_path / "b"
     assert trainable.train()["cwd_entries"] == 1
+    # A trial given no directory has one made for it, kept while a new
+    # trial's files go inside it.
+    scratch = wtune.Trainable(hostile, probe)
+    made = scratch.trial_dir
+    scratch.restart(probe, trial_dir=made / "next")
+    assert scratch.train()["cwd_entries"] == 0
+    assert (made / "next" / "work" / "probe.txt").exists()
 
 
 def test_an_experiment_file_gives_its_limits_and_data(digits, tmp_path):
