@@ -56,9 +56,11 @@ impl TrialHost {
     /// guest (a list or a string) before the host saw them. A refusal
     /// charges the copy, as a log line is charged: it was made whatever the
     /// answer, and a refused call must not be free to repeat. A call that
-    /// goes ahead pays for its bytes in its own charge.
+    /// goes ahead pays for its bytes in its own charge. One the device
+    /// failed (`Device`) is not charged: the trial is lost and says why,
+    /// where a charge past its deadline would name the deadline instead.
     fn lifted<T>(&mut self, bytes: usize, answer: ComputeResult<T>) -> Result<T> {
-        if answer.is_err() {
+        if matches!(&answer, Err(e) if !matches!(e, ComputeError::Device(_))) {
             let bytes = u64::try_from(bytes).unwrap_or(u64::MAX);
             self.compute
                 .charge_host_work(crate::compute::cost::fuel(0, bytes));
