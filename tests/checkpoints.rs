@@ -80,7 +80,7 @@ fn prepared_for_retry(
     dir: &Path,
     policy: &CheckpointPolicy,
 ) -> (state::ExperimentState, Vec<Trial>, resume::ResumePlan) {
-    let mut saved = state::load(dir, false).unwrap();
+    let mut saved = state::load(dir, false).unwrap().unchecked();
     let mut trials = std::mem::take(&mut saved.trials);
     let plan = resume::prepare(backend, &mut trials, dir, policy, ErroredTrials::Retry);
     (saved, trials, plan)
@@ -282,7 +282,7 @@ fn fail_fast_stops_the_others_and_raise_ends_the_run_with_the_error() {
         other => panic!("expected TrialFailed, got {:?}", other.map(|s| s.halted)),
     }
     // The state on disk says where the run stood.
-    let saved = state::load(dir.path(), false).unwrap();
+    let saved = state::load(dir.path(), false).unwrap().unchecked();
     assert_eq!(saved.trials[1].status, TrialStatus::Error);
 }
 
@@ -577,7 +577,7 @@ fn an_interrupt_checkpoints_running_trials_and_a_second_one_exits_at_once() {
             .iter()
             .all(|t| t.status == TrialStatus::Pending)
     );
-    let saved = state::load(dir.path(), false).unwrap();
+    let saved = state::load(dir.path(), false).unwrap().unchecked();
     assert_eq!(saved.trials[0].status, TrialStatus::Paused);
 
     let dir = tempfile::tempdir().unwrap();
@@ -602,7 +602,7 @@ fn an_interrupt_checkpoints_running_trials_and_a_second_one_exits_at_once() {
         "{:?}",
         outcome.map(|s| s.halted)
     );
-    let saved = state::load(dir.path(), false).unwrap();
+    let saved = state::load(dir.path(), false).unwrap().unchecked();
     assert_eq!(saved.status, "halted");
     assert_eq!(saved.trials[0].status, TrialStatus::Running);
 }

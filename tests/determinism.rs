@@ -887,7 +887,7 @@ fn steps_redone_after_a_kill_write_the_checkpoints_an_uninterrupted_run_wrote() 
 fn slots_at_saved_moment(out: &Path) -> usize {
     wtune::report::state::load(out, false)
         .ok()
-        .and_then(|state| state.decisions.moment)
+        .and_then(|state| state.unchecked().decisions.moment)
         .map_or(0, |moment| moment.clocks.len())
 }
 
@@ -1000,7 +1000,9 @@ math = "wasm"
 /// `wtune resume` would look for it: at its path, or moved aside by the
 /// run that dropped it after the state was taken. Returns the ones missing.
 fn listed_but_gone(out: &Path, state: &[u8]) -> Vec<String> {
-    let state = wtune::report::state::decode(out, state).unwrap();
+    let state = wtune::report::state::decode(out, state)
+        .unwrap()
+        .unchecked();
     let mut gone = Vec::new();
     for trial in &state.trials {
         let dir = out.join(&trial.trial_id);
@@ -1080,7 +1082,7 @@ fn a_saved_state_never_lists_a_checkpoint_that_is_gone() {
                     continue;
                 };
                 let running = wtune::report::state::decode(&out, current)
-                    .is_ok_and(|s| s.status == "running");
+                    .is_ok_and(|s| s.unchecked().status == "running");
                 let mut missing = listed_but_gone(&out, current);
                 if let (Some(previous), true) = (previous, running) {
                     missing.extend(listed_but_gone(&out, previous));

@@ -611,7 +611,9 @@ fn interrupted_search_resumes_with_the_same_suggestions_of(search: Value) {
     assert_eq!(halted.halted.as_deref(), Some("interrupted"));
     assert_eq!(halted.trials.len(), 6);
 
-    let saved = wtune::report::state::load(out.path(), false).unwrap();
+    let saved = wtune::report::state::load(out.path(), false)
+        .unwrap()
+        .unchecked();
     let mut trials = saved.trials;
     wtune::tune::resume::prepare(
         &replay_backend(set.clone()),

@@ -511,6 +511,85 @@ fn bad_resumes_and_short_keys_are_refused_and_change_nothing() {
     assert!(!keyed_out.exists(), "nothing is written for a refused run");
 }
 
+/// Rewrites `out`'s saved state through `edit`, with a valid checksum, as
+/// someone who can write the directory but holds no snapshot key could.
+fn edit_state(out: &Path, edit: impl FnOnce(&mut Value)) {
+    let path = out.join("experiment_state.json");
+    let bytes = std::fs::read(&path).unwrap();
+    let newline = bytes.iter().position(|&b| b == b'\n').unwrap();
+    let mut state: Value = serde_json::from_slice(&bytes[newline + 1..]).unwrap();
+    edit(&mut state);
+    let body = serde_json::to_vec(&state).unwrap();
+    let mut out = format!(
+        "wtune-experiment-state 1 blake3={}\n",
+        blake3::hash(&body).to_hex()
+    )
+    .into_bytes();
+    out.extend_from_slice(&body);
+    out.push(b'\n');
+    std::fs::write(&path, out).unwrap();
+}
+
+/// The saved state names the directories a resume deletes in (a restarted
+/// trial's checkpoints) and the files it renames over: a state edited so
+/// that a trial's id or a checkpoint's path leads out of the experiment is
+/// refused before anything, in or out of it, changes.
+#[test]
+fn a_state_that_leads_out_of_the_experiment_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let traps = "checkpoint_freq = 1\n[param_space.trap_at]\ngrid_search = [2]";
+    let config = experiment(dir.path(), traps, 64, 3);
+    let out = dir.path().join("out");
+    assert!(!run(&config, &out).status.success());
+    // Another experiment's trial, beside this one.
+    let victim = dir.path().join("victim");
+    std::fs::create_dir_all(victim.join("checkpoints")).unwrap();
+    std::fs::write(
+        victim.join("checkpoints/checkpoint_000001.wtsnap"),
+        "keep me",
+    )
+    .unwrap();
+    let victim_before = files(&victim);
+    let state_file = out.join("experiment_state.json");
+    let saved = std::fs::read(&state_file).unwrap();
+    type Edit = fn(&mut Value);
+    let edits: [(Edit, &str); 3] = [
+        (
+            |state| state["trials"][0]["trial_id"] = "../victim".into(),
+            "names a trial \"../victim\", not `trial_` and digits",
+        ),
+        (
+            |state| state["trials"][1]["trial_id"] = state["trials"][0]["trial_id"].clone(),
+            "lists trial trial_0000 twice",
+        ),
+        (
+            |state| {
+                state["trials"][0]["checkpoints"][0]["path"] =
+                    "../victim/checkpoints/checkpoint_000001.wtsnap".into()
+            },
+            "lists a checkpoint of trial_0000 at \"../victim/checkpoints/checkpoint_000001.wtsnap\"",
+        ),
+    ];
+    for (edit, why) in edits {
+        edit_state(&out, edit);
+        let before = files(&out);
+        let output = common::wtune()
+            .arg("resume")
+            .arg(&out)
+            .arg("--restart-errored")
+            .output()
+            .unwrap();
+        refused(&output, why);
+        refused(&output, "nothing was changed");
+        assert!(files(&out) == before, "a refused resume changed files");
+        assert!(
+            files(&victim) == victim_before,
+            "a refused resume reached out"
+        );
+        std::fs::write(&state_file, &saved).unwrap();
+    }
+}
+
 /// A checkpoint that is intact but unreadable as things stand (the snapshot
 /// key file now holds another key) refuses the resume before anything
 /// changes, rather than starting its trial over, which would cut its
@@ -530,6 +609,39 @@ fn a_changed_snapshot_key_refuses_the_resume_and_loses_nothing() {
     assert!(!run(&config, &out).status.success());
     let before = files(&out);
 
+    // The state is sealed with the key too: it names the model, the data
+    // granted, the limits and the key file, and a state edited by one byte
+    // is refused...
+    let state_file = out.join("experiment_state.json");
+    let sealed = std::fs::read(&state_file).unwrap();
+    assert!(sealed.starts_with(b"wtune-experiment-state 1 mac="));
+    let written = b"\"written\":\"2";
+    let at = sealed
+        .windows(written.len())
+        .position(|w| w == written)
+        .unwrap();
+    let mut edited = sealed.clone();
+    edited[at + written.len() - 1] = b'1';
+    std::fs::write(&state_file, &edited).unwrap();
+    let output = common::wtune().arg("resume").arg(&out).output().unwrap();
+    refused(&output, "MAC does not match the snapshot key");
+    // ... and, with the key given on the command line, so is one whose seal
+    // was swapped for a plain checksum by someone who cannot make the MAC.
+    edit_state(&out, |state| {
+        state["setup"]["snapshot_key_file"] = Value::Null
+    });
+    let output = common::wtune()
+        .arg("resume")
+        .arg(&out)
+        .arg("--snapshot-key-file")
+        .arg(&key)
+        .output()
+        .unwrap();
+    refused(&output, "carries no MAC");
+    refused(&output, "nothing was changed");
+    std::fs::write(&state_file, &sealed).unwrap();
+    assert!(files(&out) == before, "a refused resume changed files");
+
     std::fs::write(&key, [8u8; 32]).unwrap();
     let resume = || {
         common::wtune()
@@ -540,7 +652,7 @@ fn a_changed_snapshot_key_refuses_the_resume_and_loses_nothing() {
             .unwrap()
     };
     let rotated = resume();
-    refused(&rotated, "written with another key");
+    refused(&rotated, "sealed with another key");
     refused(&rotated, "nothing was changed");
     assert!(files(&out) == before, "a refused resume changed files");
 
@@ -812,7 +924,7 @@ iterations = 1000
     let out = dir.path().join("out");
     ok(&run(&config, &out));
     let learned = |out: &Path| {
-        let saved = wtune::report::state::load(out, false).unwrap();
+        let saved = wtune::report::state::load(out, false).unwrap().unchecked();
         let searcher = saved.decisions.searcher.expect("TPE saves its state");
         let state = searcher.state;
         let observations = &state["observations"];

@@ -146,6 +146,11 @@ impl WasmBackend {
         self
     }
 
+    /// The key checkpoints are authenticated with, if any.
+    pub fn key(&self) -> Option<&SnapshotKey> {
+        self.key.as_ref()
+    }
+
     /// How checkpoints are taken.
     pub fn mode(&self) -> CheckpointMode {
         self.mode
@@ -242,7 +247,8 @@ impl WasmBackend {
         let restoring = |e: &dyn std::fmt::Display| {
             WasmError::Checkpoint(format!("restoring {}: {e}", path.display()))
         };
-        let instance = match file.guest_state().map_err(|e| restoring(&e))? {
+        let most = self.limits_for(launch).memory_bytes;
+        let instance = match file.guest_state(most).map_err(|e| restoring(&e))? {
             Some(state) => {
                 let mut instance = self.start(env, launch)?;
                 instance

@@ -155,6 +155,11 @@ pub(super) struct ResumeArgs {
     /// The component, when it moved since the experiment started (it must be the same file).
     #[arg(long, value_name = "FILE")]
     pub(super) model: Option<PathBuf>,
+    /// The experiment's snapshot key file, given here rather than taken from the saved state:
+    /// the state must then be sealed with that key, so that whoever can write the directory
+    /// cannot change what the experiment runs, or which key its checkpoints need.
+    #[arg(long, value_name = "FILE")]
+    pub(super) snapshot_key_file: Option<PathBuf>,
     #[command(flatten)]
     pub(super) changes: ChangeArgs,
     #[command(flatten)]

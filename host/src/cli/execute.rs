@@ -135,7 +135,9 @@ fn assemble(
         None => (Vec::new(), None),
     };
     let total = searcher.total().map(|n| n.max(trials.len() as u64));
-    let state = StateFile::new(saved);
+    // Sealed with the checkpoints' key: a resume that is given the key
+    // then trusts the state as far as it trusts the checkpoints.
+    let state = StateFile::new(saved).sealed(backend.key().cloned());
     // In fuel order, the moment the saved state was taken at.
     let moment = resumed
         .as_ref()

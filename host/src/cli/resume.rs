@@ -22,13 +22,8 @@ use changes::Changes;
 /// the state, the component or the saved decisions do not fit.
 pub(super) fn resume_experiment(args: ResumeArgs) -> Result<(), Failure> {
     let serve = args.serve.options()?;
-    let (lock, state) = locked_state(&args.dir, args.previous_state)?;
-    let mut setup: Setup = serde_json::from_value(state.setup).map_err(|e| {
-        Failure::user(format!(
-            "{}: the saved setup cannot be read by this wtune: {e}",
-            args.dir.display()
-        ))
-    })?;
+    let (lock, sealed) = locked_state(&args.dir, args.previous_state)?;
+    let (state, mut setup) = opened_state(sealed, args.snapshot_key_file, &args.dir)?;
     let model = args
         .model
         .map(|m| std::path::absolute(&m).unwrap_or(m))
@@ -147,10 +142,7 @@ fn fuel_moment<'a>(
 /// deletes the checkpoints of restarted trials): a wtune finishing beside
 /// this one may still write a newer state. A missing directory is left to
 /// the state's error.
-fn locked_state(
-    dir: &Path,
-    previous: bool,
-) -> Result<(std::fs::File, state::ExperimentState), Failure> {
+fn locked_state(dir: &Path, previous: bool) -> Result<(std::fs::File, state::Sealed), Failure> {
     let lock = dir.is_dir().then(|| lock(dir)).transpose()?;
     let state = state::load(dir, previous).map_err(|e| {
         let hint = match e {
@@ -165,6 +157,58 @@ fn locked_state(
     let lock =
         lock.ok_or_else(|| Failure::user(format!("{} is not a directory", dir.display())))?;
     Ok((lock, state))
+}
+
+/// The state, opened under the snapshot key, and its setup. The key is the
+/// one `given` on the command line, which the state must be sealed with
+/// (and which the resumed run then uses, wherever the setup said it was);
+/// else the one the state's setup names, whose MAC then guards against
+/// accidents, not against whoever can write the directory, who could name
+/// a key of their own. An unsealed state naming a key was written before
+/// states were sealed (or lost its seal): read, with a warning.
+fn opened_state(
+    sealed: state::Sealed,
+    given: Option<PathBuf>,
+    dir: &Path,
+) -> Result<(state::ExperimentState, Setup), Failure> {
+    let unreadable = |e: serde_json::Error| {
+        Failure::user(format!(
+            "{}: the saved setup cannot be read by this wtune: {e}",
+            dir.display()
+        ))
+    };
+    let named: Setup = serde_json::from_value(sealed.setup().clone()).map_err(unreadable)?;
+    let given = given.map(|file| std::path::absolute(&file).unwrap_or(file));
+    let key_file = match (&given, &named.snapshot_key_file) {
+        (Some(file), _) => Some(file.clone()),
+        (None, Some(file)) if sealed.is_sealed() => Some(file.clone()),
+        (None, Some(file)) => {
+            eprintln!(
+                "warning: the saved state names the snapshot key {} but carries no MAC (written \
+                 by an older wtune, or its seal was removed); pass --snapshot-key-file to \
+                 require one",
+                file.display()
+            );
+            None
+        }
+        (None, None) => None,
+    };
+    let key = snapshot_key(key_file.as_deref())?;
+    let state = sealed.open(key.as_ref()).map_err(|e| {
+        let hint = if given.is_none() && key.is_none() {
+            "; resume with --snapshot-key-file"
+        } else {
+            ""
+        };
+        Failure::user(format!("{e}{hint}; nothing was changed"))
+    })?;
+    // The body is authenticated now: read again from it, not from what
+    // was read before.
+    let mut setup: Setup = serde_json::from_value(state.setup.clone()).map_err(unreadable)?;
+    if given.is_some() {
+        setup.snapshot_key_file = given;
+    }
+    Ok((state, setup))
 }
 
 /// The backend for the component at `model`, which must be the one the
@@ -190,11 +234,11 @@ fn admitted_backend(
     let digest = blake3::hash(&bytes).to_hex().to_string();
     if digest != setup.model_blake3 {
         return Err(Failure::user(format!(
-            "{} is not the component the experiment ran (its blake3 {}, expected {}); pass \
+            "{} is not the component the experiment ran (its blake3 {}, expected {:.12}); pass \
              the original with --model",
             model.display(),
             &digest[..12],
-            &setup.model_blake3[..12.min(setup.model_blake3.len())]
+            setup.model_blake3
         )));
     }
     let program: Program = sandbox

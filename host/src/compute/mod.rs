@@ -33,7 +33,7 @@ use serde::{Deserialize, Serialize};
 
 pub use error::ComputeError;
 pub use gpu_choice::GpuChoice;
-pub use session::{ComputeImage, ComputeSession, MAX_PIPELINES, MAX_WGSL_BYTES};
+pub use session::{ComputeImage, ComputeSession, MAX_BUFFERS, MAX_PIPELINES, MAX_WGSL_BYTES};
 
 use crate::units::human_bytes;
 use device::CpuDevice;

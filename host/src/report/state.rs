@@ -6,7 +6,12 @@
 //!
 //! The file is one header line, `wtune-experiment-state <version>
 //! blake3=<hex>`, then the JSON body; the checksum covers the body, so a
-//! damaged file is recognised as such instead of being half-read. Each write
+//! damaged file is recognised as such instead of being half-read. An
+//! experiment with a snapshot key seals its state instead (`mac=<hex>`, a
+//! keyed blake3 of the body under a key derived from the snapshot key):
+//! the state names the model, the data granted, the limits and the key
+//! itself, so checkpoints that must be authenticated are worth little
+//! unless the state that points at them is too ([`Sealed::open`]). Each write
 //! is atomic (temporary file, fsync, rename) and first keeps the file it
 //! replaces as `experiment_state.prev.json`, so a damaged newest state
 //! leaves the previous one to resume from.
@@ -32,6 +37,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::persist;
+use crate::snapshot::SnapshotKey;
 use crate::tune::{Callback, Deciders, DecisionState, ExperimentSummary, RunSpec, Trial};
 
 /// The state file's name inside the output directory.
@@ -48,6 +54,9 @@ pub const MIN_CHANGE_INTERVAL: Duration = Duration::from_millis(50);
 /// Largest share of the runner's time spent serializing state.
 pub const MAX_LOOP_SHARE: f64 = 0.005;
 const HEADER_PREFIX: &str = "wtune-experiment-state";
+/// What the state's MAC key is derived for, so that it is never the key
+/// of a snapshot's MAC.
+const MAC_PURPOSE: &str = "wtune experiment state mac v1";
 
 /// The saved experiment.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -87,6 +96,9 @@ pub enum StateError {
     Damaged(PathBuf, String),
     /// Written by another format version.
     Version(PathBuf, u32),
+    /// Its MAC does not hold under the key given, or it has none where a
+    /// key was given, or it has one and no key was given.
+    Unauthenticated(PathBuf, String),
 }
 
 impl fmt::Display for StateError {
@@ -107,27 +119,94 @@ impl fmt::Display for StateError {
                 "{} has state format version {v}; this wtune reads version {STATE_VERSION}",
                 path.display()
             ),
+            StateError::Unauthenticated(path, why) => write!(f, "{}: {why}", path.display()),
         }
     }
 }
 
 impl std::error::Error for StateError {}
 
-/// Encodes state as the file's bytes.
-fn encode(body: &Body<'_>) -> Vec<u8> {
+/// The MAC of a state's `body` under `key`.
+fn mac(key: &SnapshotKey, body: &[u8]) -> blake3::Hash {
+    key.purpose_mac(MAC_PURPOSE, body)
+}
+
+/// Encodes state as the file's bytes: checksummed, or sealed under `key`.
+fn encode(body: &Body<'_>, key: Option<&SnapshotKey>) -> Vec<u8> {
     let json = serde_json::to_vec(body).expect("experiment state always serializes");
-    let mut out = format!(
-        "{HEADER_PREFIX} {STATE_VERSION} blake3={}\n",
-        blake3::hash(&json).to_hex()
-    )
-    .into_bytes();
+    let seal = match key {
+        Some(key) => format!("mac={}", mac(key, &json).to_hex()),
+        None => format!("blake3={}", blake3::hash(&json).to_hex()),
+    };
+    let mut out = format!("{HEADER_PREFIX} {STATE_VERSION} {seal}\n").into_bytes();
     out.extend_from_slice(&json);
     out.push(b'\n');
     out
 }
 
-/// Decodes and verifies a state file's bytes.
-pub fn decode(path: &Path, bytes: &[u8]) -> Result<ExperimentState, StateError> {
+/// A state as read: checksum verified, MAC (if it has one) not yet.
+pub struct Sealed {
+    path: PathBuf,
+    state: ExperimentState,
+    /// The MAC the file carries, and the body it covers.
+    mac: Option<(blake3::Hash, Vec<u8>)>,
+}
+
+impl Sealed {
+    /// The saved setup, before anything is authenticated: where to find
+    /// the key, never what to act on.
+    pub fn setup(&self) -> &Value {
+        &self.state.setup
+    }
+
+    /// Whether the file carries a MAC.
+    pub fn is_sealed(&self) -> bool {
+        self.mac.is_some()
+    }
+
+    /// The state, once its MAC holds under `key`. Refused: a sealed state
+    /// without a key, an unsealed one with a key (someone stripped the
+    /// seal, or the experiment ran without a key), and a MAC that does not
+    /// hold (the file was modified, or sealed with another key).
+    pub fn open(self, key: Option<&SnapshotKey>) -> Result<ExperimentState, StateError> {
+        let refused = |why: &str| Err(StateError::Unauthenticated(self.path.clone(), why.into()));
+        match (&self.mac, key) {
+            (None, None) => Ok(self.state),
+            (Some(_), None) => refused(
+                "the state is sealed with a snapshot key; give the experiment's key file to read it",
+            ),
+            (None, Some(_)) => refused(
+                "the state carries no MAC, so it cannot be checked against the snapshot key given: \
+                 it was written without a key, by a wtune older than sealed states, or someone \
+                 removed its seal",
+            ),
+            (Some((expected, body)), Some(key)) if mac(key, body) == *expected => Ok(self.state),
+            (Some(_), Some(_)) => refused(
+                "the state's MAC does not match the snapshot key: it was modified, or sealed \
+                 with another key",
+            ),
+        }
+    }
+
+    /// The state, its MAC unchecked: for showing it (the dashboard), never
+    /// for resuming from it.
+    pub fn unchecked(self) -> ExperimentState {
+        self.state
+    }
+}
+
+impl fmt::Debug for Sealed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Sealed")
+            .field("path", &self.path)
+            .field("sealed", &self.mac.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Decodes a state file's bytes and verifies its checksum; a sealed one's
+/// MAC is left to [`Sealed::open`].
+pub fn decode(path: &Path, bytes: &[u8]) -> Result<Sealed, StateError> {
     let damaged = |why: &str| StateError::Damaged(path.to_path_buf(), why.to_string());
     let newline = bytes
         .iter()
@@ -145,25 +224,37 @@ pub fn decode(path: &Path, bytes: &[u8]) -> Result<ExperimentState, StateError> 
     if version != STATE_VERSION {
         return Err(StateError::Version(path.to_path_buf(), version));
     }
-    let checksum = parts
-        .next()
-        .and_then(|c| c.strip_prefix("blake3="))
-        .ok_or_else(|| damaged("bad header"))?;
+    let seal = parts.next().ok_or_else(|| damaged("bad header"))?;
     let body = &bytes[newline + 1..];
     let body = body
         .strip_suffix(b"\n")
         .ok_or_else(|| damaged("truncated"))?;
-    if blake3::hash(body).to_hex().as_str() != checksum {
-        return Err(damaged(
-            "checksum mismatch (the file was cut short or modified)",
-        ));
-    }
-    serde_json::from_slice(body).map_err(|e| damaged(&format!("content: {e}")))
+    let mac = match (seal.strip_prefix("blake3="), seal.strip_prefix("mac=")) {
+        (Some(checksum), _) => {
+            if blake3::hash(body).to_hex().as_str() != checksum {
+                return Err(damaged(
+                    "checksum mismatch (the file was cut short or modified)",
+                ));
+            }
+            None
+        }
+        (_, Some(mac)) => {
+            let mac = blake3::Hash::from_hex(mac).map_err(|_| damaged("bad header"))?;
+            Some((mac, body.to_vec()))
+        }
+        _ => return Err(damaged("bad header")),
+    };
+    let state = serde_json::from_slice(body).map_err(|e| damaged(&format!("content: {e}")))?;
+    Ok(Sealed {
+        path: path.to_path_buf(),
+        state,
+        mac,
+    })
 }
 
 /// Reads the state in `dir`: the newest, or with `previous` the one it
 /// replaced.
-pub fn load(dir: &Path, previous: bool) -> Result<ExperimentState, StateError> {
+pub fn load(dir: &Path, previous: bool) -> Result<Sealed, StateError> {
     let path = dir.join(if previous {
         PREVIOUS_STATE_FILE
     } else {
@@ -204,6 +295,8 @@ fn keep_previous(dir: &Path) -> Result<(), String> {
 /// The callback that keeps `<output_dir>/experiment_state.json` current.
 pub struct StateFile {
     setup: Value,
+    /// The key each state is sealed with, if any.
+    key: Option<SnapshotKey>,
     dir: PathBuf,
     last_write: Instant,
     /// How far apart writes must be for serializing to stay within
@@ -256,6 +349,7 @@ impl StateFile {
     pub fn new(setup: Value) -> Self {
         Self {
             setup,
+            key: None,
             dir: PathBuf::new(),
             last_write: Instant::now(),
             spacing: Duration::ZERO,
@@ -267,19 +361,27 @@ impl StateFile {
         }
     }
 
+    /// Seals every state with `key` (the experiment's snapshot key), so
+    /// that [`Sealed::open`] reads it only under the same key.
+    pub fn sealed(mut self, key: Option<SnapshotKey>) -> Self {
+        self.key = key;
+        self
+    }
+
     /// A live view of what persisting state has cost.
     pub fn stats(&self) -> Arc<StateStats> {
         self.stats.clone()
     }
 
     fn bytes(&self, status: &str, trials: &[Trial], decisions: &DecisionState) -> Vec<u8> {
-        encode(&Body {
+        let body = Body {
             setup: &self.setup,
             status,
             written: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
             trials,
             decisions,
-        })
+        };
+        encode(&body, self.key.as_ref())
     }
 }
 
@@ -427,7 +529,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let bytes = sample(dir.path());
         let path = dir.path().join(STATE_FILE);
-        let state = decode(&path, &bytes).unwrap();
+        let state = decode(&path, &bytes).unwrap().open(None).unwrap();
         assert_eq!(state.trials[0].config, json!({"lr": 0.1}));
         assert_eq!(state.setup, json!({"model": "m.wasm"}));
         assert_eq!(state.decisions.scheduler.name, "fifo");
@@ -448,6 +550,51 @@ mod tests {
             message.contains("experiment_state.json is damaged"),
             "{message}"
         );
+    }
+
+    #[test]
+    fn a_sealed_state_opens_only_under_its_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(STATE_FILE);
+        let (key, other) = (
+            SnapshotKey::derive(b"one key"),
+            SnapshotKey::derive(b"another"),
+        );
+        let plain = sample(dir.path());
+        let body = decode(&path, &plain).unwrap().unchecked();
+        let sealed = encode(
+            &Body {
+                setup: &body.setup,
+                status: &body.status,
+                written: body.written.clone(),
+                trials: &body.trials,
+                decisions: &body.decisions,
+            },
+            Some(&key),
+        );
+        assert!(sealed.starts_with(b"wtune-experiment-state 1 mac="));
+        let open = |bytes: &[u8], key: Option<&SnapshotKey>| {
+            decode(&path, bytes).and_then(|sealed| sealed.open(key))
+        };
+        assert_eq!(open(&sealed, Some(&key)).unwrap().trials.len(), 1);
+        for (bytes, key, why) in [
+            (&sealed, None, "sealed with a snapshot key"),
+            (&sealed, Some(&other), "does not match the snapshot key"),
+            (&plain, Some(&key), "carries no MAC"),
+        ] {
+            let err = open(bytes, key).unwrap_err();
+            assert!(matches!(err, StateError::Unauthenticated(..)), "{err}");
+            assert!(err.to_string().contains(why), "{err}");
+        }
+        // A sealed body changed by one byte (still JSON) fails its MAC; the
+        // dashboard may still show it.
+        let at = sealed.windows(6).position(|w| w == b"m.wasm").unwrap();
+        let mut edited = sealed.clone();
+        edited[at] = b'n';
+        let err = open(&edited, Some(&key)).unwrap_err();
+        assert!(err.to_string().contains("does not match"), "{err}");
+        let shown = decode(&path, &edited).unwrap().unchecked();
+        assert_eq!(shown.setup, json!({"model": "n.wasm"}));
     }
 
     #[test]
@@ -497,7 +644,15 @@ mod tests {
         assert_eq!(stats.writes.load(Ordering::Relaxed), 2);
         // The writer thread has the newest state on disk by the end.
         file.background.take().unwrap().finish();
-        assert_eq!(load(dir.path(), false).unwrap().trials.len(), 1);
+        assert_eq!(
+            load(dir.path(), false)
+                .unwrap()
+                .open(None)
+                .unwrap()
+                .trials
+                .len(),
+            1
+        );
     }
 
     #[test]
@@ -546,7 +701,13 @@ mod tests {
         file.on_state(&trials, &deciders).unwrap();
         assert_eq!(stats.writes.load(Ordering::Relaxed), 1);
         file.background.as_mut().unwrap().finish();
-        let saved = load(dir.path(), false).unwrap().decisions.moment.unwrap();
+        let saved = load(dir.path(), false)
+            .unwrap()
+            .open(None)
+            .unwrap()
+            .decisions
+            .moment
+            .unwrap();
         assert_eq!((saved.now, saved.decisions), (42, 3));
         // The states of calls 3 and 1 are on disk: the older was taken
         // after one call.
@@ -567,13 +728,13 @@ mod tests {
             ended_mid_event: true,
         };
         file.on_experiment_end(&summary).unwrap();
-        let kept = load(dir.path(), false).unwrap();
+        let kept = load(dir.path(), false).unwrap().open(None).unwrap();
         assert_eq!(kept.status, "running");
         assert_eq!(kept.decisions.moment.unwrap().now, 42);
         // ... where any other end is saved as it is.
         summary.ended_mid_event = false;
         file.on_experiment_end(&summary).unwrap();
-        let ended = load(dir.path(), false).unwrap();
+        let ended = load(dir.path(), false).unwrap().open(None).unwrap();
         assert_eq!(ended.status, "halted");
         assert_eq!(ended.decisions.moment, None);
     }
@@ -594,7 +755,7 @@ mod tests {
             load(dir.path(), false),
             Err(StateError::Damaged(..))
         ));
-        let previous = load(dir.path(), true).unwrap();
+        let previous = load(dir.path(), true).unwrap().open(None).unwrap();
         assert_eq!(previous.trials.len(), 1);
         // Damage written in place into the newest file leaves the previous
         // one intact: they are separate files.

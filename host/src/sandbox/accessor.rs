@@ -389,7 +389,8 @@ impl Access<'_> {
                 GlobalValue::F64(v) => self.call::<(f64,), ()>(&name, (f64::from_bits(v),))?,
             }
         }
-        let compute = source.compute().map_err(reading)?;
+        let quota = self.store.data().compute.info().quota_bytes;
+        let compute = source.compute(quota).map_err(reading)?;
         self.store
             .data_mut()
             .compute

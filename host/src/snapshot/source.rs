@@ -30,7 +30,9 @@ pub trait SnapshotSource {
     fn next_piece(&mut self) -> Result<Option<(u64, &[u8])>, ReadError>;
 
     /// The trial's host compute buffers.
-    fn compute(&mut self) -> Result<ComputeImage, ReadError>;
+    ///
+    /// Refuses buffers that add up past `quota` before reading any.
+    fn compute(&mut self, quota: u64) -> Result<ComputeImage, ReadError>;
 
     /// The kind of backend that held the trial's burn session, if it has
     /// one: known before anything is read, so that a restore can refuse a
@@ -51,8 +53,8 @@ impl<R: Read + Seek> SnapshotSource for SnapshotFile<R> {
         SnapshotFile::next_piece(self)
     }
 
-    fn compute(&mut self) -> Result<ComputeImage, ReadError> {
-        SnapshotFile::compute(self)
+    fn compute(&mut self, quota: u64) -> Result<ComputeImage, ReadError> {
+        SnapshotFile::compute(self, quota)
     }
 
     fn burn_backend(&self) -> Option<BurnBackend> {
@@ -125,7 +127,8 @@ impl SnapshotSource for ImageSource<'_> {
         Ok(Some((at, piece)))
     }
 
-    fn compute(&mut self) -> Result<ComputeImage, ReadError> {
+    fn compute(&mut self, _quota: u64) -> Result<ComputeImage, ReadError> {
+        // Held in memory already: the session's restore checks the quota.
         Ok(self.image.compute.clone())
     }
 

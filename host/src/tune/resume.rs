@@ -166,13 +166,15 @@ pub fn prepare_at<B: TrialBackend>(
 /// are the trials that may continue (all but TERMINATED ones, and ERROR
 /// ones `errored` does not retry) and trial directories the state does not
 /// list (which the run adopts, [`adopt`]), each down to its newest
-/// checkpoint that reads.
+/// checkpoint that reads. First refuses a saved trial list the runner
+/// could not have written ([`refuse_foreign_paths`]).
 pub fn refuse_unreadable<B: TrialBackend>(
     backend: &B,
     trials: &[Trial],
     output_dir: &Path,
     errored: ErroredTrials,
 ) -> Result<(), String> {
+    refuse_foreign_paths::<B>(trials)?;
     let continues = |trial: &Trial| match trial.status {
         // PENDING ones too: a run continued from a saved moment resumes
         // those that held slots then, whatever their status.
@@ -193,11 +195,9 @@ pub fn refuse_unreadable<B: TrialBackend>(
     {
         // A trial's id, as the runner names trials (not one moved aside).
         let name = entry.file_name();
-        let unlisted = name.to_str().is_some_and(|n| {
-            n.strip_prefix("trial_")
-                .is_some_and(|k| !k.is_empty() && k.bytes().all(|b| b.is_ascii_digit()))
-                && !listed.contains(&n)
-        });
+        let unlisted = name
+            .to_str()
+            .is_some_and(|n| is_trial_id(n) && !listed.contains(&n));
         if unlisted {
             dirs.push(entry.path());
         }
@@ -225,6 +225,51 @@ pub fn refuse_unreadable<B: TrialBackend>(
                  experiment ran with, or move its checkpoints away to start it over",
                 dir.display()
             ));
+        }
+    }
+    Ok(())
+}
+
+/// Whether `name` is a trial id as the runner makes them: `trial_` and
+/// digits.
+fn is_trial_id(name: &str) -> bool {
+    name.strip_prefix("trial_")
+        .is_some_and(|k| !k.is_empty() && k.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// Refuses saved trials whose ids or checkpoint paths the runner could not
+/// have written: each id `trial_<digits>`, once, and each checkpoint at
+/// [`checkpoint_path`] of its iteration. Resuming joins them onto the output
+/// directory, deletes under them (restarted trials' checkpoints, dropped
+/// ones) and renames over them, and grants the trial's `work` folder to the
+/// guest: a damaged or hand-edited state naming `../elsewhere` or an
+/// absolute path must change nothing outside the experiment.
+fn refuse_foreign_paths<B: TrialBackend>(trials: &[Trial]) -> Result<(), String> {
+    let refused = |why: String| {
+        Err(format!(
+            "the saved state {why}; the runner never writes that, so the state was damaged or \
+             edited, and nothing was changed"
+        ))
+    };
+    let mut seen = std::collections::HashSet::new();
+    for trial in trials {
+        let id = &trial.trial_id;
+        if !is_trial_id(id) {
+            return refused(format!("names a trial {id:?}, not `trial_` and digits"));
+        }
+        if !seen.insert(id.as_str()) {
+            return refused(format!("lists trial {id} twice"));
+        }
+        for checkpoint in &trial.checkpoints {
+            let expected = checkpoint_path::<B>(checkpoint.iteration);
+            if checkpoint.path != expected {
+                return refused(format!(
+                    "lists a checkpoint of {id} at {:?} where its iteration {} is kept at {}",
+                    checkpoint.path,
+                    checkpoint.iteration,
+                    expected.display()
+                ));
+            }
         }
     }
     Ok(())

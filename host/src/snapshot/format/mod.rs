@@ -146,6 +146,13 @@ impl SnapshotKey {
         }
         Ok(Self::derive(&secret))
     }
+
+    /// The MAC of `bytes` under a key derived from this one for `purpose`
+    /// (a fixed string naming what is authenticated), so that no MAC made
+    /// for one kind of file verifies as another's.
+    pub fn purpose_mac(&self, purpose: &str, bytes: &[u8]) -> blake3::Hash {
+        blake3::keyed_hash(&blake3::derive_key(purpose, &self.0), bytes)
+    }
 }
 
 impl fmt::Debug for SnapshotKey {
@@ -212,8 +219,13 @@ impl fmt::Display for FormatError {
 
 impl std::error::Error for FormatError {}
 
+/// The first 12 characters of a digest, for a message; the file's own
+/// may be anything, so cut at a character.
 fn short(digest: &str) -> &str {
-    &digest[..digest.len().min(12)]
+    digest
+        .char_indices()
+        .nth(12)
+        .map_or(digest, |(end, _)| &digest[..end])
 }
 
 #[derive(Serialize, Deserialize)]
@@ -603,6 +615,17 @@ mod tests {
     /// and `data_len`, with a frame of one byte for each memory (for the
     /// guest state with [`FLAG_GUEST`]), behind a valid checksum.
     fn forged(meta: &SnapshotMeta, flags: u32, memories: Value, data_len: u64) -> Vec<u8> {
+        forged_with(meta, flags, memories, data_len, 0)
+    }
+
+    /// [`forged`], with `empty` frames of no bytes after the others.
+    fn forged_with(
+        meta: &SnapshotMeta,
+        flags: u32,
+        memories: Value,
+        data_len: u64,
+        empty: usize,
+    ) -> Vec<u8> {
         let frames = match flags & FLAG_GUEST {
             0 => memories.as_array().unwrap().len(),
             _ => 1,
@@ -617,6 +640,9 @@ mod tests {
         for _ in 0..frames {
             payload.extend_from_slice(&(frame.len() as u64).to_le_bytes());
             payload.extend_from_slice(&frame);
+        }
+        for _ in 0..empty {
+            payload.extend_from_slice(&0u64.to_le_bytes());
         }
         let mut out = MAGIC.to_vec();
         out.extend_from_slice(&FORMAT_VERSION_PLAIN.to_le_bytes());
@@ -665,6 +691,21 @@ mod tests {
             (image.memories[0].pages, image.memories[0].data.len()),
             (1 << 16, 1)
         );
+    }
+
+    #[test]
+    fn frames_past_any_snapshot_are_not_listed() {
+        // Frames are listed while the MAC is computed, before anything in
+        // the file is trusted: empty ones cost 8 bytes of file each and 48
+        // of the host's memory, so their number is bounded above what any
+        // trial can hold.
+        let (meta, _) = sample();
+        let memory = serde_json::json!([{"pages": 1, "runs": [[0, 1]]}]);
+        let bytes = forged_with(&meta, 0, memory, 1, read::MAX_FRAMES + 1);
+        assert!(matches!(
+            decode(&bytes, &meta.component, None),
+            Err(FormatError::Malformed(_))
+        ));
     }
 
     #[test]

@@ -29,6 +29,14 @@ pub const PIECE: usize = 1 << 20;
 /// Bytes read from the file at once.
 const READ_BUFFER: usize = 1 << 20;
 
+/// More payload frames than any snapshot holds: one per memory (a component
+/// has at most 16), one per compute buffer (at most
+/// [`crate::compute::MAX_BUFFERS`]) and one for a burn session. The scan
+/// lists frames before the MAC is checked, so an unbounded count would let
+/// a file of empty frames take the host's memory.
+pub(super) const MAX_FRAMES: usize = 1 << 17;
+const _: () = assert!(MAX_FRAMES > 16 + crate::compute::MAX_BUFFERS + 1);
+
 /// A verified snapshot file: its metadata and layout in memory, its payload
 /// on disk until asked for.
 pub struct SnapshotFile<R = File> {
@@ -171,10 +179,17 @@ impl<R: Read + Seek> SnapshotFile<R> {
     }
 
     /// Reads the guest's own `save()` bytes; `None` for a host snapshot.
-    pub fn guest_state(&mut self) -> Result<Option<Vec<u8>>, ReadError> {
+    /// Refuses, before reading them, more than `most` bytes (the trial's
+    /// memory limit: the guest must hold them to take them back).
+    pub fn guest_state(&mut self, most: u64) -> Result<Option<Vec<u8>>, ReadError> {
         let Contents::Guest { frame, len } = self.contents else {
             return Ok(None);
         };
+        if len > most {
+            return Err(malformed(format!(
+                "the guest state holds {len} bytes, more than the trial's memory limit of {most}"
+            )));
+        }
         let capacity = usize::try_from(len)
             .ok()
             .filter(|&c| c <= MAX_GUEST_STATE)
@@ -190,7 +205,7 @@ impl<R: Read + Seek> SnapshotFile<R> {
 
     /// Reads the whole payload into memory.
     pub fn into_payload(mut self) -> Result<(SnapshotMeta, Payload), ReadError> {
-        if let Some(state) = self.guest_state()? {
+        if let Some(state) = self.guest_state(u64::MAX)? {
             return Ok((self.meta, Payload::Guest(state)));
         }
         let mut image = self.layout().clone();
@@ -208,7 +223,7 @@ impl<R: Read + Seek> SnapshotFile<R> {
                 memory.data.extend_from_slice(bytes);
             }
         }
-        image.compute = self.compute()?;
+        image.compute = self.compute(u64::MAX)?;
         Ok((self.meta, Payload::Memory(image)))
     }
 
@@ -380,7 +395,10 @@ impl<R: Read + Seek> SnapshotFile<R> {
     }
 
     /// The trial's host compute buffers.
-    pub fn compute(&mut self) -> Result<ComputeImage, ReadError> {
+    /// Refuses, before reading any, buffers whose lengths add up past
+    /// `quota` (the trial's compute memory): the header's lengths are the
+    /// file's word until each buffer is read.
+    pub fn compute(&mut self, quota: u64) -> Result<ComputeImage, ReadError> {
         let Contents::Memory {
             compute: Some(compute),
             ..
@@ -391,6 +409,15 @@ impl<R: Read + Seek> SnapshotFile<R> {
         let (next_buffer, next_pipeline) = (compute.next_buffer, compute.next_pipeline);
         let burn_frame = compute.burn;
         let wanted = compute.buffers.clone();
+        let total = wanted.iter().fold(0u64, |sum, (_, elements, _)| {
+            sum.saturating_add(elements.saturating_mul(4))
+        });
+        if total > quota {
+            return Err(malformed(format!(
+                "compute buffers: they hold {total} bytes, past the trial's compute memory quota \
+                 of {quota}"
+            )));
+        }
         let mut buffers = Vec::with_capacity(wanted.len());
         for (id, elements, frame) in wanted {
             let len = (elements * 4) as usize;
@@ -786,7 +813,7 @@ impl<'a, R: Read> Scan<'a, R> {
                     break;
                 }
                 let len = scan.u64()?.expect("the payload fits in the body");
-                if !fits(scan.at, len) {
+                if !fits(scan.at, len) || scanned.frames.len() == MAX_FRAMES {
                     scanned.frames_tile = false;
                     break;
                 }
