@@ -195,12 +195,31 @@ iterations = 1000
 /// tags, every metric at every step once (the values `result.jsonl` holds)
 /// and `status`; the best trial is tagged.
 fn check_runs(server: &MlflowServer, name: &str, out: &Path, status: &str) {
+    check_runs_but(server, name, out, status, None);
+}
+
+/// [`check_runs`], for every trial but `except`, which may have a run or
+/// not.
+fn check_runs_but(
+    server: &MlflowServer,
+    name: &str,
+    out: &Path,
+    status: &str,
+    except: Option<&str>,
+) {
     let runs = server.runs(name);
     let doc = experiment_doc(out);
     let trials = doc["trials"].as_array().unwrap();
-    assert_eq!(runs.len(), trials.len(), "{:?}", runs.keys());
+    let checked = trials.len() - usize::from(except.is_some());
+    assert!(runs.len() >= checked, "{:?}", runs.keys());
+    if except.is_none() {
+        assert_eq!(runs.len(), trials.len(), "{:?}", runs.keys());
+    }
     for trial in trials {
         let id = trial["trial_id"].as_str().unwrap();
+        if except == Some(id) {
+            continue;
+        }
         let run = &runs[id];
         let dir = std::path::absolute(out.join(id)).unwrap();
         assert_eq!(run["info"]["status"], status, "{id}");
@@ -290,6 +309,86 @@ impl Proxy {
     }
 }
 
+/// An HTTP proxy in front of the real server that fails, with MLflow's
+/// own answer to an error in its store, every request whose body holds
+/// `marker` (without whitespace), and passes the others on (each on a
+/// connection of its own).
+fn failing_proxy(upstream: &str, marker: &'static str) -> String {
+    let upstream = upstream.trim_start_matches("http://").to_string();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        for client in listener.incoming() {
+            let Ok(client) = client else { continue };
+            let upstream = upstream.clone();
+            std::thread::spawn(move || {
+                let mut reader = std::io::BufReader::new(client.try_clone().unwrap());
+                let mut client = client;
+                while let Some((head, body)) = http_request(&mut reader) {
+                    // Whatever whitespace the client lays its JSON out with.
+                    let compact: String =
+                        String::from_utf8_lossy(&body).split_whitespace().collect();
+                    let answer = if compact.contains(marker) {
+                        let error = r#"{"error_code": "INTERNAL_ERROR", "message": "injected"}"#;
+                        format!(
+                            "HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/json\r\n\
+                             Content-Length: {}\r\n\r\n{error}",
+                            error.len()
+                        )
+                        .into_bytes()
+                    } else {
+                        let Ok(mut server) = TcpStream::connect(&upstream) else {
+                            return;
+                        };
+                        let head: String = head
+                            .lines()
+                            .filter(|l| !l.to_ascii_lowercase().starts_with("connection:"))
+                            .map(|l| format!("{l}\r\n"))
+                            .collect();
+                        server.write_all(head.as_bytes()).unwrap();
+                        server.write_all(b"Connection: close\r\n\r\n").unwrap();
+                        server.write_all(&body).unwrap();
+                        let mut answer = Vec::new();
+                        let _ = server.read_to_end(&mut answer);
+                        answer
+                    };
+                    if client.write_all(&answer).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    url
+}
+
+/// One request's head (without its blank line) and body, or `None` at the
+/// connection's end.
+fn http_request(reader: &mut impl std::io::BufRead) -> Option<(String, Vec<u8>)> {
+    let mut head = String::new();
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line).ok()? == 0 {
+            return None;
+        }
+        if line == "\r\n" {
+            break;
+        }
+        head.push_str(&line);
+    }
+    let length = head
+        .lines()
+        .find_map(|l| {
+            let (name, value) = l.split_once(':')?;
+            name.eq_ignore_ascii_case("content-length")
+                .then(|| value.trim().parse::<usize>().ok())?
+        })
+        .unwrap_or(0);
+    let mut body = vec![0; length];
+    reader.read_exact(&mut body).ok()?;
+    Some((head, body))
+}
+
 fn write_config(dir: &Path, toml: &str) -> PathBuf {
     let config = dir.join("experiment.toml");
     std::fs::write(&config, toml).unwrap();
@@ -318,6 +417,7 @@ fn trials_are_runs_on_a_real_mlflow_server() {
     steps_a_killed_run_never_sent_are_sent_on_resume(&server);
     an_outage_in_the_middle_loses_nothing_and_is_said_once(&server);
     an_outage_past_the_end_is_counted_and_sent_on_resume(&server);
+    a_request_the_server_always_fails_holds_back_no_other_trial(&server);
     a_server_stopped_for_good_is_said_once_and_counted(server);
 }
 
@@ -584,6 +684,37 @@ fn an_outage_past_the_end_is_counted_and_sent_on_resume(server: &MlflowServer) {
         assert!(mlflow_warnings(&stderr).is_empty(), "{stderr}");
         check_runs(server, "gone", &out, "FINISHED");
     }
+}
+
+/// A request the server fails every time while it answers others (here one
+/// trial's params; in the wild, a metric name its store cannot keep) is
+/// given up after a few tries and said once: the other trials' runs are
+/// logged whole, not held behind it until the end and then counted unsent.
+fn a_request_the_server_always_fails_holds_back_no_other_trial(server: &MlflowServer) {
+    let proxy = failing_proxy(&server.url, r#"{"key":"seed","value":"3"}"#);
+    let dir = tempfile::tempdir().unwrap();
+    let output = run_wtune(&experiment(&proxy, "poisoned", 6, ""), dir.path(), &[]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let warnings = mlflow_warnings(&stderr);
+    assert!(
+        warnings
+            .iter()
+            .any(|l| l.contains("refused a request") && l.contains("failed 3 time(s) in a row")),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("were not sent"), "{stderr}");
+    let out = dir.path().join("out");
+    let poisoned = experiment_doc(&out)["trials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["config"]["seed"] == 3)
+        .unwrap()["trial_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    check_runs_but(server, "poisoned", &out, "FINISHED", Some(&poisoned));
 }
 
 /// The real server killed in the middle of a run and never started again:

@@ -16,9 +16,14 @@ const QUOTED: usize = 200;
 /// Why a request did not do what it asked.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum CallError {
-    /// Worth trying again later: the server could not be reached, failed
-    /// (5xx, 429), or answered something that is not MLflow's API.
+    /// Worth trying again later: the server could not be reached, or asks
+    /// to be asked later (429).
     Transient(String),
+    /// The server answered, and failed the request (5xx), or answered
+    /// something that is not MLflow's API: the server may be unwell, or the
+    /// request may be one it cannot take (a metric name its store cannot
+    /// keep), which only asking it something else tells apart.
+    Failed(String),
     /// The server refused the request itself (4xx): sending it again would
     /// be refused again.
     Rejected(String),
@@ -27,7 +32,9 @@ pub(super) enum CallError {
 impl std::fmt::Display for CallError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            CallError::Transient(message) | CallError::Rejected(message) => f.write_str(message),
+            CallError::Transient(message)
+            | CallError::Failed(message)
+            | CallError::Rejected(message) => f.write_str(message),
         }
     }
 }
@@ -245,7 +252,7 @@ fn answer(
     let json: Option<Value> = serde_json::from_str(&text).ok();
     if status.is_success() {
         return json.ok_or_else(|| {
-            CallError::Transient(format!(
+            CallError::Failed(format!(
                 "{path}: the answer is not MLflow's (not JSON): {}",
                 quoted(&text)
             ))
@@ -263,10 +270,11 @@ fn answer(
         })
         .unwrap_or_else(|| quoted(&text));
     let message = format!("{path}: HTTP {}: {said}", status.as_u16());
-    if status.is_client_error() && status.as_u16() != 429 {
-        Err(CallError::Rejected(message))
-    } else {
-        Err(CallError::Transient(message))
+    match status.as_u16() {
+        429 => Err(CallError::Transient(message)),
+        _ if status.is_client_error() => Err(CallError::Rejected(message)),
+        _ if status.is_server_error() => Err(CallError::Failed(message)),
+        _ => Err(CallError::Transient(message)),
     }
 }
 

@@ -27,6 +27,11 @@ const BATCH_PARAMS: usize = 100;
 /// First and longest wait before trying a failed request again.
 const FIRST_BACKOFF: Duration = Duration::from_millis(250);
 const MAX_BACKOFF: Duration = Duration::from_secs(15);
+/// Times the server may fail the op at the front of the queue, while it
+/// answers another request, before the op is given up as one it cannot
+/// take: a guest's metric name its store cannot keep must not hold back
+/// every other trial's results.
+const MAX_FRONT_FAILURES: u32 = 3;
 /// How long the end of an experiment waits for what is still queued when
 /// the server is answering.
 const FINISH_GRACE: Duration = Duration::from_secs(5);
@@ -184,6 +189,12 @@ pub(super) struct Worker {
     told_down: bool,
     told_back: bool,
     backoff: Duration,
+    /// Times in a row the server failed the op at the front of the queue.
+    front_failures: u32,
+    /// Queued results the last metrics batch merged.
+    merged: usize,
+    /// Trials one of whose ops the server failed until it was given up.
+    failing_trials: std::collections::HashSet<usize>,
     outcome: Outcome,
     /// The server refused the experiment itself (credentials, say): no
     /// run can be logged, so nothing more is sent, only counted.
@@ -205,6 +216,9 @@ impl Worker {
             told_down: false,
             told_back: false,
             backoff: FIRST_BACKOFF,
+            front_failures: 0,
+            merged: 0,
+            failing_trials: Default::default(),
             outcome: Outcome::default(),
             refusing: false,
         }
@@ -250,7 +264,14 @@ impl Worker {
             if self.queue.is_empty() {
                 continue;
             }
-            match self.send_front() {
+            let sent = self.send_front();
+            // The server answered, failing the op: it may be the op's fault.
+            let answered = matches!(sent, Err(CallError::Failed(_)));
+            let sent = sent.map_err(|error| self.poisoned(error));
+            if !matches!(sent, Err(CallError::Transient(_))) {
+                self.front_failures = 0;
+            }
+            match sent {
                 Ok(()) => {
                     if self.down.take().is_some() && !self.told_back {
                         self.told_back = true;
@@ -261,7 +282,7 @@ impl Worker {
                     }
                     self.backoff = FIRST_BACKOFF;
                 }
-                Err(CallError::Transient(message)) => {
+                Err(CallError::Transient(message) | CallError::Failed(message)) => {
                     if !self.told_down {
                         self.told_down = true;
                         tracing::warn!(
@@ -272,8 +293,10 @@ impl Worker {
                         );
                     }
                     self.down.get_or_insert(message);
-                    // At the end, a server that is away gets no more time.
-                    if finish_by.is_some() {
+                    // At the end, a server that is away gets no more time;
+                    // one that answers, failing the op, gets its tries
+                    // within the grace, after which the op is given up.
+                    if finish_by.is_some() && !answered {
                         break;
                     }
                     retry_at = Some(Instant::now() + self.backoff);
@@ -290,7 +313,9 @@ impl Worker {
                     self.waiting_values = 0;
                 }
                 Err(CallError::Rejected(message)) => {
-                    // Sending it again would be refused again: it goes.
+                    // Sending it again would be refused again: it goes. The
+                    // server answered: the next op need not wait.
+                    self.backoff = FIRST_BACKOFF;
                     let op = self.queue.pop_front();
                     if let Some(Op::Metrics { values, .. }) = &op {
                         self.waiting_values -= values.len();
@@ -306,6 +331,42 @@ impl Worker {
             self.unsent(&op);
         }
         self.outcome
+    }
+
+    /// `error` from sending the front op, as the queue should take it: a
+    /// failure the server gave [`MAX_FRONT_FAILURES`] times in a row,
+    /// while it answers a request for the experiment, is the op's, and it
+    /// is refused; another is the server's, and the op waits.
+    fn poisoned(&mut self, error: CallError) -> CallError {
+        let CallError::Failed(message) = error else {
+            return error;
+        };
+        if self.experiment_id.is_none() {
+            // The experiment itself failed: nothing else would answer.
+            return CallError::Transient(message);
+        }
+        self.front_failures += 1;
+        let trial = self.queue.front().and_then(Op::trial);
+        // A trial whose results the server failed before likely holds the
+        // same metric name in the next: it gets one try, not several.
+        let most = match trial {
+            Some(trial) if self.failing_trials.contains(&trial) => 1,
+            _ => MAX_FRONT_FAILURES,
+        };
+        if self.front_failures < most {
+            return CallError::Transient(message);
+        }
+        match self.client.experiment_id(&self.experiment) {
+            Ok(_) => {
+                self.failing_trials.extend(trial);
+                CallError::Rejected(format!(
+                    "{message} (failed {} time(s) in a row while the server answered other \
+                     requests)",
+                    self.front_failures
+                ))
+            }
+            Err(_) => CallError::Transient(message),
+        }
     }
 
     /// Counts `op` as never sent.
@@ -512,8 +573,10 @@ impl Worker {
                     // server's own last step says what not to send again.
                     let on_server = match self.client.last_step(&saved.run_id) {
                         Ok(step) => step.unwrap_or(0),
-                        // Gone or unreadable there: the file's word stands.
-                        Err(CallError::Rejected(_)) => 0,
+                        // Gone or unreadable there (an answer too large
+                        // to read, from a guest's thousands of metric
+                        // names): the file's word stands.
+                        Err(CallError::Rejected(_) | CallError::Failed(_)) => 0,
                         Err(e) => return Err(e),
                     };
                     let sent_through = saved.sent_through.max(on_server);
@@ -699,6 +762,25 @@ impl Worker {
     /// MLflow's size; steps the server already has (from before a
     /// `wtune resume`) are skipped.
     fn send_metrics(&mut self, experiment_id: &str, trial: usize) -> Result<(), CallError> {
+        match self.send_metrics_of(experiment_id, trial, usize::MAX) {
+            // One of the results merged into the batch may be what the
+            // server cannot take: the front one goes alone, so that only
+            // the one refused is dropped.
+            Err(CallError::Rejected(_) | CallError::Failed(_)) if self.merged > 1 => {
+                self.send_metrics_of(experiment_id, trial, 1)
+            }
+            sent => sent,
+        }
+    }
+
+    /// [`Worker::send_metrics`], merging at most `most` queued results.
+    fn send_metrics_of(
+        &mut self,
+        experiment_id: &str,
+        trial: usize,
+        most: usize,
+    ) -> Result<(), CallError> {
+        self.merged = 0;
         let Some(run) = self.runs.get(&trial) else {
             // No run (its start was refused): nothing of it can be sent.
             if let Some(Op::Metrics { values, .. }) = self.queue.pop_front() {
@@ -724,6 +806,9 @@ impl Worker {
             else {
                 break;
             };
+            if taken.len() == most {
+                break;
+            }
             // A step queued twice (redone after a recovery) keeps its
             // first values, as the server would had the first been sent.
             if *step > last_step {
@@ -739,6 +824,7 @@ impl Worker {
             }
             taken.push(i);
         }
+        self.merged = taken.len();
         // One result with more metrics than a batch holds goes in pieces.
         for chunk in batch.chunks(BATCH_METRICS) {
             self.client.log_batch(&run.run_id, chunk, &[], &[])?;
