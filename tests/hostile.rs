@@ -580,6 +580,29 @@ fn enormous_values_are_refused_or_cut_and_never_kept() {
     assert_nothing_enormous_kept(out.path(), &summary);
 }
 
+/// Each metric name is a column, a series on the dashboard and a key on the
+/// tracking server: a guest that reports names it never used before at
+/// every step is stopped once its reports would use more than 1,024 in all.
+#[test]
+fn a_guest_that_invents_metric_names_at_every_step_is_stopped() {
+    let out = tempfile::tempdir().unwrap();
+    let summary = run(
+        vec![attack("metric_name_flood"), attack("none")],
+        tight_limits(),
+        out.path(),
+    );
+    let trials = &summary.trials;
+    // `score` at iteration 1, then 255 new names at each from the 2nd: the
+    // 6th would take it to 1,276.
+    assert_error(
+        &trials[0],
+        &["train() at iteration 6 returned a bad result: the trial's reports use more than \
+           1024 metric names in all (1021 so far, 255 new in this one)"],
+    );
+    assert_eq!(trials[0].iterations, 5);
+    assert_benign_finished(&trials[1]);
+}
+
 #[test]
 fn runaway_or_enormous_guest_checkpoints_fail_their_trial_and_write_nothing() {
     let out = tempfile::tempdir().unwrap();

@@ -51,6 +51,7 @@ pub mod report;
 pub mod sandbox;
 pub mod serve;
 pub mod snapshot;
+pub mod text;
 pub mod tune;
 pub mod units;
 pub mod wasm_backend;

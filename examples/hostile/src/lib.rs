@@ -49,6 +49,7 @@
 //! | `report_flood`     | from the `at`-th `train()` on, every report is the largest the host accepts: `score` and 255 metrics with 256-byte names; fails (`Err`) every 5th call so the host retries it | ERROR naming the result limit (`limits.result_size`); the trial's result files stay under it across retries |
 //! | `big_report`       | returns a report with 100 000 metrics `m0`, `m1`, ... (no `score`) | host rejects the report: ERROR |
 //! | `reserved_metric`  | returns `score` and a metric named `training_iteration`         | host rejects the report: ERROR |
+//! | `metric_name_flood` | from the `at`-th `train()` on, reports `score` and 255 metric names it never used before, and never `done` | ERROR once its reports would use more than 1,024 names in all |
 //! | `huge_error`       | returns an error message of 100 000 000 bytes                   | ERROR quoting only the message's first 4 KiB and naming its size |
 //! | `huge_metric_name` | returns one metric whose name is 100 000 000 bytes              | host rejects the report: ERROR naming the length, not quoting the name |
 //! | `huge_log`         | sends one 100 000 000-byte line to the host log, then behaves as `none` | the line is cut to 16 KiB in `guest.log` with a marker naming its size; TERMINATED |
@@ -173,11 +174,13 @@ pub enum Attack {
     DiskChurn,
     /// Builds a directory tree nested past the host's path length limit.
     DeepTree,
+    /// From `at` on, 255 metric names never used before at every call.
+    MetricNameFlood,
 }
 
 impl Attack {
     /// Every attack, with its config name.
-    pub const ALL: [(&'static str, Attack); 36] = [
+    pub const ALL: [(&'static str, Attack); 37] = [
         ("none", Attack::None),
         ("error", Attack::Error),
         ("panic", Attack::Panic),
@@ -214,6 +217,7 @@ impl Attack {
         ("file_flood", Attack::FileFlood),
         ("disk_churn", Attack::DiskChurn),
         ("deep_tree", Attack::DeepTree),
+        ("metric_name_flood", Attack::MetricNameFlood),
     ];
 
     /// The attack's config name.
@@ -351,6 +355,9 @@ impl Trainable for Hostile {
         if self.attack == Attack::ReportFlood && n >= self.at {
             return report_flood(n);
         }
+        if self.attack == Attack::MetricNameFlood && n >= self.at {
+            return Ok(metric_name_flood(n));
+        }
         if n != self.at {
             return Ok(benign(n, self.iterations));
         }
@@ -396,6 +403,7 @@ impl Trainable for Hostile {
             Attack::FileFlood => flood_files(),
             Attack::DiskChurn => churn_disk(),
             Attack::DeepTree => deep_tree(n, self.iterations),
+            Attack::MetricNameFlood => Ok(metric_name_flood(n)),
         }
     }
 
@@ -811,6 +819,14 @@ fn report_flood(iteration: u64) -> Result<Report> {
             report.metric(format!("{i:0>256}"), i as f64)
         }),
     )
+}
+
+/// `metric_name_flood`: `score` and 255 names of this iteration's own, and
+/// never `done`: each is a new column, series and tracking key.
+fn metric_name_flood(iteration: u64) -> Report {
+    (0..255).fold(Report::new().metric("score", iteration as f64), |report, i| {
+        report.metric(format!("m{iteration}_{i}"), i as f64)
+    })
 }
 
 /// `reserved_metric`: a report that uses a name the host fills in itself.

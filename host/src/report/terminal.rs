@@ -13,6 +13,8 @@ use std::borrow::Cow;
 use std::fmt::Write as _;
 use std::io::{self, Write};
 
+use crate::text::hides_text;
+
 /// Most characters of one guest-controlled field shown on a terminal; the
 /// rest is cut with a note naming the full length. Files keep it whole.
 pub const MAX_SHOWN: usize = 2048;
@@ -25,7 +27,7 @@ pub const MAX_SHOWN: usize = 2048;
 /// escape and within the cap comes back borrowed.
 pub fn inert(text: &str) -> Cow<'_, str> {
     let short = text.len() <= MAX_SHOWN;
-    if short && !text.chars().any(needs_escape) {
+    if short && !text.chars().any(hides_text) {
         return Cow::Borrowed(text);
     }
     let mut out = String::with_capacity(text.len().min(MAX_SHOWN) + 16);
@@ -39,41 +41,12 @@ pub fn inert(text: &str) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
-/// Controls, and the characters that draw nothing yet reorder, hide or
-/// blank out text: the format characters (category Cf) that do so, the
-/// supplementary variation selectors, and the fillers fonts draw as blank
-/// space. Not the variation selectors U+FE00..FE0F, which emoji use, nor
-/// the format characters that draw a sign (Arabic number signs and the
-/// like).
-fn needs_escape(c: char) -> bool {
-    c.is_control()
-        || matches!(c,
-            '\u{00AD}'                    // soft hyphen
-            | '\u{034F}'                  // combining grapheme joiner
-            | '\u{061C}'                  // Arabic letter mark
-            | '\u{115F}' | '\u{1160}'     // Hangul choseong and jungseong fillers
-            | '\u{180E}'                  // Mongolian vowel separator
-            | '\u{200B}'..='\u{200F}'     // zero-width space/joiners, LRM, RLM
-            | '\u{2028}' | '\u{2029}'     // line and paragraph separators
-            | '\u{202A}'..='\u{202E}'     // bidi embeddings and overrides
-            | '\u{2060}'..='\u{2064}'     // word joiner, invisible operators
-            | '\u{2066}'..='\u{206F}'     // bidi isolates, deprecated format controls
-            | '\u{3164}' | '\u{FFA0}'     // Hangul fillers
-            | '\u{FEFF}'                  // zero-width no-break space
-            | '\u{FFF9}'..='\u{FFFB}'     // interlinear annotation marks
-            | '\u{1BCA0}'..='\u{1BCA3}'   // shorthand format controls
-            | '\u{1D173}'..='\u{1D17A}'   // musical format controls
-            | '\u{E0000}'..='\u{E007F}'   // tag characters
-            | '\u{E0100}'..='\u{E01EF}'   // supplementary variation selectors
-        )
-}
-
 fn push_inert(out: &mut String, c: char) {
     match c {
         '\n' => out.push_str("\\n"),
         '\r' => out.push_str("\\r"),
         '\t' => out.push_str("\\t"),
-        c if needs_escape(c) => {
+        c if hides_text(c) => {
             let _ = write!(out, "\\u{{{:x}}}", c as u32);
         }
         c => out.push(c),
@@ -133,7 +106,7 @@ mod tests {
             inert(attack),
             "\\u{1b}[2J\\u{1b}]0;pwned\\u{7}\\rok\\nBest trial: forged\\u{202e}txt.exe"
         );
-        assert!(!inert(attack).chars().any(needs_escape));
+        assert!(!inert(attack).chars().any(hides_text));
     }
 
     #[test]
@@ -177,7 +150,7 @@ mod tests {
         assert!(rest.is_empty(), "unparsed: {rest}");
         let in_class = |c: u32| ranges.iter().any(|&(lo, hi)| (lo..=hi).contains(&c));
         for c in (0..=0x10FFFF).filter_map(char::from_u32) {
-            assert_eq!(in_class(c as u32), needs_escape(c), "U+{:04X}", c as u32);
+            assert_eq!(in_class(c as u32), hides_text(c), "U+{:04X}", c as u32);
         }
     }
 

@@ -16,7 +16,10 @@ use super::store_data::TrialHost;
 use super::waits::WaitedPastDeadline;
 use crate::snapshot::{GuestImage, SnapshotRefusal, SnapshotSource, Spool};
 
-/// Most metrics one report may carry.
+/// Most metrics one report may carry, and most distinct metric names an
+/// instance's reports may use in all: every name is a column, a series on
+/// the dashboard and a key on the tracking server, which a guest must not
+/// multiply by reporting new names at every step.
 pub const MAX_METRICS: usize = 1024;
 /// Longest metric name accepted.
 pub const MAX_METRIC_NAME: usize = 256;
@@ -58,6 +61,8 @@ pub struct TrialInstance {
     /// What this instance's reports have added to the result files (see
     /// [`Limits::result_bytes`]).
     result_bytes: u64,
+    /// Every metric name its reports used, at most [`MAX_METRICS`].
+    metric_names: std::collections::HashSet<String>,
     poisoned: bool,
 }
 
@@ -89,6 +94,7 @@ impl TrialInstance {
                 fuel_total,
                 iterations: 0,
                 result_bytes: 0,
+                metric_names: std::collections::HashSet::new(),
                 poisoned: false,
             }),
             Err(err) => Err(classify(&store, &limits, at, allotted, fuel_total, err)),
@@ -131,10 +137,12 @@ impl TrialInstance {
         };
         let (report, stats) = self.call(at, |guest, store| guest.call_train(store))?;
         self.iterations += 1;
-        let report = check_report(report).map_err(|reason| {
-            self.poisoned = true;
-            TrialFault::BadOutput { at, reason }
-        })?;
+        let report = check_report(report)
+            .and_then(|report| self.count_names(&report).map(|()| report))
+            .map_err(|reason| {
+                self.poisoned = true;
+                TrialFault::BadOutput { at, reason }
+            })?;
         self.result_bytes = self.result_bytes.saturating_add(result_bytes(&report));
         if self.result_bytes > self.limits.result_bytes {
             self.poisoned = true;
@@ -142,6 +150,29 @@ impl TrialInstance {
             return Err(TrialFault::limit(at, LimitHit::Results { limit }));
         }
         Ok((report, stats))
+    }
+
+    /// Adds `report`'s new metric names to those the instance has used,
+    /// refusing the report that would take them past [`MAX_METRICS`].
+    fn count_names(&mut self, report: &GuestReport) -> Result<(), String> {
+        let new = report
+            .metrics
+            .iter()
+            .filter(|(name, _)| !self.metric_names.contains(name))
+            .count();
+        if self.metric_names.len() + new > MAX_METRICS {
+            return Err(format!(
+                "the trial's reports use more than {MAX_METRICS} metric names in all ({} so far, \
+                 {new} new in this one); report the same names at every step",
+                self.metric_names.len()
+            ));
+        }
+        for (name, _) in &report.metrics {
+            if !self.metric_names.contains(name) {
+                self.metric_names.insert(name.clone());
+            }
+        }
+        Ok(())
     }
 
     /// `save()`: the guest's own checkpoint bytes, refused when larger than
@@ -531,9 +562,10 @@ fn check_report(
                 metric.name.len()
             ));
         }
-        if metric.name.chars().any(char::is_control) {
+        if metric.name.chars().any(crate::text::hides_text) {
             return Err(format!(
-                "metric name {:?} contains control characters",
+                "metric name {:?} contains control characters or characters that hide or \
+                 reorder text",
                 metric.name
             ));
         }
@@ -591,6 +623,20 @@ mod tests {
             Some("boom (at src/lib.rs:9:5)")
         );
         assert_eq!(panic_message("no panic here"), None);
+    }
+
+    #[test]
+    fn names_that_hide_or_reorder_text_are_refused() {
+        let report = |name: &str| check_train_return(Ok((vec![(name.into(), 1.0)], false)), 1);
+        for name in ["loss\u{200B}", "\u{202E}ssol", "lo\u{2066}ss", "loss\n"] {
+            let Err(TrialFault::BadOutput { reason, .. }) = report(name) else {
+                panic!("{name:?} was accepted")
+            };
+            assert!(reason.contains("hide or reorder text"), "{reason}");
+        }
+        for name in ["loss", "val/accuracy", "λ", "損失", "😀 score"] {
+            assert!(report(name).is_ok(), "{name:?}");
+        }
     }
 
     #[test]

@@ -84,15 +84,20 @@ impl fmt::Display for Mode {
     }
 }
 
+/// Names under which wtune writes something of its own: the flattened
+/// configuration (`progress.csv`, TensorBoard, MLflow), and TensorBoard's
+/// hparams records (a metric there would take the tag of the trial's
+/// session end).
+const RESERVED_PREFIXES: &[&str] = &["config/", "_hparams_/"];
+
 /// Refuses a step whose metrics use one of the [`AUTO_FIELDS`] names, or
-/// a name under `config/`, where `progress.csv`, TensorBoard and MLflow
-/// put the flattened configuration (a metric there would share a column,
-/// tag or key with a parameter).
+/// a name under one of the reserved prefixes, where it would share a
+/// column, tag or key with what wtune writes itself.
 pub fn check_metric_names(metrics: &[(String, f64)]) -> Result<(), String> {
-    match metrics
-        .iter()
-        .find(|(name, _)| AUTO_FIELDS.contains(&name.as_str()) || name.starts_with("config/"))
-    {
+    match metrics.iter().find(|(name, _)| {
+        AUTO_FIELDS.contains(&name.as_str())
+            || RESERVED_PREFIXES.iter().any(|p| name.starts_with(p))
+    }) {
         Some((name, _)) => Err(format!(
             "the trainable reported a metric named `{name}`, which wtune fills in itself; rename it"
         )),

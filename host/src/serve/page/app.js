@@ -10,6 +10,9 @@ const HIDDEN_POLL_MS = 5000;
 const RESULT_LIMIT = 10000;
 const RESULT_WORKERS = 4;
 const MAX_POINTS = 4000; // per trial; longer curves are thinned
+// Names offered to plot, over every trial: the host bounds each trial's
+// names, not how many trials bring new ones.
+const MAX_METRIC_NAMES = 2048;
 // The trials list comes from the state file, written about once a second; for
 // this long after a request, its trial is read from the runner instead.
 const FRESH_MS = 5000;
@@ -390,11 +393,14 @@ function seriesOf(id) {
 function addResults(s, records) {
   for (const r of records) {
     if (!r || typeof r !== 'object' || typeof r.training_iteration !== 'number') continue;
-    const p = { x: r.training_iteration, v: {} };
+    const p = { x: r.training_iteration, v: Object.create(null) };
     for (const [k, v] of Object.entries(r)) {
       if (typeof v !== 'number' || !Number.isFinite(v) || NOT_PLOTTED.has(k)) continue;
+      if (!state.metrics.has(k)) {
+        if (state.metrics.size >= MAX_METRIC_NAMES) continue;
+        state.metrics.add(k);
+      }
       p.v[k] = v;
-      state.metrics.add(k);
     }
     addPoint(s, p);
   }
