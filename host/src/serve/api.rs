@@ -284,7 +284,9 @@ async fn experiment(State(app): State<Arc<App>>) -> Answer {
             StatusCode::OK,
             json!({
                 "name": header.name,
-                "dir": app.dir.path(),
+                // Not `Path` itself, which cannot be JSON when it is not
+                // UTF-8: every answer would fail.
+                "dir": app.dir.path().to_string_lossy(),
                 "status": status,
                 "control": control,
                 "metric": header.metric,

@@ -11,6 +11,7 @@
 //! `openapi.json` (also served at `/api/openapi.json`).
 
 pub mod api;
+mod connections;
 pub mod view;
 
 use std::net::SocketAddr;
@@ -130,7 +131,7 @@ impl Server {
         });
         let router = api::router(app);
         let task = tokio::spawn(async move {
-            if let Err(err) = axum::serve(listener, router).await {
+            if let Err(err) = axum::serve(connections::Bounded::new(listener), router).await {
                 tracing::warn!("the control server stopped: {err}");
             }
         });

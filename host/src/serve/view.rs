@@ -21,10 +21,10 @@ pub const MAX_CHUNK: u64 = 1 << 20;
 /// An experiment directory, with the last state read from it.
 pub struct ExperimentDir {
     dir: PathBuf,
-    /// The state file's modification time and length when it was parsed,
+    /// The state file's [`Stamp`] when it was parsed,
     /// and what it held: polled every second by every open page, a state
     /// of 10,000 trials is parsed once per write, not once per request.
-    cached: Mutex<Option<(SystemTime, u64, Arc<ExperimentState>)>>,
+    cached: Mutex<Option<(Stamp, Arc<ExperimentState>)>>,
 }
 
 /// What the experiment is, from the state's setup.
@@ -74,6 +74,9 @@ pub enum LogRange {
     Tail(u64),
 }
 
+/// What tells one state file from the next: modified, length, inode.
+type Stamp = (SystemTime, u64, u64);
+
 impl ExperimentDir {
     /// The experiment in `dir`; nothing is read yet.
     pub fn new(dir: impl Into<PathBuf>) -> Self {
@@ -93,7 +96,14 @@ impl ExperimentDir {
     pub fn state(&self) -> Result<Arc<ExperimentState>, String> {
         let path = self.dir.join(STATE_FILE);
         let stamp = std::fs::metadata(&path)
-            .and_then(|m| Ok((m.modified()?, m.len())))
+            .and_then(|m| {
+                use std::os::unix::fs::MetadataExt;
+                // Each state is written to a new file renamed into place:
+                // its inode tells two writes apart where the time (coarse
+                // on some file systems) and the length (PENDING and
+                // RUNNING are as long) do not.
+                Ok((m.modified()?, m.len(), m.ino()))
+            })
             .map_err(|e| match e.kind() {
                 std::io::ErrorKind::NotFound => format!(
                     "{} has no {STATE_FILE} yet: is it an experiment directory?",
@@ -102,8 +112,8 @@ impl ExperimentDir {
                 _ => format!("reading {}: {e}", path.display()),
             })?;
         let mut cached = self.cached.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((modified, len, state)) = cached.as_ref()
-            && (*modified, *len) == stamp
+        if let Some((seen, state)) = cached.as_ref()
+            && *seen == stamp
         {
             return Ok(state.clone());
         }
@@ -111,7 +121,7 @@ impl ExperimentDir {
             .or_else(|newest| state::load(&self.dir, true).map_err(|_| newest.to_string()))?;
         // Shown, not acted on: the dashboard need not hold the key.
         let state = Arc::new(state.unchecked());
-        *cached = Some((stamp.0, stamp.1, state.clone()));
+        *cached = Some((stamp, state.clone()));
         Ok(state)
     }
 

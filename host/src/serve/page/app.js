@@ -77,7 +77,13 @@ class ApiError extends Error {
 function readTokenFromHash() {
   const m = /(?:^#|&)token=([^&]*)/.exec(location.hash);
   if (!m) return;
-  sessionStorage.setItem(TOKEN_KEY, decodeURIComponent(m[1]));
+  let token = m[1];
+  try {
+    token = decodeURIComponent(token);
+  } catch {
+    // Not percent-encoding: taken as written, and refused by the server if wrong.
+  }
+  sessionStorage.setItem(TOKEN_KEY, token);
   // Keep the secret out of the address bar, the history and screenshots.
   history.replaceState(null, '', location.pathname + location.search);
 }
@@ -180,7 +186,8 @@ function fmtDuration(s) {
 }
 
 // Nested config tables become "outer/inner" keys, as in progress.csv.
-function flatten(obj, prefix = '', out = {}) {
+// Prototype-less, so that a key such as `__proto__` or `map` is a key.
+function flatten(obj, prefix = '', out = Object.create(null)) {
   for (const [k, v] of Object.entries(obj || {})) {
     if (v && typeof v === 'object' && !Array.isArray(v)) flatten(v, `${prefix}${k}/`, out);
     else out[prefix + k] = v;
