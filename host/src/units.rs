@@ -26,6 +26,19 @@ pub fn human_bytes(bytes: u64) -> String {
     }
 }
 
+/// A metric's value for a table or a line: four decimals where that is
+/// short (`0.1234`, `-512.0000`), else scientific (`1.2346e308`,
+/// `3.0000e-7`), so that a guest's huge value cannot widen a terminal
+/// table past its lines.
+pub fn metric_text(value: f64) -> String {
+    let magnitude = value.abs();
+    if magnitude == 0.0 || !value.is_finite() || (1e-4..1e6).contains(&magnitude) {
+        format!("{value:.4}")
+    } else {
+        format!("{value:.4e}")
+    }
+}
+
 /// Fuel amounts as people write them in configs: `5e9`, `2.5e10`, `1000`.
 pub fn fuel_text(fuel: u64) -> String {
     if fuel < 100_000 {
@@ -143,6 +156,27 @@ pub fn duration(value: &toml::Value, key: &str) -> Result<Option<Duration>, Stri
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn metric_values_stay_short_at_any_magnitude() {
+        assert_eq!(metric_text(0.123456), "0.1235");
+        assert_eq!(metric_text(-512.0), "-512.0000");
+        assert_eq!(metric_text(0.0), "0.0000");
+        assert_eq!(metric_text(1e308), "1.0000e308");
+        assert_eq!(metric_text(-3e-7), "-3.0000e-7");
+        assert_eq!(metric_text(f64::NAN), "NaN");
+        assert_eq!(metric_text(f64::NEG_INFINITY), "-inf");
+        for v in [
+            f64::MAX,
+            f64::MIN,
+            f64::MIN_POSITIVE,
+            123_456.789,
+            9.99e5,
+            1e6,
+        ] {
+            assert!(metric_text(v).len() <= 12, "{v}: {}", metric_text(v));
+        }
+    }
 
     #[test]
     fn durations_past_a_century_are_refused_not_a_panic() {

@@ -90,7 +90,8 @@ impl Progress {
                 .reduce(|a, b| if self.mode.better(b, a) { b } else { a });
             if let Some(best) = best {
                 line.push_str(&format!(
-                    " | best {metric} so far {best:.4} ({})",
+                    " | best {metric} so far {} ({})",
+                    crate::units::metric_text(best),
                     self.mode
                 ));
             }
@@ -153,7 +154,7 @@ impl Progress {
                 t.iterations.to_string(),
                 metric
                     .and_then(|m| t.metric(m))
-                    .map_or("-".into(), |v| format!("{v:.4}")),
+                    .map_or("-".into(), crate::units::metric_text),
                 format!("{:.1}", t.time_total_s),
                 crate::sandbox::fuel_text(t.fuel_total),
                 config,
@@ -253,10 +254,9 @@ impl Callback for Progress {
         let detail = match t.status {
             TrialStatus::Error => inert(t.error.as_deref().unwrap_or_default()).into_owned(),
             _ => {
-                let metric = self
-                    .metric
-                    .as_deref()
-                    .and_then(|m| Some(format!("{m}={:.4}, ", t.metric(m)?)));
+                let metric = self.metric.as_deref().and_then(|m| {
+                    Some(format!("{m}={}, ", crate::units::metric_text(t.metric(m)?)))
+                });
                 format!(
                     "{}{}",
                     metric.unwrap_or_default(),

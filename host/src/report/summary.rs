@@ -139,8 +139,11 @@ pub fn outcome_text(outcome: &Outcome) -> String {
             let value = best.value.unwrap_or(f64::NAN);
             let _ = writeln!(
                 out,
-                "Best trial: {} ({metric} = {value:.4}, mode {}, after {} iterations)",
-                best.trial_id, outcome.mode, best.iterations
+                "Best trial: {} ({metric} = {}, mode {}, after {} iterations)",
+                best.trial_id,
+                crate::units::metric_text(value),
+                outcome.mode,
+                best.iterations
             );
             if let Some(checkpoint) = &best.checkpoint {
                 let _ = writeln!(

@@ -1367,15 +1367,19 @@ impl<B: TrialBackend> Runner<B> {
     }
 
     /// Runs a trial-level hook whose failure cannot change the trial's fate
-    /// any more: it is logged.
+    /// any more, on every callback: one that fails (its files could not be
+    /// written) must not keep the trial's end from the others (its tracking
+    /// run would stay RUNNING). Each failure is logged.
     fn notify(
         &mut self,
         trials: &[Trial],
         index: usize,
-        f: impl FnMut(&mut dyn Callback, &[Trial]) -> Result<(), String>,
+        mut f: impl FnMut(&mut dyn Callback, &[Trial]) -> Result<(), String>,
     ) {
-        if let Err(reason) = self.each(f, trials) {
-            tracing::warn!(trial = %trials[index].trial_id, "{reason}");
+        for cb in &mut self.callbacks {
+            if let Err(reason) = f(cb.as_mut(), trials) {
+                tracing::warn!(trial = %trials[index].trial_id, "{reason}");
+            }
         }
     }
 
