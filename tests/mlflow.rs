@@ -418,6 +418,7 @@ fn trials_are_runs_on_a_real_mlflow_server() {
     an_outage_in_the_middle_loses_nothing_and_is_said_once(&server);
     an_outage_past_the_end_is_counted_and_sent_on_resume(&server);
     a_request_the_server_always_fails_holds_back_no_other_trial(&server);
+    a_result_the_server_always_fails_costs_only_that_result(&server);
     a_server_stopped_for_good_is_said_once_and_counted(server);
 }
 
@@ -700,7 +701,7 @@ fn a_request_the_server_always_fails_holds_back_no_other_trial(server: &MlflowSe
     assert!(
         warnings
             .iter()
-            .any(|l| l.contains("refused a request") && l.contains("failed 3 time(s) in a row")),
+            .any(|l| l.contains("refused a request") && l.contains("time(s) in a row while")),
         "{stderr}"
     );
     assert!(!stderr.contains("were not sent"), "{stderr}");
@@ -715,6 +716,39 @@ fn a_request_the_server_always_fails_holds_back_no_other_trial(server: &MlflowSe
         .unwrap()
         .to_string();
     check_runs_but(server, "poisoned", &out, "FINISHED", Some(&poisoned));
+}
+
+/// A result the server fails every time (here step 4 of every trial) is
+/// given up alone: a batch that merged it with other results is sent again
+/// a result at a time, so each run lacks that step and nothing else.
+fn a_result_the_server_always_fails_costs_only_that_result(server: &MlflowServer) {
+    let proxy = failing_proxy(&server.url, r#"{"key":"counter","value":4.0,"#);
+    let dir = tempfile::tempdir().unwrap();
+    let output = run_wtune(&experiment(&proxy, "one_result", 6, ""), dir.path(), &[]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(
+        mlflow_warnings(&stderr)
+            .iter()
+            .any(|l| l.contains("refused a request")),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("were not sent"), "{stderr}");
+    let out = dir.path().join("out");
+    let runs = server.runs("one_result");
+    for trial in experiment_doc(&out)["trials"].as_array().unwrap() {
+        let id = trial["trial_id"].as_str().unwrap();
+        let expected: Vec<(u64, f64)> = results(&out.join(id))
+            .iter()
+            .map(|r| {
+                let step = r["training_iteration"].as_u64().unwrap();
+                (step, r["counter"].as_f64().unwrap())
+            })
+            .filter(|&(step, _)| step != 4)
+            .collect();
+        assert_eq!(expected.len(), 5, "{id}");
+        assert_eq!(server.history(&runs[id], "counter"), expected, "{id}");
+    }
 }
 
 /// The real server killed in the middle of a run and never started again:

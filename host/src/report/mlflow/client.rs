@@ -17,9 +17,10 @@ const QUOTED: usize = 200;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum CallError {
     /// Worth trying again later: the server could not be reached, or asks
-    /// to be asked later (429).
+    /// to be asked later (429), or a gateway could not reach it (502-504).
     Transient(String),
-    /// The server answered, and failed the request (5xx), or answered
+    /// The server answered, and failed the request (500 and the other
+    /// 5xx), or answered
     /// something that is not MLflow's API: the server may be unwell, or the
     /// request may be one it cannot take (a metric name its store cannot
     /// keep), which only asking it something else tells apart.
@@ -271,7 +272,9 @@ fn answer(
         .unwrap_or_else(|| quoted(&text));
     let message = format!("{path}: HTTP {}: {said}", status.as_u16());
     match status.as_u16() {
-        429 => Err(CallError::Transient(message)),
+        // Ask later, or a gateway in front of the server that cannot reach
+        // it: the server's, not the request's.
+        429 | 502 | 503 | 504 => Err(CallError::Transient(message)),
         _ if status.is_client_error() => Err(CallError::Rejected(message)),
         _ if status.is_server_error() => Err(CallError::Failed(message)),
         _ => Err(CallError::Transient(message)),

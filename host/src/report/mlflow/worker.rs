@@ -27,11 +27,14 @@ const BATCH_PARAMS: usize = 100;
 /// First and longest wait before trying a failed request again.
 const FIRST_BACKOFF: Duration = Duration::from_millis(250);
 const MAX_BACKOFF: Duration = Duration::from_secs(15);
-/// Times the server may fail the op at the front of the queue, while it
-/// answers another request, before the op is given up as one it cannot
-/// take: a guest's metric name its store cannot keep must not hold back
-/// every other trial's results.
+/// Times, and for how long, the server must fail the op at the front of
+/// the queue, while it answers another request, before the op is given up
+/// as one it cannot take: a guest's metric name its store cannot keep must
+/// not hold back every other trial's results, and a store busy for a
+/// moment (SQLite's "database is locked") must not cost any. At the end of
+/// the experiment the time does not apply: what stays is lost anyway.
 const MAX_FRONT_FAILURES: u32 = 3;
+const MIN_FAILING: Duration = Duration::from_secs(10);
 /// How long the end of an experiment waits for what is still queued when
 /// the server is answering.
 const FINISH_GRACE: Duration = Duration::from_secs(5);
@@ -189,11 +192,14 @@ pub(super) struct Worker {
     told_down: bool,
     told_back: bool,
     backoff: Duration,
-    /// Times in a row the server failed the op at the front of the queue.
+    /// Times in a row the server failed the op at the front of the queue,
+    /// and since when.
     front_failures: u32,
+    front_failing_since: Option<Instant>,
     /// Queued results the last metrics batch merged.
     merged: usize,
-    /// Trials one of whose ops the server failed until it was given up.
+    /// Trials one of whose ops the server failed until it was given up,
+    /// and none has gone through since: their next results get one try.
     failing_trials: std::collections::HashSet<usize>,
     outcome: Outcome,
     /// The server refused the experiment itself (credentials, say): no
@@ -217,6 +223,7 @@ impl Worker {
             told_back: false,
             backoff: FIRST_BACKOFF,
             front_failures: 0,
+            front_failing_since: None,
             merged: 0,
             failing_trials: Default::default(),
             outcome: Outcome::default(),
@@ -230,6 +237,9 @@ impl Worker {
         let mut finish_by: Option<Instant> = None;
         let mut retry_at: Option<Instant> = None;
         loop {
+            if finish_by.is_some_and(|by| Instant::now() >= by) {
+                break;
+            }
             // Take what has arrived; wait for more only when there is
             // nothing to send now.
             let wait = match (self.queue.is_empty(), retry_at) {
@@ -245,7 +255,15 @@ impl Worker {
             let mut finishing = false;
             match first {
                 Ok(op) => finishing |= self.accept(op),
-                Err(RecvTimeoutError::Disconnected) => finishing = true,
+                Err(RecvTimeoutError::Disconnected) => {
+                    finishing = true;
+                    // Nothing more can come, and nothing waits: a retry
+                    // due later is waited for here, not spun on.
+                    if let Some(at) = retry_at {
+                        let until = finish_by.map_or(at, |by| at.min(by));
+                        std::thread::sleep(until.saturating_duration_since(Instant::now()));
+                    }
+                }
                 Err(RecvTimeoutError::Timeout) => {}
             }
             while let Ok(op) = ops.try_recv() {
@@ -264,15 +282,19 @@ impl Worker {
             if self.queue.is_empty() {
                 continue;
             }
+            let front_trial = self.queue.front().and_then(Op::trial);
             let sent = self.send_front();
             // The server answered, failing the op: it may be the op's fault.
             let answered = matches!(sent, Err(CallError::Failed(_)));
-            let sent = sent.map_err(|error| self.poisoned(error));
+            let sent = sent.map_err(|error| self.poisoned(error, finish_by.is_some()));
             if !matches!(sent, Err(CallError::Transient(_))) {
-                self.front_failures = 0;
+                self.front_changed();
             }
             match sent {
                 Ok(()) => {
+                    if let Some(trial) = front_trial {
+                        self.failing_trials.remove(&trial);
+                    }
                     if self.down.take().is_some() && !self.told_back {
                         self.told_back = true;
                         tracing::warn!(
@@ -299,7 +321,8 @@ impl Worker {
                     if finish_by.is_some() && !answered {
                         break;
                     }
-                    retry_at = Some(Instant::now() + self.backoff);
+                    let at = Instant::now() + self.backoff;
+                    retry_at = Some(finish_by.map_or(at, |by| at.min(by)));
                     self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
                 }
                 Err(CallError::Rejected(message)) if self.experiment_id.is_none() => {
@@ -337,7 +360,7 @@ impl Worker {
     /// failure the server gave [`MAX_FRONT_FAILURES`] times in a row,
     /// while it answers a request for the experiment, is the op's, and it
     /// is refused; another is the server's, and the op waits.
-    fn poisoned(&mut self, error: CallError) -> CallError {
+    fn poisoned(&mut self, error: CallError, finishing: bool) -> CallError {
         let CallError::Failed(message) = error else {
             return error;
         };
@@ -346,14 +369,19 @@ impl Worker {
             return CallError::Transient(message);
         }
         self.front_failures += 1;
+        let since = *self.front_failing_since.get_or_insert_with(Instant::now);
         let trial = self.queue.front().and_then(Op::trial);
-        // A trial whose results the server failed before likely holds the
-        // same metric name in the next: it gets one try, not several.
-        let most = match trial {
-            Some(trial) if self.failing_trials.contains(&trial) => 1,
-            _ => MAX_FRONT_FAILURES,
-        };
-        if self.front_failures < most {
+        // Results of a trial whose op the server failed before likely hold
+        // the same metric name: they get one try. Its start, end or tag
+        // get their full tries.
+        let repeat = matches!(
+            self.queue.front(),
+            Some(Op::Metrics { trial, .. }) if self.failing_trials.contains(trial)
+        );
+        let given_up = repeat
+            || (self.front_failures >= MAX_FRONT_FAILURES
+                && (finishing || since.elapsed() >= MIN_FAILING));
+        if !given_up {
             return CallError::Transient(message);
         }
         match self.client.experiment_id(&self.experiment) {
@@ -393,6 +421,12 @@ impl Worker {
         false
     }
 
+    /// Another op is at the front of the queue: its failures start afresh.
+    fn front_changed(&mut self) {
+        self.front_failures = 0;
+        self.front_failing_since = None;
+    }
+
     /// Drops the oldest metrics while more than [`MAX_WAITING_VALUES`] wait.
     fn drop_oldest(&mut self) {
         while self.waiting_values > MAX_WAITING_VALUES {
@@ -403,6 +437,9 @@ impl Worker {
             else {
                 return;
             };
+            if at == 0 {
+                self.front_changed();
+            }
             if let Some(Op::Metrics { values, .. }) = self.queue.remove(at) {
                 self.waiting_values -= values.len();
                 self.outcome.dropped += values.len() as u64;
