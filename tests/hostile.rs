@@ -596,8 +596,10 @@ fn a_guest_that_invents_metric_names_at_every_step_is_stopped() {
     // 6th would take it to 1,276.
     assert_error(
         &trials[0],
-        &["train() at iteration 6 returned a bad result: the trial's reports use more than \
-           1024 metric names in all (1021 so far, 255 new in this one)"],
+        &[
+            "train() at iteration 6 returned a bad result: the trial's reports use more than \
+           1024 metric names in all (1021 so far, 255 new in this one)",
+        ],
     );
     assert_eq!(trials[0].iterations, 5);
     assert_benign_finished(&trials[1]);

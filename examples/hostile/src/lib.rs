@@ -824,9 +824,10 @@ fn report_flood(iteration: u64) -> Result<Report> {
 /// `metric_name_flood`: `score` and 255 names of this iteration's own, and
 /// never `done`: each is a new column, series and tracking key.
 fn metric_name_flood(iteration: u64) -> Report {
-    (0..255).fold(Report::new().metric("score", iteration as f64), |report, i| {
-        report.metric(format!("m{iteration}_{i}"), i as f64)
-    })
+    (0..255).fold(
+        Report::new().metric("score", iteration as f64),
+        |report, i| report.metric(format!("m{iteration}_{i}"), i as f64),
+    )
 }
 
 /// `reserved_metric`: a report that uses a name the host fills in itself.

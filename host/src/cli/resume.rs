@@ -23,7 +23,12 @@ use changes::Changes;
 pub(super) fn resume_experiment(args: ResumeArgs) -> Result<(), Failure> {
     let serve = args.serve.options()?;
     let (lock, sealed) = locked_state(&args.dir, args.previous_state)?;
-    let (state, mut setup) = opened_state(sealed, args.snapshot_key_file, &args.dir)?;
+    let (state, mut setup) = opened_state(
+        sealed,
+        args.snapshot_key_file,
+        &args.dir,
+        args.previous_state,
+    )?;
     let model = args
         .model
         .map(|m| std::path::absolute(&m).unwrap_or(m))
@@ -170,6 +175,7 @@ fn opened_state(
     sealed: state::Sealed,
     given: Option<PathBuf>,
     dir: &Path,
+    previous: bool,
 ) -> Result<(state::ExperimentState, Setup), Failure> {
     let unreadable = |e: serde_json::Error| {
         Failure::user(format!(
@@ -196,9 +202,16 @@ fn opened_state(
     let key = snapshot_key(key_file.as_deref())?;
     let state = sealed.open(key.as_ref()).map_err(|e| {
         let hint = if given.is_none() && key.is_none() {
-            "; resume with --snapshot-key-file"
+            "; resume with --snapshot-key-file".to_owned()
+        } else if !previous {
+            // A damaged file fails its MAC as an edited one does.
+            format!(
+                "; if it was damaged, the state before it is kept: run `wtune resume {} \
+                 --previous-state`",
+                dir.display()
+            )
         } else {
-            ""
+            String::new()
         };
         Failure::user(format!("{e}{hint}; nothing was changed"))
     })?;

@@ -404,7 +404,8 @@ function addResults(s, records) {
     for (const [k, v] of Object.entries(r)) {
       if (typeof v !== 'number' || !Number.isFinite(v) || NOT_PLOTTED.has(k)) continue;
       if (!state.metrics.has(k)) {
-        if (state.metrics.size >= MAX_METRIC_NAMES) continue;
+        // The experiment's own metric is always offered.
+        if (state.metrics.size >= MAX_METRIC_NAMES && k !== state.exp?.metric) continue;
         state.metrics.add(k);
       }
       p.v[k] = v;
