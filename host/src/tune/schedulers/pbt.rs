@@ -858,6 +858,26 @@ mod tests {
         PopulationBasedTraining::new(config(value), "score", mode, 7).unwrap()
     }
 
+    /// Interval 2, `lr` mutated among 1, 2, 3 (never resampled), mode max,
+    /// and four trials added, `lr` 2 and `seed` their number.
+    fn four_at_interval_2() -> (PopulationBasedTraining, Vec<Trial>) {
+        let mut s = pbt(
+            json!({
+                "perturbation_interval": 2,
+                "hyperparam_mutations": {"lr": [1, 2, 3]},
+                "resample_probability": 0.0,
+            }),
+            Mode::Max,
+        );
+        let t: Vec<Trial> = (0..4)
+            .map(|i| trial(i, json!({"lr": 2, "seed": i})))
+            .collect();
+        for tr in &t {
+            s.on_trial_add(tr);
+        }
+        (s, t)
+    }
+
     fn trial(i: usize, config: Value) -> Trial {
         Trial::new(format!("trial_{i:04}"), config, "/tmp".into())
     }
@@ -1090,20 +1110,7 @@ mod tests {
     #[test]
     fn a_skipped_exploit_leaves_the_trial_its_own_clock() {
         use Decision::*;
-        let mut s = pbt(
-            json!({
-                "perturbation_interval": 2,
-                "hyperparam_mutations": {"lr": [1, 2, 3]},
-                "resample_probability": 0.0,
-            }),
-            Mode::Max,
-        );
-        let mut t: Vec<Trial> = (0..4)
-            .map(|i| trial(i, json!({"lr": 2, "seed": i})))
-            .collect();
-        for tr in &t {
-            s.on_trial_add(tr);
-        }
+        let (mut s, mut t) = four_at_interval_2();
         assert_eq!(s.on_result(&t[0], &result(2, 5.0)), Continue);
         assert_eq!(s.on_result(&t[1], &result(2, 3.0)), Continue);
         assert_eq!(s.on_result(&t[2], &result(2, 7.0)), Checkpoint);
@@ -1132,20 +1139,7 @@ mod tests {
     #[test]
     fn decisions_follow_the_quantiles_as_worked_out_by_hand() {
         use Decision::*;
-        let mut s = pbt(
-            json!({
-                "perturbation_interval": 2,
-                "hyperparam_mutations": {"lr": [1, 2, 3]},
-                "resample_probability": 0.0,
-            }),
-            Mode::Max,
-        );
-        let mut t: Vec<Trial> = (0..4)
-            .map(|i| trial(i, json!({"lr": 2, "seed": i})))
-            .collect();
-        for tr in &t {
-            s.on_trial_add(tr);
-        }
+        let (mut s, mut t) = four_at_interval_2();
         assert_eq!(s.choose_next(&t), Some(0));
         // Before the interval: nothing is ranked.
         assert_eq!(s.on_result(&t[0], &result(1, 5.0)), Continue);
