@@ -120,7 +120,9 @@ fn flops(op: &OperationIr, out: u64) -> u64 {
         // Each output averages a window of about the input over the output
         // along each side, plus one: the windows of a side cover it
         // (input + output) positions in all.
-        OperationIr::Module(M::AdaptiveAvgPool2d(p)) => adaptive(&p.x.shape, p.output_size).max(out),
+        OperationIr::Module(M::AdaptiveAvgPool2d(p)) => {
+            adaptive(&p.x.shape, p.output_size).max(out)
+        }
         OperationIr::Module(M::AdaptiveAvgPool2dBackward(p)) => {
             let grad = p.grad.shape.as_slice();
             let size = [2, 3].map(|d| grad.get(d).copied().unwrap_or(1));

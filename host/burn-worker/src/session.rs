@@ -30,8 +30,8 @@ use burn_std::reader::read_sync;
 
 use crate::cost;
 use crate::ledger::{Entry, Id, Ledger, bytes_of, shown};
-use crate::{scratch, shapes};
 use crate::storage::{Buffer, Buffers};
+use crate::{scratch, shapes};
 
 /// What a session holds, for the host's accounts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

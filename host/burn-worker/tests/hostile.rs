@@ -6,10 +6,10 @@
 mod common;
 
 use burn_ir::{
-    BaseOperationIr, Conv1dOptionsIr, GatherOpIr, Conv1dWeightBackwardOpIr, Conv2dOpIr, Conv2dOptionsIr, CreationOpIr, FlipOpIr, FloatOperationIr,
-    MatmulOpIr, MaxPool2dOpIr, ModuleOperationIr, NumericOperationIr, OperationIr, PadModeIr,
-    PadOpIr, PermuteOpIr, ScalarIr, ScatterNdOpIr, SelectOpIr, ShapeOpIr, SliceOpIr, TensorId,
-    TensorIr, TensorStatus, UnaryOpIr,
+    BaseOperationIr, Conv1dOptionsIr, Conv1dWeightBackwardOpIr, Conv2dOpIr, Conv2dOptionsIr,
+    CreationOpIr, FlipOpIr, FloatOperationIr, GatherOpIr, MatmulOpIr, MaxPool2dOpIr,
+    ModuleOperationIr, NumericOperationIr, OperationIr, PadModeIr, PadOpIr, PermuteOpIr, ScalarIr,
+    ScatterNdOpIr, SelectOpIr, ShapeOpIr, SliceOpIr, TensorId, TensorIr, TensorStatus, UnaryOpIr,
 };
 use burn_remote::wire::Command;
 use burn_std::{DType, IndexingUpdateOp, TensorData};
@@ -260,7 +260,11 @@ fn a_convolution_counts_the_input_windows_it_copies() {
         dilation: [1, 1],
         groups: 1,
     };
-    let (x, w, out) = (&[1, 8, 64, 64][..], &[1, 8, 32, 32][..], &[1, 1, 33, 33][..]);
+    let (x, w, out) = (
+        &[1, 8, 64, 64][..],
+        &[1, 8, 32, 32][..],
+        &[1, 1, 33, 33][..],
+    );
     let conv = Command::Operation(OperationIr::Module(ModuleOperationIr::Conv2d(Conv2dOpIr {
         x: input(1, x),
         weight: input(2, w),

@@ -244,7 +244,11 @@ fn the_cpu_worker_caps_its_data_at_four_times_its_quota_and_a_base() {
     let expected = wtune_burn_worker::confine::data_limit(64 << 20);
     assert_eq!(expected, (256 << 20) + (1 << 30));
     let values: Vec<&str> = data.split_whitespace().skip(3).take(2).collect();
-    assert_eq!(values, [expected.to_string(), expected.to_string()], "{data}");
+    assert_eq!(
+        values,
+        [expected.to_string(), expected.to_string()],
+        "{data}"
+    );
     drop(input);
     assert!(worker.wait().unwrap().success());
 }

@@ -127,8 +127,7 @@ impl Draws {
         let Some(seed) = self.seed else { return };
         let joins = self.runs.last().is_some_and(|(last, _)| last == draw);
         let runs_full = !joins && self.runs.len() >= MAX_DRAW_RUNS;
-        let elements_full =
-            self.elements.saturating_add(draw.replay_cost()) > MAX_REPLAY_ELEMENTS;
+        let elements_full = self.elements.saturating_add(draw.replay_cost()) > MAX_REPLAY_ELEMENTS;
         if runs_full || elements_full {
             let next = next_seed(seed);
             B::seed(device, next);
