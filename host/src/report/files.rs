@@ -233,18 +233,8 @@ fn open_events(
     config: &Value,
     continues_after: u64,
 ) -> Result<File, String> {
-    let unreadable = |e: std::io::Error| format!("reading {}: {e}", dir.display());
-    let mut ours: Vec<PathBuf> = Vec::new();
-    for entry in std::fs::read_dir(dir).map_err(unreadable)? {
-        let name = entry.map_err(unreadable)?.file_name();
-        let name = name.to_string_lossy();
-        if name.starts_with(tfevents::FILE_PREFIX) && name.ends_with(tfevents::FILE_SUFFIX) {
-            ours.push(dir.join(&*name));
-        }
-    }
-    ours.sort();
     let now = super::unix_time();
-    let path = match ours.pop() {
+    let path = match newest_events(dir)? {
         Some(path) => {
             cut_back(&path, continues_after, tfevents::kept)?;
             path
@@ -268,6 +258,47 @@ fn open_events(
             .map_err(|e| format!("writing {}: {e}", path.display()))?;
     }
     Ok(file)
+}
+
+/// The trial's newest TensorBoard event file (names start with the time
+/// they were made), if it has one.
+fn newest_events(dir: &Path) -> Result<Option<PathBuf>, String> {
+    let unreadable = |e: std::io::Error| format!("reading {}: {e}", dir.display());
+    let mut ours: Vec<PathBuf> = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(unreadable)? {
+        let name = entry.map_err(unreadable)?.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with(tfevents::FILE_PREFIX) && name.ends_with(tfevents::FILE_SUFFIX) {
+            ours.push(dir.join(&*name));
+        }
+    }
+    ours.sort();
+    Ok(ours.pop())
+}
+
+/// Appends the end of a trial's HParams session to its newest event file,
+/// for a trial whose files are closed (it ended while paused). A trial that
+/// never made one gets none.
+fn end_closed_session(
+    dir: &Path,
+    iterations: u64,
+    status: tfevents::SessionStatus,
+) -> Result<(), String> {
+    let Some(path) = newest_events(dir)? else {
+        return Ok(());
+    };
+    let mut record = Vec::new();
+    tfevents::session_end(
+        &mut record,
+        super::unix_time().as_secs_f64(),
+        iterations,
+        status,
+    );
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(&path)
+        .and_then(|mut file| file.write_all(&record))
+        .map_err(|e| format!("writing {}: {e}", path.display()))
 }
 
 /// Rewrites `path` (atomically) with only what `kept` keeps of it for a
@@ -592,10 +623,14 @@ impl TrialFiles {
 
     /// Writes what `index` has buffered and closes its files.
     fn close(&mut self, index: usize) -> Result<(), String> {
-        match self.open.remove(&index) {
-            Some(open) => open.slot.write_pending(false),
-            None => Ok(()),
-        }
+        let Some(open) = self.open.remove(&index) else {
+            return Ok(());
+        };
+        let written = open.slot.write_pending(false);
+        // The background thread's queue may still hold the slot: its files
+        // are closed here, not when the last reference goes.
+        lock(&open.slot.files).take();
+        written
     }
 
     /// Writes what `index` has buffered.
@@ -956,22 +991,31 @@ impl Callback for TrialFiles {
         self.flush(index)
     }
 
+    /// A paused trial's files are closed: an experiment pausing thousands
+    /// of trials (HyperBand, PBT) would otherwise hold three descriptors
+    /// for each until it ends. Its next start opens them again, as it would
+    /// anyway to cut them back to its checkpoint.
     fn on_trial_pause(&mut self, _trials: &[Trial], index: usize) -> Result<(), String> {
-        self.flush(index)
+        self.close(index)
     }
 
     fn on_trial_end(&mut self, trials: &[Trial], index: usize) -> Result<(), String> {
         let trial = &trials[index];
-        if let Some(open) = self.open.get(&index)
-            && open.tensorboard.is_some()
-        {
-            let status = match trial.status {
-                TrialStatus::Error => tfevents::SessionStatus::Failure,
-                _ => tfevents::SessionStatus::Success,
-            };
-            let wall_time = super::unix_time().as_secs_f64();
-            let mut pending = lock(&open.slot.pending);
-            tfevents::session_end(&mut pending.events, wall_time, trial.iterations, status);
+        let status = match trial.status {
+            TrialStatus::Error => tfevents::SessionStatus::Failure,
+            _ => tfevents::SessionStatus::Success,
+        };
+        match self.open.get(&index) {
+            Some(open) if open.tensorboard.is_some() => {
+                let wall_time = super::unix_time().as_secs_f64();
+                let mut pending = lock(&open.slot.pending);
+                tfevents::session_end(&mut pending.events, wall_time, trial.iterations, status);
+            }
+            // Closed at its pause, or never started in this process.
+            None if self.tensorboard.is_some() && trial.dir.is_dir() => {
+                end_closed_session(&trial.dir, trial.iterations, status)?;
+            }
+            _ => {}
         }
         self.close(index)
     }
@@ -1352,6 +1396,61 @@ mod tests {
             std::fs::read_to_string(tdir.join("progress.csv")).unwrap(),
             "loss,training_iteration\n"
         );
+    }
+
+    /// Files of this process's open descriptors that lie under `dir`.
+    #[cfg(target_os = "linux")]
+    fn open_under(dir: &Path) -> Vec<PathBuf> {
+        std::fs::read_dir("/proc/self/fd")
+            .unwrap()
+            .filter_map(|entry| std::fs::read_link(entry.ok()?.path()).ok())
+            .filter(|target| target.starts_with(dir))
+            .collect()
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_paused_trial_holds_no_descriptors_and_its_session_still_ends() {
+        let dir = tempfile::tempdir().unwrap();
+        let tdir = dir.path().join("trial_0000");
+        let mut trials = vec![Trial::new(
+            "trial_0000".into(),
+            json!({"x": 1}),
+            tdir.clone(),
+        )];
+        let mut files = TrialFiles::new().tensorboard(true);
+        start(&mut files, &trials, 0).unwrap();
+        assert_eq!(
+            open_under(&tdir).len(),
+            3,
+            "result.jsonl, progress.csv, events"
+        );
+        let result = json!({"loss": 0.5, "training_iteration": 1});
+        files
+            .on_result(&trials, 0, result.as_object().unwrap())
+            .unwrap();
+        trials[0].iterations = 1;
+        trials[0].status = TrialStatus::Paused;
+        files.on_trial_pause(&trials, 0).unwrap();
+        assert_eq!(open_under(&tdir), Vec::<PathBuf>::new());
+        let lines = std::fs::read_to_string(tdir.join("result.jsonl")).unwrap();
+        assert_eq!(lines.lines().count(), 1, "written at the pause");
+
+        // Ended while paused (a scheduler stops it): its session ends as
+        // it would have with its files open.
+        trials[0].status = TrialStatus::Terminated;
+        files.on_trial_end(&trials, 0).unwrap();
+        let events = newest_events(&tdir).unwrap().expect("an event file");
+        let (records, rest) = tfevents::records(&std::fs::read(events).unwrap());
+        assert_eq!(rest, 0);
+        assert_eq!(records.last(), Some(&(1, true)), "{records:?}");
+        assert_eq!(records.iter().filter(|(_, end)| *end).count(), 1);
+
+        // A trial that never made files gets none at its end.
+        let never = dir.path().join("trial_0001");
+        let trials = vec![Trial::new("trial_0001".into(), json!({}), never.clone())];
+        files.on_trial_end(&trials, 0).unwrap();
+        assert!(!never.exists());
     }
 
     #[test]

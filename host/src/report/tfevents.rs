@@ -235,6 +235,18 @@ fn next_record(bytes: &[u8]) -> Option<(&[u8], usize)> {
     (masked_crc(event) == crc).then_some((event, end))
 }
 
+/// Each whole record's step and whether it ends the session, and the bytes
+/// after the last whole record.
+#[cfg(test)]
+pub(super) fn records(mut bytes: &[u8]) -> (Vec<(u64, bool)>, usize) {
+    let mut steps = Vec::new();
+    while let Some((event, whole)) = next_record(bytes) {
+        steps.push(step_and_end(event));
+        bytes = &bytes[whole..];
+    }
+    (steps, bytes.len())
+}
+
 /// An event's step, and whether it is a `session_end_info`.
 fn step_and_end(event: &[u8]) -> (u64, bool) {
     let mut step = 0;
@@ -420,17 +432,8 @@ mod tests {
         }
         session_end(&mut file, 4.0, 3, SessionStatus::Success);
         let records = |bytes: &[u8]| {
-            let mut steps = Vec::new();
-            let mut rest = bytes;
-            while let Some((event, whole)) = next_record(rest) {
-                steps.push(step_and_end(event));
-                rest = &rest[whole..];
-            }
-            assert!(
-                rest.is_empty(),
-                "{} bytes after the last record",
-                rest.len()
-            );
+            let (steps, rest) = records(bytes);
+            assert_eq!(rest, 0, "bytes after the last record");
             steps
         };
         assert_eq!(
