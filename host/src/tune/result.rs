@@ -90,19 +90,35 @@ impl fmt::Display for Mode {
 /// session end).
 const RESERVED_PREFIXES: &[&str] = &["config/", "_hparams_/"];
 
+/// First characters that make a spreadsheet read a cell as a formula
+/// (OWASP's list for CSV injection, less the control characters a name
+/// may not hold anyway).
+const FORMULA_STARTS: [char; 4] = ['=', '+', '-', '@'];
+
 /// Refuses a step whose metrics use one of the [`AUTO_FIELDS`] names, or
 /// a name under one of the reserved prefixes, where it would share a
-/// column, tag or key with what wtune writes itself.
+/// column, tag or key with what wtune writes itself; and a name starting
+/// like a formula: `progress.csv`'s header holds the names, and a
+/// spreadsheet opening it would run what an untrusted trainable wrote.
 pub fn check_metric_names(metrics: &[(String, f64)]) -> Result<(), String> {
-    match metrics.iter().find(|(name, _)| {
-        AUTO_FIELDS.contains(&name.as_str())
+    for (name, _) in metrics {
+        if AUTO_FIELDS.contains(&name.as_str())
             || RESERVED_PREFIXES.iter().any(|p| name.starts_with(p))
-    }) {
-        Some((name, _)) => Err(format!(
-            "the trainable reported a metric named `{name}`, which wtune fills in itself; rename it"
-        )),
-        None => Ok(()),
+        {
+            return Err(format!(
+                "the trainable reported a metric named `{name}`, which wtune fills in itself; \
+                 rename it"
+            ));
+        }
+        if name.starts_with(FORMULA_STARTS) {
+            return Err(format!(
+                "the trainable reported a metric named `{name}`; names may not start with \
+                 `=`, `+`, `-` or `@`, which make spreadsheets opening progress.csv run the \
+                 name as a formula"
+            ));
+        }
     }
+    Ok(())
 }
 
 /// Builds the record for `trial`'s next result (the trial's counters are
@@ -250,7 +266,11 @@ mod tests {
             let error = named(taken).unwrap_err();
             assert!(error.contains(&format!("`{taken}`")), "{error}");
         }
-        for free in ["configured", "val/config/lr", "accuracy"] {
+        for formula in ["=HYPERLINK(\"http://x\")", "+1", "-loss", "@SUM(A1)"] {
+            let error = named(formula).unwrap_err();
+            assert!(error.contains("as a formula"), "{error}");
+        }
+        for free in ["configured", "val/config/lr", "accuracy", "loss-1", "a=b"] {
             assert_eq!(named(free), Ok(()), "{free}");
         }
     }
