@@ -594,3 +594,50 @@ fn the_openapi_document_describes_every_route() {
     expected.sort();
     assert_eq!(paths, expected);
 }
+
+/// Clients that trickle a byte of a request that never ends into every
+/// connection the server will serve at once hold those places only until
+/// someone else comes: a page's request is still answered, and the server
+/// answers the tricklers nothing.
+#[test]
+fn clients_trickling_requests_into_every_place_do_not_lock_the_dashboard_out() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let out = finished_experiment(dir.path());
+    let server = start(&["serve", out.to_str().unwrap(), "--addr", "127.0.0.1:0"]);
+    let host = server
+        .url
+        .trim_start_matches("http://")
+        .trim_end_matches('/');
+    // One more than the server serves at once (64), so some wait in the
+    // backlog as the attacker's would.
+    let mut tricklers: Vec<std::net::TcpStream> = (0..65)
+        .map(|_| {
+            let mut stream = std::net::TcpStream::connect(host).unwrap();
+            write!(stream, "GET /api/trials HTTP/1.1\r\nHost: {host}\r\n").unwrap();
+            stream
+        })
+        .collect();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let trickling = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                for stream in &mut tricklers {
+                    // A header line a byte at a time, never the blank line
+                    // that ends the request; a closed one stays closed.
+                    let _ = stream.write_all(b"X");
+                }
+                std::thread::sleep(Duration::from_millis(500));
+            }
+        })
+    };
+    // Longer than the server's patience (5 s) with an unanswered place.
+    std::thread::sleep(Duration::from_secs(6));
+    let (status, experiment) = get(&format!("{}api/experiment", server.url));
+    assert_eq!(status, 200, "{experiment}");
+    let (status, trials) = get(&format!("{}api/trials", server.url));
+    assert_eq!(status, 200, "{trials}");
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    trickling.join().unwrap();
+}
