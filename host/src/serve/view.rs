@@ -200,12 +200,49 @@ impl ExperimentDir {
             Some((bytes, ..)) => bytes,
             None => Vec::new(),
         };
+        let (start, end) = whole_characters(&bytes, offset > 0);
         Ok(LogText {
-            text: String::from_utf8_lossy(&bytes).into_owned(),
-            offset,
-            next_offset: offset + bytes.len() as u64,
+            text: String::from_utf8_lossy(&bytes[start..end]).into_owned(),
+            offset: offset + start as u64,
+            next_offset: offset + end as u64,
         })
     }
+}
+
+/// Where in `bytes` the first and past the last whole UTF-8 character are:
+/// the continuation bytes of a character begun before them (`mid_file`:
+/// they start past the file's first byte) and a last character not all
+/// there yet (cut by the chunk's size, or still being written) are left
+/// out, so chunks read one after another join without replacement
+/// characters where they meet. Bytes that are not UTF-8 at all are kept,
+/// for the caller to replace.
+fn whole_characters(bytes: &[u8], mid_file: bool) -> (usize, usize) {
+    let continuation = |b: &u8| b & 0xC0 == 0x80;
+    let start = if mid_file {
+        bytes.iter().take(3).take_while(|b| continuation(b)).count()
+    } else {
+        0
+    };
+    let tail = &bytes[start..];
+    // The last byte that can begin a character, among the last four.
+    let end = match tail.iter().rev().take(4).position(|b| !continuation(b)) {
+        Some(back) => {
+            let lead_at = tail.len() - 1 - back;
+            let needs = match tail[lead_at] {
+                0xC2..=0xDF => 2,
+                0xE0..=0xEF => 3,
+                0xF0..=0xF4 => 4,
+                _ => 1,
+            };
+            if lead_at + needs > tail.len() {
+                lead_at
+            } else {
+                tail.len()
+            }
+        }
+        None => tail.len(),
+    };
+    (start, start + end)
 }
 
 /// Up to `most` bytes of `path` from `offset`, the file's length and its
@@ -401,6 +438,52 @@ mod tests {
         assert_eq!(from.text, "two\nthree\n");
         let past = view.log(&t, LogRange::From(1000)).unwrap();
         assert_eq!((past.text.as_str(), past.offset), ("", 14));
+    }
+
+    #[test]
+    fn log_chunks_never_split_a_character() {
+        let dir = tempfile::tempdir().unwrap();
+        let view = ExperimentDir::new(dir.path());
+        let t = trial(dir.path(), "trial_0000");
+        std::fs::create_dir_all(&t.dir).unwrap();
+        let log = t.dir.join("guest.log");
+        // A chunk's size falls inside a 4-byte character.
+        let mut text = "a".repeat(MAX_CHUNK as usize - 2);
+        text.push_str("😀 λ 損失\n");
+        std::fs::write(&log, &text).unwrap();
+        let mut joined = String::new();
+        let mut next = 0;
+        loop {
+            let chunk = view.log(&t, LogRange::From(next)).unwrap();
+            assert_eq!(chunk.offset, next);
+            assert!(
+                !chunk.text.contains('\u{FFFD}'),
+                "{:?}",
+                &chunk.text[..8.min(chunk.text.len())]
+            );
+            if chunk.next_offset == next {
+                break;
+            }
+            joined.push_str(&chunk.text);
+            next = chunk.next_offset;
+        }
+        assert_eq!(joined, text);
+        // A tail starting inside a character starts after it.
+        let tail = view.log(&t, LogRange::Tail(9)).unwrap();
+        assert_eq!(
+            (tail.text.as_str(), tail.offset),
+            (" 損失\n", text.len() as u64 - 8)
+        );
+        // A character still being written waits for its last byte.
+        let mut file = std::fs::OpenOptions::new().append(true).open(&log).unwrap();
+        std::io::Write::write_all(&mut file, &"λ".as_bytes()[..1]).unwrap();
+        let waiting = view.log(&t, LogRange::From(next)).unwrap();
+        assert_eq!((waiting.text.as_str(), waiting.next_offset), ("", next));
+        std::io::Write::write_all(&mut file, &"λ".as_bytes()[1..]).unwrap();
+        assert_eq!(view.log(&t, LogRange::From(next)).unwrap().text, "λ");
+        // Bytes that are no UTF-8 at all are replaced, not held back.
+        assert_eq!(whole_characters(b"ab\xff", true), (0, 3));
+        assert_eq!(whole_characters(b"\x80\x80\x80\x80", true), (3, 4));
     }
 
     #[test]
