@@ -139,6 +139,51 @@ fn checkpoint_freq_and_keep_num_by_score_keep_the_best_and_the_newest() {
 }
 
 #[test]
+fn a_score_attr_no_result_reports_deletes_no_checkpoint_and_halts_the_run() {
+    // `checkpoint_score_attr` misspelt: every checkpoint would score
+    // nothing, the newest would be kept and the best deleted.
+    let dir = tempfile::tempdir().unwrap();
+    let mut spec = spec(dir.path(), vec![json!({"x": 1.0}), json!({"x": 2.0})], 10);
+    spec.max_concurrent = 1;
+    spec.checkpoint = CheckpointPolicy {
+        freq: 2,
+        at_end: false,
+        keep_num: Some(1),
+        score_attr: Some("scroe".into()),
+    };
+    let summary = run(wavy(Arc::default(), 0), spec);
+    let halted = summary.halted.as_deref().expect("the run halts");
+    assert!(
+        halted.contains("checkpoint_score_attr `scroe` is not a number in any result so far")
+            && halted.contains("reports: score")
+            && halted.contains("none is deleted"),
+        "{halted}"
+    );
+    let trial = &summary.trials[0];
+    // Both kept, and the halt's own checkpoint after them, to resume from.
+    let files = checkpoint_files(&trial.dir);
+    assert_eq!(
+        files[..2],
+        ["checkpoint_000002.ckpt", "checkpoint_000004.ckpt"],
+        "{files:?}"
+    );
+    assert!(trial.iterations < 10, "{}", trial.iterations);
+    assert_eq!(summary.trials.len(), 1, "no more trials started");
+
+    // The same key spelt right, with `min-`: ranked, nothing halts.
+    let dir = tempfile::tempdir().unwrap();
+    let mut spec = self::spec(dir.path(), vec![json!({"x": 1.0})], 10);
+    spec.checkpoint = CheckpointPolicy {
+        freq: 2,
+        at_end: false,
+        keep_num: Some(1),
+        score_attr: Some("min-score".into()),
+    };
+    let summary = run(wavy(Arc::default(), 0), spec);
+    assert_eq!(summary.halted, None);
+}
+
+#[test]
 fn checkpoint_at_end_without_freq_writes_one_final_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
     let mut spec = spec(dir.path(), vec![json!({"x": 1.0}), json!({"x": 2.0})], 3);

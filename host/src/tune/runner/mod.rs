@@ -162,6 +162,8 @@ pub struct Runner<B: TrialBackend> {
     metric_seen: bool,
     /// Some result has carried the scheduler's `time_attr`.
     time_attr_seen: bool,
+    /// Some result has carried `checkpoint_score_attr` as a number.
+    score_seen: bool,
     /// Some trial's session has launched (its `setup` took its config).
     launched_once: bool,
     /// The first trial to launch failed and is retried without end
@@ -243,6 +245,7 @@ impl<B: TrialBackend> Runner<B> {
             order,
             metric_seen: false,
             time_attr_seen: false,
+            score_seen: false,
             launched_once: false,
             probe_retried: false,
             extending: HashSet::new(),
@@ -1090,6 +1093,29 @@ impl<B: TrialBackend> Runner<B> {
         let Some(keep) = policy.keep_num else {
             return;
         };
+        if trial.checkpoints.len() <= keep {
+            return;
+        }
+        if let Some((field, _)) = policy.score_field()
+            && !self.score_seen
+        {
+            // Nothing to rank by: a misspelt `checkpoint_score_attr`, most
+            // likely, under which the newest would be kept and the best
+            // deleted. Nothing is deleted; the run halts, resumable.
+            let reported: Vec<&str> = trial
+                .last_result
+                .iter()
+                .flat_map(|r| r.keys().map(String::as_str))
+                .filter(|k| !result::AUTO_FIELDS.contains(k) && *k != "config")
+                .collect();
+            self.halt_for = Some(format!(
+                "checkpoint_score_attr `{field}` is not a number in any result so far (the \
+                 trainable reports: {}), so checkpoints cannot be ranked and none is deleted; \
+                 no more trials start: check `checkpoint_score_attr` in the experiment file",
+                reported.join(", ")
+            ));
+            return;
+        }
         let newest = trial.checkpoints.len() - 1;
         let mut ranked: Vec<usize> = (0..trial.checkpoints.len()).collect();
         if let Some((_, higher_is_better)) = policy.score_field() {
@@ -1161,6 +1187,11 @@ impl<B: TrialBackend> Runner<B> {
                 return Err(reason);
             }
             self.time_attr_seen = true;
+        }
+        if let Some((field, _)) = self.spec.checkpoint.score_field()
+            && record.get(field).and_then(Value::as_f64).is_some()
+        {
+            self.score_seen = true;
         }
         if let Some(stopper) = &self.stopper
             && let Some(missing) = stopper.metrics().find(|m| !record.contains_key(*m))
