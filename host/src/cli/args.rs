@@ -125,7 +125,7 @@ pub(super) struct ServeDirArgs {
     #[arg(long, value_name = "ADDR", default_value = serve::DEFAULT_ADDR)]
     pub(super) addr: std::net::SocketAddr,
     /// The bearer token API clients must send (required when ADDR is not loopback).
-    #[arg(long, value_name = "TOKEN", env = serve::TOKEN_ENV, hide_env_values = true)]
+    #[arg(long, visible_alias = "serve-token", value_name = "TOKEN", env = serve::TOKEN_ENV, hide_env_values = true)]
     pub(super) token: Option<String>,
 }
 

@@ -130,7 +130,11 @@ pub fn allowlist(entries: &[String], key: &str) -> Result<BTreeSet<String>, Conf
         .iter()
         .map(|entry| {
             let digest = entry.trim();
-            let digest = digest.strip_prefix("blake3:").unwrap_or(digest);
+            // As `wtune inspect` prints it ("blake3: HEX") or bare.
+            let digest = digest
+                .strip_prefix("blake3:")
+                .unwrap_or(digest)
+                .trim_start();
             if digest.len() == 64 && digest.bytes().all(|b| b.is_ascii_hexdigit()) {
                 Ok(digest.to_ascii_lowercase())
             } else {
@@ -312,4 +316,27 @@ fn size(value: &toml::Value, key: &str) -> Result<u64, ConfigError> {
 /// [`units::duration`], as a configuration error.
 fn duration(value: &toml::Value, key: &str) -> Result<Option<Duration>, ConfigError> {
     units::duration(value, key).map_err(bad)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn digests_are_taken_bare_or_as_wtune_inspect_prints_them() {
+        let hex = "3fa4".repeat(16);
+        for entry in [
+            hex.clone(),
+            format!("blake3:{hex}"),
+            format!("  blake3: {}", hex.to_uppercase()),
+        ] {
+            let list = allowlist(&[entry.clone()], "security.allowed_components").unwrap();
+            assert_eq!(list, BTreeSet::from([hex.clone()]), "{entry:?}");
+        }
+        let short = allowlist(&[format!("blake3: {}", &hex[1..])], "k").unwrap_err();
+        assert!(
+            short.to_string().contains("is not a blake3 digest"),
+            "{short}"
+        );
+    }
 }
