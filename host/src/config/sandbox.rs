@@ -330,7 +330,8 @@ mod tests {
             format!("blake3:{hex}"),
             format!("  blake3: {}", hex.to_uppercase()),
         ] {
-            let list = allowlist(&[entry.clone()], "security.allowed_components").unwrap();
+            let list =
+                allowlist(std::slice::from_ref(&entry), "security.allowed_components").unwrap();
             assert_eq!(list, BTreeSet::from([hex.clone()]), "{entry:?}");
         }
         let short = allowlist(&[format!("blake3: {}", &hex[1..])], "k").unwrap_err();
