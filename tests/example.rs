@@ -132,7 +132,7 @@ fn bad_input_to_run_is_a_one_line_error_with_status_2() {
                 "--memory".into(),
                 "lots".into(),
             ],
-            "limits.memory must be a size",
+            "--memory must be a size",
         ),
         (
             vec![

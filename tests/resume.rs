@@ -1079,7 +1079,7 @@ fn resume_refuses_flags_for_what_the_experiment_keeps_and_says_why() {
             &["--restore-from", "x.wtsnap"][..],
             "each trial continues from its own",
         ),
-        (&["--memory", "lots"][..], "limits.memory"),
+        (&["--memory", "lots"][..], "--memory must be a size"),
         (
             &["--max-concurrent", "0"][..],
             "--max-concurrent must be at least 1",

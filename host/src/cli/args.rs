@@ -30,7 +30,9 @@ pub(super) struct RunArgs {
     /// Whether the metric is minimized or maximized: min or max.
     #[arg(long)]
     pub(super) mode: Option<String>,
-    /// Stopping criterion, repeatable: training_iteration=20, val_accuracy=0.98, fuel_total=1e10.
+    /// Stopping criterion, repeatable: training_iteration=20, fuel_total=1e10, a metric's
+    /// threshold val_accuracy>=0.98 or 'loss<=0.05' (METRIC=V keeps the direction of the
+    /// file's criterion on METRIC, else >=).
     #[arg(long, value_name = "KEY=VALUE")]
     pub(super) stop: Vec<String>,
     #[command(flatten)]

@@ -42,6 +42,7 @@ pub(super) fn run(args: RunArgs) -> Result<(), Failure> {
     };
     let plan =
         config::plan(&args.model, args.config.as_deref(), &overrides).map_err(Failure::user)?;
+    plan.check_mutations().map_err(Failure::user)?;
     let sandbox = sandbox(
         args.cache,
         SandboxOptions {

@@ -7,7 +7,7 @@ use super::error::{ConfigError, bad};
 use super::file::{ExperimentToml, by_name, one_line, to_json};
 use super::overrides::Overrides;
 use crate::tune::{
-    ExperimentStop, Mode, ResultOrder, SchedulerSpec, SearchSpace, SearchSpec, StopCriteria,
+    Bound, ExperimentStop, Mode, ResultOrder, SchedulerSpec, SearchSpace, SearchSpec, StopCriteria,
 };
 
 /// Stop criterion applied when none is given, so `wtune run model.wasm`
@@ -93,6 +93,29 @@ pub(super) fn search_plan(
     })
 }
 
+/// That every parameter PBT's `hyperparam_mutations` names is in
+/// `param_space` ([`super::Plan::check_mutations`]).
+pub(super) fn check_mutations(
+    scheduler: &SchedulerSpec,
+    param_space: &Value,
+) -> Result<(), ConfigError> {
+    let SchedulerSpec::Pbt(pbt) = scheduler else {
+        return Ok(());
+    };
+    let space = SearchSpace::from_json(param_space).map_err(|e| bad(e.to_string()))?;
+    match pbt
+        .hyperparam_mutations
+        .iter()
+        .find(|(name, _)| !space.may_hold(name))
+    {
+        Some((name, _)) => Err(bad(format!(
+            "scheduler.hyperparam_mutations mutates `{name}`, which param_space does not \
+             have; add it to [param_space] (PBT perturbs values the trials started with)"
+        ))),
+        None => Ok(()),
+    }
+}
+
 /// `[stop]` with the `--stop KEY=VALUE` flags over it; with neither, and a
 /// scheduler that does not end trials itself, [`DEFAULT_ITERATIONS`] (and
 /// a note saying so).
@@ -100,6 +123,7 @@ pub(super) fn stop_criteria(
     file: &ExperimentToml,
     overrides: &Overrides,
     scheduler: &SchedulerSpec,
+    objective: (Option<&str>, Mode),
     notes: &mut Vec<String>,
 ) -> Result<StopCriteria, ConfigError> {
     let mut stop_table = file
@@ -108,7 +132,8 @@ pub(super) fn stop_criteria(
         .map(to_json)
         .and_then(|v| v.as_object().cloned())
         .unwrap_or_default();
-    stop_table.extend(stop_flags(&overrides.stop)?);
+    let flags = stop_flags(&overrides.stop, |key| stops_at_most(&stop_table, key))?;
+    stop_table.extend(flags);
     let mut stop = StopCriteria::from_json(&stop_table).map_err(bad)?;
     if stop == StopCriteria::default() && !scheduler.ends_trials() {
         stop.training_iteration = Some(DEFAULT_ITERATIONS);
@@ -116,7 +141,32 @@ pub(super) fn stop_criteria(
             "no stopping criteria given; each trial stops after {DEFAULT_ITERATIONS} iterations"
         ));
     }
+    note_thresholds_against_mode(&stop, objective, notes);
     Ok(stop)
+}
+
+/// A note for a threshold on the ranked metric that points the way the
+/// mode moves it away from: `loss = 0.05` with `mode = "min"` stops a
+/// trial once the loss is *at least* 0.05, mostly at its first result. It
+/// may be meant (stop a diverging trial), so it is not refused.
+fn note_thresholds_against_mode(
+    stop: &StopCriteria,
+    (metric, mode): (Option<&str>, Mode),
+    notes: &mut Vec<String>,
+) {
+    let Some(metric) = metric else { return };
+    for threshold in stop.thresholds.iter().filter(|t| t.metric == metric) {
+        let (shown, written, wanted, x) = match (&threshold.bound, mode) {
+            (Bound::AtLeast(x), Mode::Min) => (">=", "at_most", "<=", x),
+            (Bound::AtMost(x), Mode::Max) => ("<=", "at_least", ">=", x),
+            _ => continue,
+        };
+        notes.push(format!(
+            "stop.{metric} stops a trial once {metric} {shown} {x}, while mode = \"{mode}\" \
+             moves {metric} the other way; if {x} is a target to reach, write \
+             {metric} = {{ {written} = {x} }} or --stop '{metric}{wanted}{x}'"
+        ));
+    }
 }
 
 /// `deterministic`: whether results reach the scheduler and the searcher in
@@ -186,23 +236,75 @@ pub(super) fn note_default_concurrency(
     }
 }
 
-/// `--stop KEY=VALUE` flags as a `[stop]` table.
-pub fn stop_flags(items: &[String]) -> Result<Map<String, Value>, ConfigError> {
+/// `--stop` flags as a `[stop]` table. Each is `KEY=VALUE`, `KEY>=VALUE`
+/// or `KEY<=VALUE`: `<=` stops a trial once the metric is at most the
+/// value, `>=` once it is at least; `=` keeps the direction of the
+/// criterion on `KEY` that it replaces (`at_most(KEY)` says whether that
+/// is `<=`), and is `>=` where there is none. `training_iteration`,
+/// `time_total_s` and `fuel_total` are limits, given with `=` only.
+pub fn stop_flags(
+    items: &[String],
+    at_most: impl Fn(&str) -> bool,
+) -> Result<Map<String, Value>, ConfigError> {
     let mut table = Map::new();
     for item in items {
-        let (key, value) = item.split_once('=').ok_or_else(|| {
-            bad(format!(
-                "--stop {item:?}: expected KEY=VALUE, e.g. --stop training_iteration=20"
-            ))
-        })?;
-        let value: Value = value
-            .trim()
+        let Some(equals) = item.find('=') else {
+            return Err(bad(format!(
+                "--stop {item:?}: expected KEY=VALUE, KEY<=VALUE or KEY>=VALUE, e.g. \
+                 --stop training_iteration=20 or --stop 'loss<=0.05'"
+            )));
+        };
+        let head = item[..equals].trim_end();
+        let (key, direction) = match head.as_bytes().last() {
+            Some(b'<') => (&head[..head.len() - 1], Some("at_most")),
+            Some(b'>') => (&head[..head.len() - 1], Some("at_least")),
+            _ => (head, None),
+        };
+        let key = key.trim();
+        let text = item[equals + 1..].trim();
+        if key.is_empty() {
+            return Err(bad(format!(
+                "--stop {item:?}: no KEY before the `=`, e.g. --stop training_iteration=20"
+            )));
+        }
+        let number = text
             .parse::<f64>()
             .ok()
             .filter(|v| v.is_finite())
-            .map(Value::from)
-            .ok_or_else(|| bad(format!("--stop {item:?}: {value:?} is not a finite number")))?;
-        table.insert(key.trim().to_string(), value);
+            .ok_or_else(|| bad(format!("--stop {item:?}: {text:?} is not a finite number")))?;
+        let limit = LIMITS.contains(&key);
+        if limit && direction.is_some() {
+            return Err(bad(format!(
+                "--stop {item:?}: {key} is a limit, reached when the trial gets to it; \
+                 write --stop {key}={text}"
+            )));
+        }
+        // An earlier flag on the same key is the criterion this replaces.
+        let replaced_at_most = match table.get(key) {
+            Some(earlier) => earlier.get("at_most").is_some(),
+            None => at_most(key),
+        };
+        let direction = direction.or((!limit && replaced_at_most).then_some("at_most"));
+        let value = match direction {
+            Some(direction) => Value::Object(Map::from_iter([(
+                direction.to_string(),
+                Value::from(number),
+            )])),
+            None => Value::from(number),
+        };
+        table.insert(key.to_string(), value);
     }
     Ok(table)
+}
+
+/// The `[stop]` keys that are limits of every trial, not metric thresholds.
+const LIMITS: [&str; 3] = ["training_iteration", "time_total_s", "fuel_total"];
+
+/// Whether the `[stop]` table's criterion on `key` stops at or below its
+/// value (`{ at_most = x }`).
+fn stops_at_most(table: &Map<String, Value>, key: &str) -> bool {
+    table
+        .get(key)
+        .and_then(Value::as_object)
+        .is_some_and(|bound| bound.contains_key("at_most"))
 }

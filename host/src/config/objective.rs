@@ -28,28 +28,39 @@ pub(super) fn name(
     Ok(name)
 }
 
-/// The metric trials are ranked by, and in which direction.
+/// The metric trials are ranked by, and in which direction: maximised
+/// when no mode is given, with a note saying so (a loss ranked that way
+/// would pick the worst trial).
 pub(super) fn objective(
     file: &ExperimentToml,
     overrides: &Overrides,
+    notes: &mut Vec<String>,
 ) -> Result<(Option<String>, Mode), ConfigError> {
     let metric = overrides.metric.clone().or_else(|| file.metric.clone());
-    let mode = match overrides.mode.clone().or_else(|| file.mode.clone()) {
-        Some(mode) => {
-            let mode: Mode = mode.parse().map_err(bad)?;
-            if metric.is_none() {
-                return Err(bad(
-                    "mode is set but metric is not; set `metric` to the metric to rank by",
-                ));
-            }
-            mode
-        }
-        None => Mode::default(),
-    };
     if metric.as_deref() == Some("") {
         return Err(bad("metric must not be empty"));
     }
-    Ok((metric, mode))
+    let mode = match (&overrides.mode, &file.mode) {
+        (Some(flag), _) => Some(
+            flag.parse::<Mode>()
+                .map_err(|_| bad(format!("--mode {flag:?}: use min or max")))?,
+        ),
+        (None, Some(key)) => Some(key.parse::<Mode>().map_err(bad)?),
+        (None, None) => None,
+    };
+    match (&metric, mode) {
+        (None, Some(_)) => Err(bad(
+            "mode is set but metric is not; set `metric` to the metric to rank by",
+        )),
+        (Some(metric), None) => {
+            notes.push(format!(
+                "no mode given; maximising {metric} (set mode = \"min\" or pass --mode min \
+                 if it is a loss)"
+            ));
+            Ok((Some(metric.clone()), Mode::Max))
+        }
+        (metric, mode) => Ok((metric.clone(), mode.unwrap_or_default())),
+    }
 }
 
 /// `num_samples`, `max_concurrent_trials` (the machine's cores by default)

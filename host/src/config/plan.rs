@@ -65,6 +65,20 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// That every parameter PBT's `hyperparam_mutations` names is in
+    /// `param_space`: wtune's PBT perturbs only values a trial started
+    /// with, and would refuse each trial at its first result, after the
+    /// run had started. Not part of [`plan`], as Ray's PBT (which the
+    /// Python package maps the plan to) samples a missing one at a trial's
+    /// start. Trials started from a host snapshot with no space of their
+    /// own take the snapshot's configuration, which is not checked here.
+    pub fn check_mutations(&self) -> Result<(), ConfigError> {
+        if self.spec.restore_from.is_some() && self.empty_space {
+            return Ok(());
+        }
+        super::decisions::check_mutations(&self.scheduler, &self.param_space)
+    }
+
     /// The searcher that creates the plan's trials.
     pub fn searcher(&self) -> Result<Box<dyn Searcher>, ConfigError> {
         searcher(
@@ -140,7 +154,7 @@ fn plan_file(
 ) -> Result<Plan, ConfigError> {
     let mut notes = Vec::new();
     let name = objective::name(model, &file, overrides)?;
-    let (metric, mode) = objective::objective(&file, overrides)?;
+    let (metric, mode) = objective::objective(&file, overrides, &mut notes)?;
     let scheduler = decisions::scheduler_spec(&file, overrides)?;
     let (num_samples, max_concurrent, seed) = objective::sampling(&file, overrides, &mut notes)?;
     // Built once here so that its parameters are checked before anything runs.
@@ -149,7 +163,13 @@ fn plan_file(
         .map_err(bad)?;
     let search =
         decisions::search_plan(&file, overrides, num_samples, metric.as_deref(), mode, seed)?;
-    let stop = decisions::stop_criteria(&file, overrides, &scheduler, &mut notes)?;
+    let stop = decisions::stop_criteria(
+        &file,
+        overrides,
+        &scheduler,
+        (metric.as_deref(), mode),
+        &mut notes,
+    )?;
     let sandbox = sandbox::settings(&mut file, overrides, max_concurrent, &mut notes)?;
     let resources = resources::plan(
         &file,

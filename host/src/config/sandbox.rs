@@ -33,10 +33,7 @@ pub(super) fn settings(
     notes: &mut Vec<String>,
 ) -> Result<SandboxSettings, ConfigError> {
     let limits_file = file.limits.take().unwrap_or_default();
-    let compute = compute(
-        overrides.compute.as_deref().or(file.compute.as_deref()),
-        &limits_file,
-    )?;
+    let compute = compute(&overrides.compute, &file.compute, &limits_file)?;
     let compile = compile(
         file.security.as_ref().and_then(|s| s.compile.as_deref()),
         &limits_file,
@@ -148,9 +145,19 @@ pub fn allowlist(entries: &[String], key: &str) -> Result<BTreeSet<String>, Conf
 }
 
 /// `compute = "auto"` and the `limits.compute_memory*` quotas.
-fn compute(mode: Option<&str>, limits: &LimitsToml) -> Result<ComputeOptions, ConfigError> {
+fn compute(
+    flag: &Option<String>,
+    key: &Option<String>,
+    limits: &LimitsToml,
+) -> Result<ComputeOptions, ConfigError> {
     let mut options = ComputeOptions::default();
-    if let Some(mode) = mode {
+    if let Some(mode) = flag {
+        options.mode = mode.parse().map_err(|_| {
+            bad(format!(
+                "--compute {mode:?} is not a backend; use auto, cpu or gpu"
+            ))
+        })?;
+    } else if let Some(mode) = key {
         options.mode = mode.parse().map_err(bad)?;
     }
     if let Some(v) = &limits.compute_memory {
@@ -229,16 +236,16 @@ fn limits(file: LimitsToml, overrides: &Overrides) -> Result<(Limits, usize), Co
 fn limit_flags(limits: &mut Limits, overrides: &Overrides) -> Result<(), ConfigError> {
     let flag = |s: &Option<String>| s.as_ref().map(|s| toml::Value::String(s.clone()));
     if let Some(v) = flag(&overrides.fuel_per_call) {
-        limits.fuel_per_call = fuel(&v, "limits.fuel_per_call")?;
+        limits.fuel_per_call = fuel(&v, "--fuel-per-call")?;
     }
     if let Some(v) = flag(&overrides.fuel) {
-        limits.fuel_per_trial = fuel(&v, "limits.fuel_per_trial")?;
+        limits.fuel_per_trial = fuel(&v, "--fuel")?;
     }
     if let Some(v) = flag(&overrides.memory) {
-        limits.memory_bytes = size(&v, "limits.memory")?;
+        limits.memory_bytes = size(&v, "--memory")?;
     }
     if let Some(v) = flag(&overrides.timeout) {
-        limits.call_timeout = duration(&v, "limits.call_timeout")?;
+        limits.call_timeout = duration(&v, "--timeout")?;
     }
     Ok(())
 }

@@ -592,3 +592,208 @@ fn an_experiment_given_as_a_value_is_checked_as_a_file_is() {
     let err = plan_value_of(r#"{"limits": {"memory": "lots"}}"#).unwrap_err();
     assert!(err.to_string().contains("limits.memory"), "{err}");
 }
+
+/// The plan of `text` as the experiment file, with `overrides` (and an
+/// output directory in a temporary one) over it.
+fn plan_with(text: &str, overrides: Overrides) -> Result<Plan, ConfigError> {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(dir.path(), text);
+    let overrides = Overrides {
+        output_dir: Some(dir.path().join("out")),
+        ..overrides
+    };
+    plan(Path::new("model.wasm"), Some(&path), &overrides)
+}
+
+fn stop_overrides(flags: &[&str]) -> Overrides {
+    Overrides {
+        stop: flags.iter().map(|f| f.to_string()).collect(),
+        seed: Some(1),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn stop_flags_say_their_direction_or_keep_the_one_they_replace() {
+    use crate::tune::Bound;
+    let file = "metric = \"loss\"\nmode = \"min\"\n[stop]\nloss = { at_most = 0.1 }\n";
+    let bounds = |flags: &[&str]| {
+        let plan = plan_with(file, stop_overrides(flags)).unwrap();
+        let mut thresholds = plan.spec.stop.thresholds;
+        thresholds.sort_by(|a, b| a.metric.cmp(&b.metric));
+        thresholds
+            .into_iter()
+            .map(|t| (t.metric, t.bound))
+            .collect::<Vec<_>>()
+    };
+    // `=` keeps the file's `at_most`, where it used to turn it into `>=`.
+    assert_eq!(
+        bounds(&["loss=0.05"]),
+        [("loss".to_string(), Bound::AtMost(0.05))]
+    );
+    assert_eq!(
+        bounds(&["loss<=0.2", "loss=0.05"]),
+        [("loss".to_string(), Bound::AtMost(0.05))]
+    );
+    assert_eq!(
+        bounds(&["loss > = 9", "acc<=0.5", "lr=1e-3"]),
+        [
+            ("acc".to_string(), Bound::AtMost(0.5)),
+            ("loss".to_string(), Bound::AtLeast(9.0)),
+            ("lr".to_string(), Bound::AtLeast(1e-3)),
+        ]
+    );
+    for (flag, said) in [
+        ("training_iteration<=5", "training_iteration is a limit"),
+        ("<=5", "no KEY before the `=`"),
+        ("loss<=x", "\"x\" is not a finite number"),
+        ("loss", "expected KEY=VALUE, KEY<=VALUE or KEY>=VALUE"),
+    ] {
+        let message = plan_with(file, stop_overrides(&[flag]))
+            .unwrap_err()
+            .to_string();
+        assert!(message.contains(said), "{flag}: {message}");
+    }
+}
+
+#[test]
+fn a_threshold_the_mode_moves_away_from_is_noted() {
+    let plan = plan_with(
+        "metric = \"loss\"\nmode = \"min\"\n[stop]\nloss = 0.05\n",
+        stop_overrides(&[]),
+    )
+    .unwrap();
+    assert!(
+        plan.notes
+            .iter()
+            .any(|n| n.contains("once loss >= 0.05") && n.contains("--stop 'loss<=0.05'")),
+        "{:?}",
+        plan.notes
+    );
+    let plan = plan_with(
+        "metric = \"loss\"\nmode = \"min\"\n",
+        stop_overrides(&["loss<=0.05"]),
+    )
+    .unwrap();
+    assert!(
+        !plan.notes.iter().any(|n| n.starts_with("stop.")),
+        "{:?}",
+        plan.notes
+    );
+}
+
+#[test]
+fn a_metric_without_a_mode_is_maximised_and_noted() {
+    let plan = plan_with("metric = \"loss\"\n", stop_overrides(&[])).unwrap();
+    assert_eq!(plan.spec.mode, Mode::Max);
+    assert!(
+        plan.notes
+            .iter()
+            .any(|n| n.starts_with("no mode given; maximising loss")),
+        "{:?}",
+        plan.notes
+    );
+    let plan = plan_with("metric = \"acc\"\nmode = \"max\"\n", stop_overrides(&[])).unwrap();
+    assert!(
+        !plan.notes.iter().any(|n| n.starts_with("no mode")),
+        "{:?}",
+        plan.notes
+    );
+}
+
+#[test]
+fn values_given_by_flags_are_refused_by_the_flags_name() {
+    for (overrides, said) in [
+        (
+            Overrides {
+                memory: Some("lots".into()),
+                ..stop_overrides(&[])
+            },
+            "--memory must be a size",
+        ),
+        (
+            Overrides {
+                fuel: Some("-1".into()),
+                ..stop_overrides(&[])
+            },
+            "--fuel must be a positive amount of fuel",
+        ),
+        (
+            Overrides {
+                fuel_per_call: Some("x".into()),
+                ..stop_overrides(&[])
+            },
+            "--fuel-per-call must be",
+        ),
+        (
+            Overrides {
+                timeout: Some("soon".into()),
+                ..stop_overrides(&[])
+            },
+            "--timeout must be a duration",
+        ),
+        (
+            Overrides {
+                compute: Some("tpu".into()),
+                ..stop_overrides(&[])
+            },
+            "--compute \"tpu\" is not a backend",
+        ),
+        (
+            Overrides {
+                mode: Some("best".into()),
+                metric: Some("a".into()),
+                ..stop_overrides(&[])
+            },
+            "--mode \"best\": use min or max",
+        ),
+        (
+            Overrides {
+                mlflow: Some("mlflow.lan".into()),
+                ..stop_overrides(&[])
+            },
+            "--mlflow \"mlflow.lan\": expected http://",
+        ),
+    ] {
+        let message = plan_with("", overrides).unwrap_err().to_string();
+        assert!(message.contains(said), "{said}: {message}");
+    }
+}
+
+#[test]
+fn pbt_mutations_of_parameters_the_space_lacks_are_refused_before_the_run() {
+    let text = |mutations: &str| {
+        format!(
+            "seed = 1\nmetric = \"a\"\nmode = \"max\"\n[scheduler]\ntype = \"pbt\"\n\
+             hyperparam_mutations = {mutations}\n\
+             [param_space]\nlr = {{ loguniform = [1e-4, 1e-1] }}\n\
+             arch = {{ choice = [{{ width = 8 }}, {{ depth = 2 }}] }}\n\
+             [param_space.optimizer]\nmomentum = 0.9\n"
+        )
+    };
+    for held in [
+        "{ lr = [0.1, 0.2] }",
+        "{ optimizer = { momentum = [0.8, 0.9] } }",
+        "{ arch = { width = [4, 8] } }",
+    ] {
+        plan_of(&text(held))
+            .and_then(|plan| plan.check_mutations())
+            .unwrap_or_else(|e| panic!("{held}: {e}"));
+    }
+    for (missing, name) in [
+        ("{ learning_rate = [0.1, 0.2] }", "learning_rate"),
+        ("{ optimizer = { beta = [0.8, 0.9] } }", "optimizer.beta"),
+        ("{ lr = { x = [1, 2] } }", "lr.x"),
+        ("{ arch = { height = [4, 8] } }", "arch.height"),
+    ] {
+        // The plan itself is made: Ray's PBT samples a missing parameter.
+        let plan = plan_of(&text(missing)).unwrap();
+        let message = plan.check_mutations().unwrap_err().to_string();
+        assert!(
+            message.contains(&format!(
+                "mutates `{name}`, which param_space does not have"
+            )),
+            "{missing}: {message}"
+        );
+    }
+}

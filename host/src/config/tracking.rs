@@ -50,14 +50,16 @@ pub(super) fn tracking(
     let section = file.tracking.as_ref();
     let tensorboard =
         !overrides.no_tensorboard && section.and_then(|t| t.tensorboard).unwrap_or(true);
-    let uri = overrides
-        .mlflow
-        .as_deref()
-        .or_else(|| section.and_then(|t| t.mlflow.as_deref()));
+    let uri = match &overrides.mlflow {
+        Some(flag) => Some((flag.as_str(), "--mlflow")),
+        None => section
+            .and_then(|t| t.mlflow.as_deref())
+            .map(|key| (key, "tracking.mlflow =")),
+    };
     let experiment = section.and_then(|t| t.mlflow_experiment.clone());
     let mlflow = match uri {
         Some(uri) => Some(MlflowTarget {
-            uri: mlflow_uri(uri)?,
+            uri: mlflow_uri(uri.0, uri.1)?,
             experiment: match experiment {
                 Some(e) if e.trim().is_empty() => {
                     return Err(bad("tracking.mlflow_experiment: must not be empty"));
@@ -80,9 +82,10 @@ pub(super) fn tracking(
     })
 }
 
-/// A tracking server's address as `mlflow server` prints it, checked.
-fn mlflow_uri(text: &str) -> Result<String, ConfigError> {
-    let refused = |why: &str| bad(format!("tracking.mlflow = {text:?}: {why}"));
+/// A tracking server's address as `mlflow server` prints it, checked;
+/// `given` names where it came from (`--mlflow` or `tracking.mlflow =`).
+fn mlflow_uri(text: &str, given: &str) -> Result<String, ConfigError> {
+    let refused = |why: &str| bad(format!("{given} {text:?}: {why}"));
     if text.starts_with("https://") {
         return Err(refused(
             "https is not supported by this build (it has no TLS); give the server's \
@@ -115,11 +118,11 @@ mod tests {
     #[test]
     fn tracking_uris_are_checked() {
         assert_eq!(
-            mlflow_uri("http://127.0.0.1:5000/").unwrap(),
+            mlflow_uri("http://127.0.0.1:5000/", "--mlflow").unwrap(),
             "http://127.0.0.1:5000"
         );
         assert_eq!(
-            mlflow_uri("http://mlflow.lan/base").unwrap(),
+            mlflow_uri("http://mlflow.lan/base", "tracking.mlflow =").unwrap(),
             "http://mlflow.lan/base"
         );
         for (text, said) in [
@@ -129,8 +132,17 @@ mod tests {
             ("http://a b", "not a URI"),
             ("http://x?q=1", "query"),
         ] {
-            let message = mlflow_uri(text).unwrap_err().to_string();
+            let message = mlflow_uri(text, "tracking.mlflow =")
+                .unwrap_err()
+                .to_string();
             assert!(message.contains(said), "{text}: {message}");
         }
+        let message = mlflow_uri("mlflow.lan", "--mlflow")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            message.starts_with("--mlflow \"mlflow.lan\": "),
+            "{message}"
+        );
     }
 }

@@ -176,6 +176,33 @@ impl SearchSpace {
         })
     }
 
+    /// Whether configurations of this space can hold a value at the dotted
+    /// `name` (`optimizer.lr`): it names a parameter or a table of them, or
+    /// a key inside a fixed table, or inside a table that one of a
+    /// `choice`'s or grid's values is.
+    pub fn may_hold(&self, name: &str) -> bool {
+        fn within<'a>(value: &Value, mut keys: impl Iterator<Item = &'a str>) -> bool {
+            keys.try_fold(value, |at, key| at.as_object()?.get(key))
+                .is_some()
+        }
+        let mut keys = name.split('.');
+        let mut table = &self.root;
+        while let Some(key) = keys.next() {
+            match table.get(key) {
+                None => return false,
+                Some(Node::Table(children)) => table = children,
+                Some(Node::Fixed(value)) => return within(value, keys),
+                Some(Node::Domain(Domain::Choice(values) | Domain::GridSearch(values))) => {
+                    let rest: Vec<&str> = keys.collect();
+                    return rest.is_empty()
+                        || values.iter().any(|v| within(v, rest.iter().copied()));
+                }
+                Some(Node::Domain(_)) => return keys.next().is_none(),
+            }
+        }
+        true
+    }
+
     /// Every domain with its dotted path (`param_space.optimizer.lr`), in
     /// the order configurations are built: the order [`SearchSpace::build`]
     /// asks for values in.

@@ -139,7 +139,16 @@ impl Changes {
         if self.stop.is_empty() {
             return Ok(Vec::new());
         }
-        let table = config::stop_flags(&self.stop).map_err(|e| Failure::user(e.to_string()))?;
+        let saved_at_most = |key: &str| {
+            setup
+                .spec
+                .stop
+                .thresholds
+                .iter()
+                .any(|t| t.metric == key && matches!(t.bound, crate::tune::Bound::AtMost(_)))
+        };
+        let table = config::stop_flags(&self.stop, saved_at_most)
+            .map_err(|e| Failure::user(e.to_string()))?;
         let newer = StopCriteria::from_json(&table).map_err(Failure::user)?;
         // A threshold on a metric the trials do not report (a typo such as
         // `training_iterations`) would extend nothing, be saved with the
