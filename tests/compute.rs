@@ -125,6 +125,22 @@ fn misuse_is_an_error_the_guest_receives_and_the_host_survives() {
             other => panic!("{misuse}: {other:?}"),
         }
     }
+    // A read the guest's memory could not hold is refused before the host
+    // reads anything, not answered into a trap in the guest's allocator.
+    let small = Limits {
+        memory_bytes: 48 << 20,
+        ..limits.clone()
+    };
+    let mut trial = started(&program, dir.path(), &small, json!({"misuse": "big_read"}));
+    match trial.train() {
+        Err(TrialFault::GuestError { message, .. }) => assert!(
+            message.contains(
+                "a read of 64 MiB is more than the guest's memory (48 MiB, limits.memory) can hold"
+            ),
+            "{message}"
+        ),
+        other => panic!("big_read: {other:?}"),
+    }
     // The host is undisturbed: a trial after them computes correctly.
     let (_, errors) = kernel_check(&program);
     assert!(!errors.is_empty() && errors.iter().all(|(_, e)| *e <= 1e-5));

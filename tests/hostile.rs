@@ -1330,6 +1330,68 @@ fn open_handles_are_capped_per_trial_with_the_limit_named() {
     assert_benign_finished(&summary.trials[1]);
 }
 
+#[test]
+fn random_bytes_cost_fuel_and_one_call_draws_at_most_a_mebibyte() {
+    // Without a charge, `random_flood` would draw until its 60 s deadline
+    // on fuel it never spends.
+    let out = tempfile::tempdir().unwrap();
+    let summary = run(
+        vec![
+            attack("random_flood"),
+            attack("random_huge"),
+            attack("none"),
+        ],
+        tight_limits(),
+        out.path(),
+    );
+    assert_error(
+        &summary.trials[0],
+        &["train() at iteration 2 exceeded the per-call fuel limit of 1e9"],
+    );
+    assert_error(
+        &summary.trials[1],
+        &[
+            "train() at iteration 2 passed the host a value it refuses: requested len 67108864 exceeds limit 1048576",
+        ],
+    );
+    assert_benign_finished(&summary.trials[2]);
+}
+
+/// The process's descriptors open on files removed from under `dir`.
+fn removed_files_held_under(dir: &Path) -> Vec<String> {
+    let dir = dir.canonicalize().unwrap();
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|entry| std::fs::read_link(entry.ok()?.path()).ok())
+        .map(|target| target.to_string_lossy().into_owned())
+        .filter(|target| {
+            target.starts_with(dir.to_str().unwrap()) && target.ends_with(" (deleted)")
+        })
+        .collect()
+}
+
+#[test]
+fn a_removed_file_is_let_go_with_the_last_stream_that_held_it() {
+    // `unlinked_streams` drops 32 streams on removed files after their
+    // descriptors: the host's handles to those files must close with the
+    // streams, or a trial could hold more host descriptors than its
+    // `open_files` budget (the table counts only live descriptors and
+    // streams).
+    let program = common::load("hostile");
+    let dir = tempfile::tempdir().unwrap();
+    let env = common::trial_env(dir.path(), vec![]);
+    let mut instance = program.instantiate(&env, &tight_limits()).unwrap();
+    instance
+        .setup(&attack("unlinked_streams").to_string())
+        .unwrap();
+    instance.train().unwrap();
+    assert_eq!(removed_files_held_under(dir.path()), Vec::<String>::new());
+    instance.train().unwrap();
+    assert_eq!(removed_files_held_under(dir.path()), Vec::<String>::new());
+    // The files were made and removed (the attack ran).
+    assert!(!dir.path().join("work/gone-0").exists());
+}
+
 /// Bytes of regular files and entries under `dir`.
 fn disk_usage(dir: &Path) -> (u64, usize) {
     let files = files_under(dir);

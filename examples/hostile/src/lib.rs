@@ -67,6 +67,9 @@
 //! | `file_flood`       | creates empty files (`f-N`) in its directory forever            | ERROR naming the file limit (`limits.disk_files`) |
 //! | `disk_churn`       | rewrites one 1 MiB file (`churn`) in place and syncs it, forever: no quota grows | ended by fuel: each byte written and each sync is host work charged to the call |
 //! | `deep_tree`        | builds, through its own descriptors, a directory tree 40 levels deep with 200-byte names (8 KB of path, past the host's `PATH_MAX`) and a 4 KiB file at the bottom, then fails so the host starts it again; the next instance, finding the tree, behaves as `none` | with `max_failures` >= 1: TERMINATED after one failure (the host measures the tree for the quota without long paths); the tree is counted against `limits.disk` |
+//! | `random_flood`     | draws 1 MiB from `wasi:random` per call, forever               | ended by fuel: the host charges the bytes its generator makes |
+//! | `random_huge`      | asks `wasi:random` for 64 MiB in one call                       | ERROR: one call may draw at most 1 MiB |
+//! | `unlinked_streams` | at `at`: creates 32 files (`gone-N`), opens a read stream on each, removes them, drops the descriptors and then the streams; then behaves as `none` | TERMINATED; no host handle of a removed file outlives the streams (the descriptor budget holds) |
 //! | `probe`            | reports `score`, `env_count`, `args_count`, `cwd_entries`, `cwd_write_ok`, `wall_clock_ok`, `monotonic_ok`, `random_ok`; writes `./probe.txt` | TERMINATED with that report (`done`) |
 //!
 //! Every attack except those marked otherwise fires at the `at`-th `train()`
@@ -176,11 +179,17 @@ pub enum Attack {
     DeepTree,
     /// From `at` on, 255 metric names never used before at every call.
     MetricNameFlood,
+    /// Draws a mebibyte from `wasi:random` at a time, forever.
+    RandomFlood,
+    /// Asks `wasi:random` for 64 MiB in one call.
+    RandomHuge,
+    /// Drops read streams of removed files after their descriptors.
+    UnlinkedStreams,
 }
 
 impl Attack {
     /// Every attack, with its config name.
-    pub const ALL: [(&'static str, Attack); 37] = [
+    pub const ALL: [(&'static str, Attack); 40] = [
         ("none", Attack::None),
         ("error", Attack::Error),
         ("panic", Attack::Panic),
@@ -218,6 +227,9 @@ impl Attack {
         ("disk_churn", Attack::DiskChurn),
         ("deep_tree", Attack::DeepTree),
         ("metric_name_flood", Attack::MetricNameFlood),
+        ("random_flood", Attack::RandomFlood),
+        ("random_huge", Attack::RandomHuge),
+        ("unlinked_streams", Attack::UnlinkedStreams),
     ];
 
     /// The attack's config name.
@@ -404,6 +416,18 @@ impl Trainable for Hostile {
             Attack::DiskChurn => churn_disk(),
             Attack::DeepTree => deep_tree(n, self.iterations),
             Attack::MetricNameFlood => Ok(metric_name_flood(n)),
+            Attack::RandomFlood => random_flood(),
+            Attack::RandomHuge => {
+                let bytes = wasip2::random::random::get_random_bytes(64 << 20);
+                Err(Error::msg(format!(
+                    "drew {} random bytes at once",
+                    bytes.len()
+                )))
+            }
+            Attack::UnlinkedStreams => {
+                unlinked_streams().map_err(|e| Error::msg(format!("unlinked_streams: {e}")))?;
+                Ok(benign(n, self.iterations))
+            }
         }
     }
 
@@ -721,6 +745,62 @@ fn fill_disk_through_stale_streams() -> Result<Report> {
         }
         n += 1;
     }
+}
+
+/// `random_flood`: a mebibyte from `wasi:random` at a time, forever. Each
+/// draw is host work; were it free, only the deadline would end the call.
+fn random_flood() -> Result<Report> {
+    let mut drawn = 0u64;
+    loop {
+        let bytes = wasip2::random::random::get_random_bytes(1 << 20);
+        drawn = drawn.wrapping_add(bytes.len() as u64);
+        if bytes.is_empty() {
+            return Err(Error::msg(format!(
+                "wasi:random gave nothing after {drawn} bytes"
+            )));
+        }
+    }
+}
+
+/// How many files `unlinked_streams` removes under open read streams.
+pub const UNLINKED_STREAMS: usize = 32;
+
+/// `unlinked_streams`: [`UNLINKED_STREAMS`] files (`gone-N`), each with a
+/// read stream, removed; then every descriptor is dropped, and only then
+/// every stream. The removed files' host handles must go with the streams,
+/// not wait for a later call.
+fn unlinked_streams() -> std::result::Result<(), String> {
+    use wasip2::filesystem::preopens::get_directories;
+    use wasip2::filesystem::types::{DescriptorFlags, OpenFlags, PathFlags};
+    let dirs = get_directories();
+    let (dir, _) = dirs
+        .iter()
+        .find(|(_, path)| path == ".")
+        .ok_or("no preopened `.`")?;
+    let mut held = Vec::new();
+    for n in 0..UNLINKED_STREAMS {
+        let name = format!("gone-{n}");
+        fs::write(&name, [7u8; 4096]).map_err(|e| e.to_string())?;
+        let file = dir
+            .open_at(
+                PathFlags::empty(),
+                &name,
+                OpenFlags::empty(),
+                DescriptorFlags::READ,
+            )
+            .map_err(|e| e.to_string())?;
+        let stream = file.read_via_stream(0).map_err(|e| e.to_string())?;
+        dir.unlink_file_at(&name).map_err(|e| e.to_string())?;
+        held.push((file, stream));
+    }
+    let (files, streams): (Vec<_>, Vec<_>) = held.into_iter().unzip();
+    drop(files);
+    drop(streams);
+    // The preopen handles are kept: dropping a descriptor makes the host
+    // look for removed files it can let go, and this attack is about the
+    // drops that are not of descriptors.
+    std::mem::forget(dirs);
+    Ok(())
 }
 
 /// `file_flood`: empty files, forever.

@@ -26,7 +26,8 @@
 //!   buffer), `outside` (reads past a buffer's end), `shader` (asks for a
 //!   custom shader), `shape` (a matmul whose output is too small),
 //!   `refused_writes` (1 GiB, in 4 MiB writes to a buffer that does not
-//!   exist, each refused); and on a
+//!   exist, each refused), `big_read` (all of a 64 MiB buffer in one read,
+//!   which a guest limited to less memory cannot hold); and on a
 //!   GPU backend `tile` (a matmul output taller than the GPU's grid of
 //!   tiles), `bad_wgsl` (WGSL with a type error), `dispatch` (more
 //!   workgroups than a dispatch allows), `binding` (a pipeline given the
@@ -322,6 +323,12 @@ fn misuse(kind: &str) -> Result<()> {
                 refused = raw::write(u32::MAX, 0, &data).err();
             }
             refused.ok_or_else(|| Error::msg("a write to no buffer was accepted"))?
+        }
+        "big_read" => {
+            let t = Tensor::zeros(4096, 4096)?;
+            raw::read(t.buffer(), 0, 64 << 20)
+                .err()
+                .ok_or_else(|| Error::msg("a 64 MiB read was answered"))?
         }
         "entry" => compute::Pipeline::new(SCALE_WGSL, &"m".repeat(300))
             .err()

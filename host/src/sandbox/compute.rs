@@ -69,6 +69,25 @@ impl TrialHost {
     }
 }
 
+impl TrialHost {
+    /// Refuses a read of `bytes` that the guest's memory could not take
+    /// whole, before the host reads (and copies) anything: the answer
+    /// would only trap in the guest's allocator after the host had held
+    /// it, twice.
+    fn fits_guest(&self, bytes: u64) -> Result<()> {
+        let cap = self.limiter.memory_cap();
+        if bytes <= cap {
+            return Ok(());
+        }
+        Err(wit::ComputeError::Invalid(format!(
+            "a read of {} is more than the guest's memory ({}, limits.memory) can hold; \
+             read the buffer in parts",
+            crate::units::human_bytes(bytes),
+            crate::units::human_bytes(cap)
+        )))
+    }
+}
+
 impl wit::Host for TrialHost {
     fn info(&mut self) -> wit::BackendInfo {
         let BackendInfo {
@@ -113,10 +132,12 @@ impl wit::Host for TrialHost {
     }
 
     fn read(&mut self, buf: wit::Buffer, offset: u64, len: u64) -> Result<Vec<u8>> {
+        self.fits_guest(len)?;
         self.compute.read_bytes(buf, offset, len).map_err(to_wit)
     }
 
     fn read_f32(&mut self, buf: wit::Buffer, offset: u64, len: u64) -> Result<Vec<f32>> {
+        self.fits_guest(len.saturating_mul(4))?;
         self.compute.read_f32(buf, offset, len).map_err(to_wit)
     }
 

@@ -21,8 +21,9 @@
 //!
 //! A file removed while the trial still holds it open keeps its bytes on
 //! disk, so they stay charged until its last handle (descriptor or stream)
-//! is gone ([`Handles`]); a truncation through such a handle is credited
-//! then, not twice.
+//! is gone ([`Handles`]), and the host's handle to it is closed at the end
+//! of the call that dropped that; a truncation through such a handle is
+//! credited then, not twice.
 //!
 //! Symbolic links are refused (`not-permitted`): a link left in the trial's
 //! directory, harmless while the sandbox resolves it, leads a later copy of
@@ -35,7 +36,7 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use bytes::Bytes;
@@ -63,6 +64,12 @@ pub(crate) struct DiskQuota {
     bytes: AtomicU64,
     entries: AtomicU64,
     handles: Mutex<Handles>,
+    /// How many removed files `handles` holds, read without its lock.
+    removed: AtomicUsize,
+    /// Whether the trial dropped a descriptor or stream since the last
+    /// sweep: a sweep follows every host call, and only a drop can let go
+    /// of a removed file, so the others cost a load.
+    let_go: AtomicBool,
     /// Host work the trial's file calls did since the store last charged
     /// it fuel ([`DiskQuota::take_work`]): the bytes read and written, and
     /// [`SYNC_WORK`] per sync.
@@ -104,6 +111,8 @@ impl DiskQuota {
             bytes: AtomicU64::new(bytes),
             entries: AtomicU64::new(entries),
             handles: Mutex::default(),
+            removed: AtomicUsize::new(0),
+            let_go: AtomicBool::new(false),
             work: AtomicU64::new(0),
         }))
     }
@@ -157,24 +166,49 @@ impl DiskQuota {
                 .collect();
             if !held.is_empty() {
                 handles.removed.push(held);
+                self.removed.store(handles.removed.len(), Ordering::Release);
                 return;
             }
         }
         self.shrink(size);
     }
 
-    /// Credits the removed files the trial no longer holds, at their size
-    /// now (a truncation through a handle was credited when made).
-    fn sweep(&self) {
+    /// Notes that the trial dropped a handle, which may have been the last
+    /// on a removed file.
+    fn dropped_handle(&self) {
+        self.let_go.store(true, Ordering::Release);
+    }
+
+    /// [`DiskQuota::sweep_removed`] if the trial dropped a handle since the
+    /// last sweep. The store sweeps after every host call and at the end of
+    /// every guest call, so a removed file's host handle closes with the
+    /// call that dropped the trial's last handle to it. (A read or write
+    /// still under way on wasmtime-wasi's blocking pool holds the file a
+    /// little longer, until a later drop or write sweeps again.)
+    pub(crate) fn sweep(&self) {
+        if self.let_go.swap(false, Ordering::AcqRel) {
+            self.sweep_removed();
+        }
+    }
+
+    /// Lets go of the removed files the trial no longer holds, closing
+    /// their host handles, and credits them at their size now (a
+    /// truncation through a handle was credited when made).
+    fn sweep_removed(&self) {
+        if self.removed.load(Ordering::Acquire) == 0 {
+            return;
+        }
         let freed: Vec<Vec<Arc<std::fs::File>>> = {
             let mut handles = self.handles();
-            if handles.removed.is_empty() {
-                return;
-            }
-            let (freed, kept) = std::mem::take(&mut handles.removed)
-                .into_iter()
-                .partition(|held| held.iter().all(|h| Arc::strong_count(h) == 1));
-            handles.removed = kept;
+            let mut freed = Vec::new();
+            handles.removed.retain_mut(|held| {
+                let ours_only = held.iter().all(|h| Arc::strong_count(h) == 1);
+                if ours_only {
+                    freed.push(std::mem::take(held));
+                }
+                !ours_only
+            });
+            self.removed.store(handles.removed.len(), Ordering::Release);
             freed
         };
         for held in freed {
@@ -189,7 +223,7 @@ impl DiskQuota {
         if bytes == 0 {
             return Ok(());
         }
-        self.sweep();
+        self.sweep_removed();
         let limit = self.limit_bytes;
         self.bytes
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
@@ -620,7 +654,7 @@ impl fs::HostDescriptor for GuardedFs<'_> {
 
     fn drop(&mut self, fd: Resource<Descriptor>) -> wasmtime::Result<()> {
         fs::HostDescriptor::drop(&mut self.inner, fd)?;
-        self.quota.sweep();
+        self.quota.sweep_removed();
         Ok(())
     }
 
@@ -788,6 +822,12 @@ impl InputStream for MeteredInput {
     }
 }
 
+impl Drop for MeteredInput {
+    fn drop(&mut self) {
+        self.quota.dropped_handle();
+    }
+}
+
 #[async_trait]
 impl Pollable for MeteredInput {
     async fn ready(&mut self) {
@@ -842,6 +882,12 @@ impl Positioned {
         }
         self.position = end;
         Ok(())
+    }
+}
+
+impl Drop for QuotaStream {
+    fn drop(&mut self) {
+        self.quota.dropped_handle();
     }
 }
 

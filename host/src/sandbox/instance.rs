@@ -328,6 +328,8 @@ impl TrialInstance {
         let started = Instant::now();
         let outcome = f(&self.guest, &mut self.store);
         let finished = super::compute::finish_call(&mut self.store);
+        // Resource drops may end without a host-call return to sweep at.
+        self.store.data().disk.sweep();
         let fuel = allotted - self.store.get_fuel().unwrap_or(0);
         self.fuel_total += fuel;
         let stats = CallStats {
@@ -468,7 +470,17 @@ fn not_a_trap(at: At, limits: &Limits, err: wasmtime::Error) -> TrialFault {
     if let Some(exit) = err.downcast_ref::<wasmtime_wasi::I32Exit>() {
         return TrialFault::Exit { at, code: exit.0 };
     }
-    let text = format!("{err:#}");
+    // The reason, without the wasm backtrace wasmtime adds as a context:
+    // it names the guest's own functions, and the trap path leaves it out.
+    let backtrace = err
+        .downcast_ref::<wasmtime::WasmBacktrace>()
+        .map(ToString::to_string);
+    let text = err
+        .chain()
+        .map(|cause| cause.to_string())
+        .filter(|cause| Some(cause) != backtrace.as_ref())
+        .collect::<Vec<_>>()
+        .join(": ");
     if matches!(at.call, Call::Instantiate | Call::Snapshot) {
         return TrialFault::Host {
             at,

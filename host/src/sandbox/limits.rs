@@ -267,6 +267,11 @@ impl TrialLimiter {
             hit: None,
         }
     }
+
+    /// The most bytes the trial's memories may hold together.
+    pub(crate) fn memory_cap(&self) -> u64 {
+        self.memory_bytes
+    }
 }
 
 /// Most core instances, memories and tables one trial's store may hold: far

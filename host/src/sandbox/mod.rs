@@ -25,6 +25,7 @@ mod instance;
 mod limits;
 mod memory;
 mod program;
+mod random;
 mod signals;
 mod store_data;
 mod waits;

@@ -268,6 +268,8 @@ impl Program {
             .allow_tcp(false)
             .allow_udp(false)
             .allow_ip_name_lookup(false);
+        let random = super::random::RandomMeter::default();
+        random.install(&mut wasi);
         wasi.preopened_dir(&env.work_dir, ".", FsPerms::ReadWrite)
             .map_err(|e| {
                 host_err(
@@ -300,6 +302,7 @@ impl Program {
             output_charged: 0,
             call_deadline: None,
             disk,
+            random,
         };
         let mut store = Store::new(self.pre.engine(), host);
         store.limiter(|host| &mut host.limiter);

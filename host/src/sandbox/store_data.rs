@@ -33,22 +33,30 @@ pub(crate) struct TrialHost {
     pub(crate) call_deadline: Option<std::time::Instant>,
     /// What the trial keeps in its directory (see [`super::disk`]).
     pub(crate) disk: std::sync::Arc<super::disk::DiskQuota>,
+    /// What the trial's `wasi:random` generators drew (see [`super::random`]).
+    pub(crate) random: super::random::RandomMeter,
 }
 
 impl TrialHost {
-    /// Charges fuel for what the guest wrote to stdout and stderr, and read
-    /// and wrote through its files, since the last charge: a byte each, as
-    /// for `log` lines (a sync as a mebibyte). The host copies every byte
-    /// (past the output cap too), so this must not be free, or a guest
+    /// Charges fuel for what the guest wrote to stdout and stderr, read and
+    /// wrote through its files, and drew from `wasi:random`, since the last
+    /// charge: a byte each, as for `log` lines (a sync as a mebibyte, a
+    /// random byte as the four its generator draws). The host makes every
+    /// byte (past the output cap too), so this must not be free, or a guest
     /// could spend host time without spending its budget.
+    ///
+    /// Also lets go of files the trial removed and no longer holds (see
+    /// [`super::disk::DiskQuota::sweep`]): a stream dropped is a host call
+    /// that ends here, and the file's host handle must not outlive it.
     pub(crate) fn charge_output(&mut self) {
         let offered = self.stdout.offered() + self.stderr.offered();
         let new = offered.saturating_sub(self.output_charged);
-        let files = self.disk.take_work();
-        if new > 0 || files > 0 {
+        let work = self.disk.take_work().saturating_add(self.random.take());
+        if new > 0 || work > 0 {
             self.output_charged = offered;
-            self.compute.charge_host_work(new.saturating_add(files));
+            self.compute.charge_host_work(new.saturating_add(work));
         }
+        self.disk.sweep();
     }
 }
 
