@@ -58,6 +58,8 @@ fn wavy(failures: Arc<AtomicU32>, fail_at: u64) -> FnBackend {
     FnBackend::new(move |config: &Value| {
         let x = config["x"].as_f64().unwrap_or(1.0);
         let fails = config["fails"].as_u64().unwrap_or(0) as u32;
+        // A trial that diverged from the start: its score is NaN.
+        let diverged = config["diverged"].as_bool() == Some(true);
         let failures = failures.clone();
         Ok(move |it: u64| {
             if it == fail_at && failures.load(Ordering::SeqCst) < fails {
@@ -65,7 +67,14 @@ fn wavy(failures: Arc<AtomicU32>, fail_at: u64) -> FnBackend {
                 return Err(TrialFailure::new(format!("trap at iteration {it}")));
             }
             Ok(Step {
-                metrics: vec![("score".into(), x * ((it % 4) as f64 + it as f64 / 10.0))],
+                metrics: vec![(
+                    "score".into(),
+                    if diverged {
+                        f64::NAN
+                    } else {
+                        x * ((it % 4) as f64 + it as f64 / 10.0)
+                    },
+                )],
                 done: false,
                 fuel: 10,
             })
@@ -139,6 +148,33 @@ fn checkpoint_freq_and_keep_num_by_score_keep_the_best_and_the_newest() {
 }
 
 #[test]
+fn a_score_that_is_nan_from_the_start_ranks_last_and_halts_nothing() {
+    // The first trial diverged at once: its score is NaN in every result.
+    // The attribute is there, so checkpoints are ranked (NaN last, the
+    // newest kept) and the run goes on.
+    let dir = tempfile::tempdir().unwrap();
+    let configs = vec![json!({"x": 1.0, "diverged": true}), json!({"x": 2.0})];
+    let mut spec = spec(dir.path(), configs, 10);
+    spec.max_concurrent = 1;
+    spec.checkpoint = CheckpointPolicy {
+        freq: 2,
+        at_end: false,
+        keep_num: Some(1),
+        score_attr: Some("score".into()),
+    };
+    let summary = run(wavy(Arc::default(), 0), spec);
+    assert_eq!(summary.halted, None);
+    assert_eq!(summary.trials.len(), 2);
+    for trial in &summary.trials {
+        assert_eq!(trial.iterations, 10, "{}", trial.trial_id);
+    }
+    assert_eq!(
+        checkpoint_files(&summary.trials[0].dir),
+        ["checkpoint_000010.ckpt"]
+    );
+}
+
+#[test]
 fn a_score_attr_no_result_reports_deletes_no_checkpoint_and_halts_the_run() {
     // `checkpoint_score_attr` misspelt: every checkpoint would score
     // nothing, the newest would be kept and the best deleted.
@@ -154,7 +190,7 @@ fn a_score_attr_no_result_reports_deletes_no_checkpoint_and_halts_the_run() {
     let summary = run(wavy(Arc::default(), 0), spec);
     let halted = summary.halted.as_deref().expect("the run halts");
     assert!(
-        halted.contains("checkpoint_score_attr `scroe` is not a number in any result so far")
+        halted.contains("checkpoint_score_attr `scroe` is in no result so far")
             && halted.contains("reports: score")
             && halted.contains("none is deleted"),
         "{halted}"

@@ -162,7 +162,9 @@ pub struct Runner<B: TrialBackend> {
     metric_seen: bool,
     /// Some result has carried the scheduler's `time_attr`.
     time_attr_seen: bool,
-    /// Some result has carried `checkpoint_score_attr` as a number.
+    /// Some result has carried `checkpoint_score_attr`: as a number, or as
+    /// NaN or an infinity (a diverging trial's), which rank last but show
+    /// that the name is right.
     score_seen: bool,
     /// Some trial's session has launched (its `setup` took its config).
     launched_once: bool,
@@ -1109,7 +1111,7 @@ impl<B: TrialBackend> Runner<B> {
                 .filter(|k| !result::AUTO_FIELDS.contains(k) && *k != "config")
                 .collect();
             self.halt_for = Some(format!(
-                "checkpoint_score_attr `{field}` is not a number in any result so far (the \
+                "checkpoint_score_attr `{field}` is in no result so far (the \
                  trainable reports: {}), so checkpoints cannot be ranked and none is deleted; \
                  no more trials start: check `checkpoint_score_attr` in the experiment file",
                 reported.join(", ")
@@ -1189,7 +1191,7 @@ impl<B: TrialBackend> Runner<B> {
             self.time_attr_seen = true;
         }
         if let Some((field, _)) = self.spec.checkpoint.score_field()
-            && record.get(field).and_then(Value::as_f64).is_some()
+            && record.contains_key(field)
         {
             self.score_seen = true;
         }
