@@ -12,7 +12,7 @@
 
 mod supervised;
 
-pub(crate) use supervised::{Failure, Supervised, earlier};
+pub(crate) use supervised::{Failure, Supervised, call_deadline_or, earlier};
 
 use std::collections::VecDeque;
 use std::ffi::OsString;

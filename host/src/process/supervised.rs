@@ -25,12 +25,25 @@ pub(crate) enum Failure {
 }
 
 /// The earlier of the guest call's deadline and `limit` from now, and
-/// whether it is the call's.
+/// whether it is the call's: for a wait that must end within `limit`
+/// whatever the call allows (a worker opening its device).
 pub(crate) fn earlier(call: Option<Instant>, limit: Duration) -> (Instant, bool) {
     let fallback = Instant::now() + limit;
     match call {
         Some(call) if call < fallback => (call, true),
         _ => (fallback, false),
+    }
+}
+
+/// The guest call's deadline, or `limit` from now where the call has none
+/// (a host snapshot, or `limits.call_timeout` switched off), and whether it
+/// is the call's: for a wait on the trial's own work, which may take as
+/// long as the operator lets a call take (a first call on software Vulkan
+/// compiles every kernel, minutes on two cores).
+pub(crate) fn call_deadline_or(call: Option<Instant>, limit: Duration) -> (Instant, bool) {
+    match call {
+        Some(call) => (call, true),
+        None => (Instant::now() + limit, false),
     }
 }
 
@@ -205,4 +218,25 @@ fn writer(stdin: std::process::ChildStdin) -> mpsc::Sender<Vec<u8>> {
         }
     });
     requests
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_wait_on_the_trials_work_lasts_as_long_as_its_call_allows() {
+        let limit = Duration::from_secs(120);
+        let far = Instant::now() + Duration::from_secs(600);
+        assert_eq!(call_deadline_or(Some(far), limit), (far, true));
+        let (fallback, calls) = call_deadline_or(None, limit);
+        assert!(!calls);
+        assert!(fallback <= Instant::now() + limit);
+        // A device opening is held to its own limit all the same.
+        let (capped, calls) = earlier(Some(far), limit);
+        assert!(!calls);
+        assert!(capped < far);
+        let near = Instant::now() + Duration::from_secs(1);
+        assert_eq!(earlier(Some(near), limit), (near, true));
+    }
 }

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use super::BurnDevice;
 use super::protocol::{self, Kind, Reply};
-use crate::process::{Failure, Supervised, WorkerProgram, earlier};
+use crate::process::{Failure, Supervised, WorkerProgram, call_deadline_or};
 
 /// The longest a wait for the worker may last when the guest call has no
 /// deadline of its own.
@@ -110,7 +110,7 @@ impl BurnWorker {
         deadline: Option<Instant>,
     ) -> Result<Reply, String> {
         self.usable()?;
-        let (deadline, calls) = earlier(deadline, WAIT_TIMEOUT);
+        let (deadline, calls) = call_deadline_or(deadline, WAIT_TIMEOUT);
         let job = match kind {
             Kind::Submit => "a burn frame",
             Kind::Read => "a burn read",

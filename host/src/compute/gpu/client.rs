@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use super::protocol::{self, Adapter, Hello, Reply, Request};
 use crate::compute::ComputeError;
 use crate::compute::device::{Device, Fill, Kernel, PipelineInfo};
-use crate::process::{Failure, Supervised, WorkerProgram, earlier};
+use crate::process::{Failure, Supervised, WorkerProgram, call_deadline_or, earlier};
 
 /// How long a new worker may take to open its device.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
@@ -296,7 +296,7 @@ impl GpuDevice {
         request: &Request,
         payload: &[u8],
     ) -> Result<(Reply, Vec<u8>), ComputeError> {
-        let (deadline, calls) = earlier(self.deadline, JOB_TIMEOUT);
+        let (deadline, calls) = call_deadline_or(self.deadline, JOB_TIMEOUT);
         let result = self.worker()?.call(request, payload, deadline);
         let job = match self.queued {
             0 => request.describe(),
