@@ -60,6 +60,11 @@ fn wavy(failures: Arc<AtomicU32>, fail_at: u64) -> FnBackend {
         let fails = config["fails"].as_u64().unwrap_or(0) as u32;
         // A trial that diverged from the start: its score is NaN.
         let diverged = config["diverged"].as_bool() == Some(true);
+        // A trial that reports its score under another name.
+        let name = match config["mute"].as_bool() {
+            Some(true) => "loss",
+            _ => "score",
+        };
         let failures = failures.clone();
         Ok(move |it: u64| {
             if it == fail_at && failures.load(Ordering::SeqCst) < fails {
@@ -68,7 +73,7 @@ fn wavy(failures: Arc<AtomicU32>, fail_at: u64) -> FnBackend {
             }
             Ok(Step {
                 metrics: vec![(
-                    "score".into(),
+                    name.into(),
                     if diverged {
                         f64::NAN
                     } else {
@@ -469,6 +474,50 @@ fn a_paused_trial_releases_its_slot_and_continues_from_its_checkpoint() {
         log[paused + 1],
         "trial_0000 it=4 since_restore=1",
         "{log:?}"
+    );
+}
+
+#[test]
+fn a_metric_reported_before_a_resume_is_no_misspelling_after_it() {
+    // A result without the metric halts the run only while no result has
+    // carried it (a misspelt `metric`). The first result of a resumed run
+    // is not the experiment's first: a trial that leaves the metric out
+    // then fails alone, and the next one starts.
+    let dir = tempfile::tempdir().unwrap();
+    let backend = wavy(Arc::default(), 0);
+    let first = run(
+        backend.clone(),
+        spec(dir.path(), vec![json!({"x": 1.0})], 2),
+    );
+    assert_eq!(first.trials[0].status, TrialStatus::Terminated);
+
+    // The same list, two configurations longer: the searcher skips the
+    // one the saved trial ran.
+    let more = vec![json!({"x": 1.0}), json!({"mute": true}), json!({"x": 2.0})];
+    let mut after = spec(dir.path(), more, 2);
+    after.max_concurrent = 1;
+    let (_, trials, _) = prepared_for_retry(&backend, dir.path(), &after.checkpoint);
+    let resumed = Runner::new(backend, after, Box::new(Fifo::default()))
+        .with_trials(trials)
+        .callback(TrialFiles::new());
+    let summary = tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(resumed.run())
+        .unwrap();
+    assert_eq!(summary.halted, None);
+    let statuses: Vec<_> = summary.trials.iter().map(|t| t.status).collect();
+    assert_eq!(
+        statuses,
+        [
+            TrialStatus::Terminated,
+            TrialStatus::Error,
+            TrialStatus::Terminated
+        ]
+    );
+    let error = summary.trials[1].error.as_deref().unwrap_or_default();
+    assert!(
+        error.contains("metric `score` is not in the trainable's report (it reports: loss"),
+        "{error}"
     );
 }
 

@@ -1540,6 +1540,16 @@ fn result_files_stay_under_the_result_limit_across_retries() {
         written >= 1800 << 10,
         "{written} bytes: the cap counted too much"
     );
+    // The result that would have crossed the cap is not the trial's last
+    // result either: that is the last one its files hold.
+    let written =
+        std::fs::read_to_string(out.join(&flooder.trial_id).join("result.jsonl")).unwrap();
+    let last_written: Value = serde_json::from_str(written.lines().last().unwrap()).unwrap();
+    let last_result = flooder.last_result.as_ref().expect("a result was kept");
+    assert_eq!(
+        last_result["training_iteration"], last_written["training_iteration"],
+        "{stderr}"
+    );
     assert_eq!(benign.status, TrialStatus::Terminated, "{:?}", benign.error);
     assert_eq!(benign.iterations, 3);
 }

@@ -302,8 +302,30 @@ impl<B: TrialBackend> Runner<B> {
     /// PENDING and PAUSED trials run; the rest are kept as they are. Give
     /// the searcher its saved state too, or one that is finished.
     pub fn with_trials(mut self, trials: Vec<Trial>) -> Self {
+        self.note_reported(&trials);
         self.trials = Some(trials);
         self
+    }
+
+    /// Counts the names the saved trials' last results carry as seen: a
+    /// result without the metric (or the scheduler's `time_attr`, or
+    /// `checkpoint_score_attr`) halts a run only while no result has shown
+    /// the name to be right, and a resumed run's first result is not its
+    /// experiment's first.
+    fn note_reported(&mut self, trials: &[Trial]) {
+        let time_attr = self.scheduler.time_attr();
+        let score = self.spec.checkpoint.score_field().map(|(field, _)| field);
+        for record in trials.iter().filter_map(|t| t.last_result.as_ref()) {
+            if let Some(metric) = &self.spec.metric {
+                self.metric_seen |= record.contains_key(metric);
+            }
+            if let Some(attr) = time_attr {
+                self.time_attr_seen |= record.get(attr).and_then(Value::as_f64).is_some();
+            }
+            if let Some(field) = score {
+                self.score_seen |= record.contains_key(field);
+            }
+        }
     }
 
     /// Calls `adopt` on each new trial before it is added, so that it can
@@ -1240,8 +1262,7 @@ impl<B: TrialBackend> Runner<B> {
             )),
             _ => None,
         };
-        self.spare_record = trial.last_result.replace(record);
-        self.tell_result(trials, index)?;
+        self.store_result(trials, index, record)?;
         Ok(decision)
     }
 
@@ -1266,8 +1287,7 @@ impl<B: TrialBackend> Runner<B> {
             self.spare_record = Some(record);
             return Ok(Some(reason));
         }
-        self.spare_record = trials[index].last_result.replace(record);
-        self.tell_result(trials, index)?;
+        self.store_result(trials, index, record)?;
         Ok(None)
     }
 
@@ -1286,21 +1306,35 @@ impl<B: TrialBackend> Runner<B> {
         let trial = &mut trials[index];
         self.scheduler.on_trial_complete(trial, &record);
         trial.stop_reason = Some(reason);
-        self.spare_record = trial.last_result.replace(record);
-        self.tell_result(trials, index)?;
+        self.store_result(trials, index, record)?;
         self.decided_on(trials, index, &Decision::Stop);
         Ok(Decision::Stop)
     }
 
-    /// Tells every callback of trial `index`'s `last_result`.
-    fn tell_result(&mut self, trials: &[Trial], index: usize) -> Result<(), String> {
-        self.each(
+    /// Makes `record` trial `index`'s `last_result` and tells every callback
+    /// of it. A result a callback refuses (the trial's files reached
+    /// `limits.result_size`, say) is not kept: the trial's last result stays
+    /// the last one its files hold, for the summary, the state and the
+    /// searcher told of the failure that follows.
+    fn store_result(
+        &mut self,
+        trials: &mut [Trial],
+        index: usize,
+        record: Map<String, Value>,
+    ) -> Result<(), String> {
+        let previous = trials[index].last_result.replace(record);
+        let told = self.each(
             |cb, t| {
                 let record = t[index].last_result.as_ref().expect("a result was stored");
                 cb.on_result(t, index, record)
             },
             trials,
-        )
+        );
+        self.spare_record = match told {
+            Ok(()) => previous,
+            Err(_) => std::mem::replace(&mut trials[index].last_result, previous),
+        };
+        told
     }
 
     /// Why a trial that was just restored from a checkpoint must not train
