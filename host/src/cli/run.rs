@@ -54,10 +54,11 @@ pub(super) fn run(args: RunArgs) -> Result<(), Failure> {
         },
     )?;
     let program = sandbox.load(&args.model).map_err(Failure::user)?;
+    // Refusals first: a refused run says only why.
+    let key = snapshot_key(plan.snapshot_key_file.as_deref())?;
     for note in &plan.notes {
         eprintln!("note: {note}");
     }
-    let key = snapshot_key(plan.snapshot_key_file.as_deref())?;
     let mut backend =
         WasmBackend::new(program.clone(), plan.limits.clone(), plan.data.clone()).snapshot_key(key);
     match plan.checkpoint_mode {

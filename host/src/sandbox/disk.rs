@@ -66,9 +66,10 @@ pub(crate) struct DiskQuota {
     handles: Mutex<Handles>,
     /// How many removed files `handles` holds, read without its lock.
     removed: AtomicUsize,
-    /// Whether the trial dropped a descriptor or stream since the last
-    /// sweep: a sweep follows every host call, and only a drop can let go
-    /// of a removed file, so the others cost a load.
+    /// Whether the trial dropped a stream since the last sweep: a sweep
+    /// follows every host call, and only a drop can let go of a removed
+    /// file, so the others cost a load. (A descriptor's drop sweeps at
+    /// once.)
     let_go: AtomicBool,
     /// Host work the trial's file calls did since the store last charged
     /// it fuel ([`DiskQuota::take_work`]): the bytes read and written, and
